@@ -1,0 +1,3 @@
+from gitops.cli import main
+
+main()

@@ -1,0 +1,45 @@
+"""The `gitops` command line. Each sub-module owns one command or group."""
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from gitops import __version__
+from gitops.errors import GitopsError
+
+
+class _Group(click.Group):
+    """Turns GitopsError into a one-line message and exit code 1."""
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except GitopsError as err:
+            click.echo(f"error: {err}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gitops")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def cli(verbose: int) -> None:
+    """GitOps reconciler for Kubernetes control planes on CRI hypervisors and bare-metal hosts."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+def _register() -> None:
+    from gitops.cli import cri, lab, validate
+
+    for module in (validate, cri, lab):
+        for command in module.COMMANDS:
+            cli.add_command(command)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="gitops")

@@ -1,0 +1,6 @@
+"""`gitops lab` commands (placeholder until implemented)."""
+from __future__ import annotations
+
+import click
+
+COMMANDS: list[click.Command] = []

@@ -1,0 +1,1 @@
+"""The declarative model: load repo YAML, validate it, expose typed resources."""

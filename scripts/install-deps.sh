@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything gitops and its tests need on a fresh Debian machine:
+# the real components (containerd, runc, haproxy, etcd, sshd, age) from Debian
+# packages, and the Python package with its test extras in ./.venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(containerd runc haproxy etcd-server etcd-client openssh-server age iproute2)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    echo "installing Debian packages: ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian starts the packaged daemons; gitops runs its own instances and needs none of them.
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    systemctl disable --now containerd haproxy etcd ssh >/dev/null 2>&1 || true
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'

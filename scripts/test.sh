@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need, then runs the whole suite.
+# Extra arguments go to pytest (e.g. `scripts/test.sh -k validate -x`).
+# pytest's exit code is kept: 5 (no test collected) fails like any real failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+exec .venv/bin/python -m pytest "$@"
