@@ -1,6 +1,68 @@
 """`gitops validate` and `gitops schema`."""
 from __future__ import annotations
 
+import json
+from collections import Counter
+from pathlib import Path
+
 import click
 
-COMMANDS: list[click.Command] = []
+from gitops.model import schemas
+from gitops.model.validate import validate_repo
+
+
+@click.command()
+@click.argument("repo", default=".", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def validate(repo: Path, output: str) -> None:
+    """Check every document of REPO against the schemas and the semantic rules.
+
+    Exits 0 when the repo is valid, 1 with every error (file:line: Kind/name: field: message).
+    """
+    result = validate_repo(repo)
+    kinds = Counter(doc.kind for doc in result.repo.documents if doc.kind)
+    summary = {
+        "documents": len(result.repo.documents),
+        "files": len(result.repo.files),
+        "kinds": dict(sorted(kinds.items())),
+    }
+    if output == "json":
+        payload = {
+            "repo": str(repo),
+            "valid": result.ok,
+            "errors": [d.to_dict() for d in result.diagnostics],
+            "summary": summary,
+        }
+        click.echo(json.dumps(payload, indent=2, sort_keys=True))
+    elif result.ok:
+        counts = ", ".join(f"{n} {kind}" for kind, n in summary["kinds"].items()) or "no resources"
+        click.echo(f"ok: {repo}: {summary['documents']} documents in {summary['files']} files ({counts})")
+    else:
+        for diag in result.diagnostics:
+            click.echo(str(diag), err=True)
+        files = len({d.file for d in result.diagnostics})
+        click.echo(f"invalid: {len(result.diagnostics)} error(s) in {files} file(s)", err=True)
+    raise SystemExit(0 if result.ok else 1)
+
+
+@click.command()
+@click.argument("kind", required=False, type=click.Choice(sorted(schemas.KINDS), case_sensitive=False))
+@click.option("--write", "write_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write every schema file into this directory instead of printing.")
+def schema(kind: str | None, write_dir: Path | None) -> None:
+    """Print the JSON Schema of KIND, or write all schemas for editors (--write DIR)."""
+    if write_dir is not None:
+        write_dir.mkdir(parents=True, exist_ok=True)
+        for name, filename in sorted(schemas.KINDS.items()):
+            (write_dir / filename).write_text(schemas.schema_text(name), encoding="utf-8")
+            click.echo(str(write_dir / filename))
+        return
+    if kind is None:
+        for name, filename in sorted(schemas.KINDS.items()):
+            click.echo(f"{name}\t{filename}")
+        return
+    canonical = {k.lower(): k for k in schemas.KINDS}[kind.lower()]
+    click.echo(schemas.schema_text(canonical), nl=False)
+
+
+COMMANDS: list[click.Command] = [validate, schema]

@@ -54,3 +54,145 @@ class Hypervisor:
     port_range: PortRange
     endpoint: LocalCRIEndpoint | RemoteCRIEndpoint
     labels: dict[str, str] = field(default_factory=dict, compare=False)
+
+
+DEFAULT_SERVICE_CIDR = "10.96.0.0/12"
+DEFAULT_POD_CIDR = "10.244.0.0/16"
+DEFAULT_ETCD_VERSION = "3.5.16"
+IMAGE_KEYS = ("etcd", "kubeApiserver", "kubeControllerManager", "kubeScheduler", "haproxy", "pause")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    kubernetes_version: str  # always with a leading "v"
+    etcd_version: str
+    image_overrides: dict[str, str] = field(default_factory=dict, hash=False)
+    endpoint_hosts: tuple[str, ...] = ()
+    api_port: int | None = None
+    service_cidr: str = DEFAULT_SERVICE_CIDR
+    pod_cidr: str = DEFAULT_POD_CIDR
+    node_cidr: str | None = None
+    vpn_cidr: str | None = None
+    validity_days: int = 365
+    renew_before_days: int = 30
+
+    def image(self, component: str) -> str:
+        """Image of `component` (an IMAGE_KEYS entry): the override, else the upstream default."""
+        if component in self.image_overrides:
+            return self.image_overrides[component]
+        defaults = {
+            "etcd": f"registry.k8s.io/etcd:{self.etcd_version.lstrip('v')}-0",
+            "kubeApiserver": f"registry.k8s.io/kube-apiserver:{self.kubernetes_version}",
+            "kubeControllerManager": f"registry.k8s.io/kube-controller-manager:{self.kubernetes_version}",
+            "kubeScheduler": f"registry.k8s.io/kube-scheduler:{self.kubernetes_version}",
+            "haproxy": "docker.io/library/haproxy:2.8",
+            "pause": "registry.k8s.io/pause:3.10",
+        }
+        return defaults[component]
+
+
+NodeRole = str  # "controlplane" | "controlplane-ingress"
+CONTROLPLANE = "controlplane"
+INGRESS = "controlplane-ingress"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    cluster: str
+    role: NodeRole
+    hypervisor: str | None = None
+
+
+@dataclass(frozen=True)
+class LabelRequirement:
+    key: str
+    operator: str  # In | NotIn | Exists | DoesNotExist
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        present = self.key in labels
+        if self.operator == "Exists":
+            return present
+        if self.operator == "DoesNotExist":
+            return not present
+        if self.operator == "In":
+            return present and labels[self.key] in self.values
+        return not present or labels[self.key] not in self.values  # NotIn
+
+
+@dataclass(frozen=True)
+class LabelSelector:
+    """Kubernetes label selector semantics: every term must match."""
+
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[LabelRequirement, ...] = ()
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.match_labels) and all(
+            req.matches(labels) for req in self.match_expressions
+        )
+
+
+@dataclass(frozen=True)
+class SIPRole:
+    active: int
+    standby: int
+    selector: LabelSelector
+    spread: str  # PerRack | PerHost
+
+
+@dataclass(frozen=True)
+class LoadBalancerService:
+    port: int
+    target_port: int = 6443
+    node_port_range: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class JumpHostService:
+    authorized_keys: tuple[str, ...]
+    port: int | None = None
+
+
+@dataclass(frozen=True)
+class AuthService:
+    oidc_issuer_url: str
+    client_id: str | None = None
+
+
+@dataclass(frozen=True)
+class SIPCluster:
+    name: str
+    roles: dict[str, SIPRole] = field(hash=False)
+    load_balancer: LoadBalancerService | None = None
+    jump_host: JumpHostService | None = None
+    auth: AuthService | None = None
+
+
+@dataclass(frozen=True)
+class BareMetalHost:
+    name: str
+    namespace: str
+    labels: dict[str, str] = field(hash=False)
+    online: bool = False
+    bmc_address: str | None = None
+    network_data: str | None = None
+    provisioning_state: str | None = None
+    operational_status: str | None = None
+    powered_on: bool | None = None
+
+
+@dataclass(frozen=True)
+class RepoModel:
+    """Every validated resource of a repo, by name (sorted for determinism)."""
+
+    hypervisors: dict[str, Hypervisor]
+    clusters: dict[str, Cluster]
+    nodes: dict[str, Node]
+    sip_clusters: dict[str, SIPCluster]
+    baremetal_hosts: dict[str, BareMetalHost]  # keyed "namespace/name"
+
+    def nodes_of(self, cluster: str) -> list[Node]:
+        return [n for n in self.nodes.values() if n.cluster == cluster]

@@ -1,0 +1,149 @@
+"""Turn valid documents into the typed `RepoModel` the later stages use."""
+from __future__ import annotations
+
+from gitops.model.documents import Document
+from gitops.model.resources import (
+    DEFAULT_ETCD_VERSION,
+    DEFAULT_POD_CIDR,
+    DEFAULT_SERVICE_CIDR,
+    AuthService,
+    BareMetalHost,
+    Cluster,
+    Hypervisor,
+    JumpHostService,
+    LabelRequirement,
+    LabelSelector,
+    LoadBalancerService,
+    LocalCRIEndpoint,
+    Node,
+    PortRange,
+    RemoteCRIEndpoint,
+    RepoModel,
+    SIPCluster,
+    SIPRole,
+)
+
+
+def build_model(docs: list[Document]) -> RepoModel:
+    """Build the model from documents that passed schema and semantic checks."""
+    by_kind: dict[str, list[Document]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc.kind, []).append(doc)
+
+    def each(kind: str, make):
+        return {key: value for key, value in sorted(make(d) for d in by_kind.get(kind, []))}
+
+    return RepoModel(
+        hypervisors=each("Hypervisor", lambda d: (d.name, hypervisor(d))),
+        clusters=each("Cluster", lambda d: (d.name, cluster(d))),
+        nodes=each("Node", lambda d: (d.name, node(d))),
+        sip_clusters=each("SIPCluster", lambda d: (d.name, sip_cluster(d))),
+        baremetal_hosts=each("BareMetalHost", lambda d: (_bmh_key(d), baremetal_host(d))),
+    )
+
+
+def _labels(doc: Document) -> dict[str, str]:
+    return dict(sorted(doc.get(("metadata", "labels"), {}).items()))
+
+
+def hypervisor(doc: Document) -> Hypervisor:
+    spec = doc.spec
+    endpoint: LocalCRIEndpoint | RemoteCRIEndpoint
+    if "localCRIEndpoint" in spec:
+        endpoint = LocalCRIEndpoint(path=spec["localCRIEndpoint"]["criEndpointPath"])
+    else:
+        remote = spec["remoteCRIEndpoint"]
+        endpoint = RemoteCRIEndpoint(
+            uri=remote["criEndpointURI"],
+            ca_certificate=remote["caCertificate"],
+            client_certificate=remote["clientCertificate"]["certificate"],
+            client_private_key=remote["clientCertificate"]["privateKey"],
+        )
+    return Hypervisor(
+        name=doc.name,
+        public=bool(spec.get("public", False)),
+        ip_address=spec["ipAddress"],
+        port_range=PortRange(spec["portRange"]["low"], spec["portRange"]["high"]),
+        endpoint=endpoint,
+        labels=_labels(doc),
+    )
+
+
+def cluster(doc: Document) -> Cluster:
+    spec = doc.spec
+    certs = spec.get("certificates", {})
+    api = spec.get("apiServer", {})
+    return Cluster(
+        name=doc.name,
+        kubernetes_version="v" + spec["kubernetesVersion"].lstrip("v"),
+        etcd_version=spec.get("etcdVersion", DEFAULT_ETCD_VERSION).lstrip("v"),
+        image_overrides=dict(sorted(spec.get("images", {}).items())),
+        endpoint_hosts=tuple(api.get("endpointHosts", ())),
+        api_port=api.get("port"),
+        service_cidr=spec.get("serviceCIDR", DEFAULT_SERVICE_CIDR),
+        pod_cidr=spec.get("podCIDR", DEFAULT_POD_CIDR),
+        node_cidr=spec.get("nodeCIDR"),
+        vpn_cidr=spec.get("vpn", {}).get("cidr") if spec.get("vpn", {}).get("enabled", True) else None,
+        validity_days=certs.get("validityDays", 365),
+        renew_before_days=certs.get("renewBeforeDays", 30),
+    )
+
+
+def node(doc: Document) -> Node:
+    spec = doc.spec
+    return Node(name=doc.name, cluster=spec["cluster"], role=spec["role"], hypervisor=spec.get("hypervisor"))
+
+
+def label_selector(raw: dict) -> LabelSelector:
+    return LabelSelector(
+        match_labels=tuple(sorted(raw.get("matchLabels", {}).items())),
+        match_expressions=tuple(
+            LabelRequirement(e["key"], e["operator"], tuple(e.get("values", ()))) for e in raw.get("matchExpressions", [])
+        ),
+    )
+
+
+def sip_cluster(doc: Document) -> SIPCluster:
+    spec = doc.spec
+    roles = {
+        role: SIPRole(
+            active=r["count"]["active"],
+            standby=r["count"].get("standby", 0),
+            selector=label_selector(r.get("labelSelector", {})),
+            spread=r.get("spreadTopology", "PerRack"),
+        )
+        for role, r in sorted(spec["nodes"].items())
+    }
+    services = spec.get("services", {})
+    lb = services.get("loadBalancer")
+    jump = services.get("jumpHost")
+    auth = services.get("auth")
+    return SIPCluster(
+        name=doc.name,
+        roles=roles,
+        load_balancer=LoadBalancerService(
+            port=lb["port"],
+            target_port=lb.get("targetPort", 6443),
+            node_port_range=(lb["nodePortRange"]["start"], lb["nodePortRange"]["end"]) if "nodePortRange" in lb else None,
+        ) if lb else None,
+        jump_host=JumpHostService(tuple(jump["sshAuthorizedKeys"]), jump.get("port")) if jump else None,
+        auth=AuthService(auth["oidcIssuerURL"], auth.get("clientID")) if auth else None,
+    )
+
+
+def _bmh_key(doc: Document) -> str:
+    return f"{doc.get(('metadata', 'namespace'), 'default')}/{doc.name}"
+
+
+def baremetal_host(doc: Document) -> BareMetalHost:
+    return BareMetalHost(
+        name=doc.name,
+        namespace=doc.get(("metadata", "namespace"), "default"),
+        labels=_labels(doc),
+        online=bool(doc.get(("spec", "online"), False)),
+        bmc_address=doc.get(("spec", "bmc", "address")),
+        network_data=doc.get(("spec", "networkData", "name")),
+        provisioning_state=doc.get(("status", "provisioning", "state")),
+        operational_status=doc.get(("status", "operationalStatus")),
+        powered_on=doc.get(("status", "poweredOn")),
+    )

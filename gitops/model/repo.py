@@ -1,0 +1,177 @@
+"""Read a repo: `gitops.yaml`, then every YAML document under the configured paths.
+
+Each document is schema-checked here; cross-document rules live in
+`gitops.model.semantics`. Nothing raises for bad content: every problem
+becomes a `Diagnostic` so that one run reports all of them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jsonschema import ValidationError
+
+from gitops.errors import GitopsError
+from gitops.model import schemas
+from gitops.model.config import CONFIG_FILE, RepoConfig
+from gitops.model.diagnostics import Diagnostic
+from gitops.model.documents import Document, FieldPath
+from gitops.model.yamlload import RawDocument, YamlError, load_yaml_documents, yaml_error_diagnostic
+
+YAML_SUFFIXES = (".yaml", ".yml")
+MAX_MESSAGE = 240
+
+
+@dataclass
+class LoadedRepo:
+    root: Path
+    config: RepoConfig
+    documents: list[Document] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    #: the documents that passed their kind's schema
+    valid: list[Document] = field(default_factory=list)
+
+
+def load_repo(root: str | os.PathLike[str]) -> LoadedRepo:
+    """Load and schema-check every document of the repo at `root`."""
+    root_path = Path(root)
+    if not root_path.is_dir():
+        raise GitopsError(f"{root}: not a directory (expected an infra repo checkout)")
+    root_path = root_path.resolve()
+    diagnostics: list[Diagnostic] = []
+    config = _load_config(root_path, diagnostics)
+    repo = LoadedRepo(root=root_path, config=config, diagnostics=diagnostics)
+    for rel in _yaml_files(root_path, config, diagnostics):
+        repo.files.append(rel)
+        for doc in _read_documents(root_path, rel, diagnostics):
+            repo.documents.append(doc)
+            errors = schema_errors(doc)
+            diagnostics.extend(errors)
+            if not errors:
+                repo.valid.append(doc)
+    return repo
+
+
+def _load_config(root: Path, diagnostics: list[Diagnostic]) -> RepoConfig:
+    path = root / CONFIG_FILE
+    if not path.is_file():
+        return RepoConfig()
+    docs = _read_documents(root, CONFIG_FILE, diagnostics)
+    if not docs:
+        return RepoConfig()
+    if len(docs) > 1:
+        diagnostics.append(Diagnostic(CONFIG_FILE, docs[1].line, message="gitops.yaml must hold one document"))
+    doc = docs[0]
+    if doc.kind != "GitopsConfig":
+        diagnostics.append(doc.error(("kind",), "gitops.yaml must be kind: GitopsConfig"))
+        return RepoConfig()
+    errors = schema_errors(doc)
+    diagnostics.extend(errors)
+    return RepoConfig() if errors else RepoConfig.from_spec(doc.spec)
+
+
+def _yaml_files(root: Path, config: RepoConfig, diagnostics: list[Diagnostic]) -> list[str]:
+    """Repo-relative POSIX paths of the YAML files under the configured paths, sorted."""
+    found: set[str] = set()
+    for index, rel_dir in enumerate(config.paths):
+        base = (root / rel_dir).resolve()
+        if not base.is_relative_to(root) or not base.is_dir():
+            why = "is outside the repo" if not base.is_relative_to(root) else "does not exist or is not a directory"
+            diagnostics.append(Diagnostic(CONFIG_FILE, 1, "GitopsConfig", f"spec.paths[{index}]",
+                                          f"{rel_dir!r} {why}"))
+            continue
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in filenames:
+                if not name.endswith(YAML_SUFFIXES) or name.startswith("."):
+                    continue
+                full = Path(dirpath, name)
+                rel = full.relative_to(root).as_posix()
+                if rel == CONFIG_FILE:
+                    continue
+                if not full.resolve().is_relative_to(root):
+                    diagnostics.append(Diagnostic(rel, 1, message="symlink points outside the repo; refusing to read it"))
+                    continue
+                found.add(rel)
+    return sorted(found)
+
+
+def _read_documents(root: Path, rel: str, diagnostics: list[Diagnostic]) -> list[Document]:
+    try:
+        raw = (root / rel).read_bytes()
+    except OSError as err:
+        diagnostics.append(Diagnostic(rel, 1, message=f"cannot read file: {err.strerror}"))
+        return []
+    try:
+        raw_docs = load_yaml_documents(raw)
+    except YamlError as err:
+        diagnostics.append(yaml_error_diagnostic(rel, err))
+        return []
+    docs: list[Document] = []
+    for raw_doc in raw_docs:
+        if not isinstance(raw_doc.data, dict):
+            diagnostics.append(Diagnostic(rel, raw_doc.line, message="document is not a mapping "
+                                          "(expected apiVersion, kind, metadata, spec)"))
+            continue
+        if raw_doc.data.get("kind") == "List" and isinstance(raw_doc.data.get("items"), list):
+            docs.extend(_list_items(rel, raw_doc, diagnostics))
+        else:
+            docs.append(Document(rel, raw_doc.line, raw_doc.data, raw_doc.positions))
+    return docs
+
+
+def _list_items(rel: str, raw: RawDocument, diagnostics: list[Diagnostic]) -> list[Document]:
+    """Expand a `kind: List` (as `kubectl get -o yaml` writes) into its items."""
+    out = []
+    for i, item in enumerate(raw.data["items"]):
+        prefix = ("items", i)
+        line = raw.positions.get(prefix, raw.line)
+        if not isinstance(item, dict):
+            diagnostics.append(Diagnostic(rel, line, field=f"items[{i}]", message="list item is not a mapping"))
+            continue
+        positions = {p[2:]: ln for p, ln in raw.positions.items() if p[:2] == prefix}
+        out.append(Document(rel, line, item, positions))
+    return out
+
+
+def schema_errors(doc: Document) -> list[Diagnostic]:
+    """Check one document against its kind's schema."""
+    kind = doc.data.get("kind")
+    if not isinstance(kind, str) or not kind:
+        return [doc.error(("kind",), "missing 'kind' (one of: " + ", ".join(schemas.RESOURCE_KINDS) + ")")]
+    if kind not in schemas.KINDS:
+        return [doc.error(("kind",), f"unknown kind {kind!r} (one of: " + ", ".join(schemas.RESOURCE_KINDS) + ")")]
+    out: list[Diagnostic] = []
+    for err in sorted(schemas.validator(kind).iter_errors(doc.data), key=lambda e: list(map(str, e.absolute_path))):
+        out.extend(_render(doc, err))
+    return out
+
+
+def _render(doc: Document, err: ValidationError) -> list[Diagnostic]:
+    path: FieldPath = tuple(err.absolute_path)
+    custom = err.schema.get(f"x-error-{err.validator}") if isinstance(err.schema, dict) else None
+    if custom:
+        return [doc.error(path, custom)]
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        allowed = sorted(err.schema.get("properties", {}))
+        extra = sorted(k for k in err.instance if k not in allowed)
+        hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+        return [doc.error(path + (key,), f"unknown field{hint}") for key in extra]
+    if err.validator == "required":
+        missing = err.message.split("'")[1] if "'" in err.message else err.message
+        return [doc.error(path, f"missing required field {missing!r}")]
+    if err.validator == "const":
+        return [doc.error(path, f"must be {err.validator_value!r}, got {err.instance!r}")]
+    if err.validator == "enum":
+        return [doc.error(path, f"must be one of {', '.join(map(str, err.validator_value))}; got {err.instance!r}")]
+    if err.validator == "pattern" and "description" in err.schema:
+        return [doc.error(path, f"{err.instance!r} is invalid: {err.schema['description']}")]
+    message = err.message
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 3] + "..."
+    return [doc.error(path, message)]
+
+
+__all__ = ["LoadedRepo", "load_repo", "schema_errors"]

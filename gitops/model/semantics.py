@@ -1,0 +1,219 @@
+"""Rules a JSON Schema cannot express: uniqueness, references, addresses, PEM material.
+
+Every check takes schema-valid documents and returns diagnostics; none raises.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+from gitops.model.diagnostics import Diagnostic
+from gitops.model.documents import Document
+
+HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$")
+
+Check = Callable[[list[Document], list[Document]], Iterable[Diagnostic]]
+
+
+def check_all(valid: list[Document], everything: list[Document]) -> list[Diagnostic]:
+    """Run every semantic rule.
+
+    `valid` are the documents that passed their schema (rules may rely on
+    their shape); `everything` also holds the rest, so that a reference to a
+    document with a schema error is not reported a second time as missing.
+    """
+    out: list[Diagnostic] = []
+    for check in CHECKS:
+        out.extend(check(valid, everything))
+    return out
+
+
+def _of_kind(docs: list[Document], kind: str) -> list[Document]:
+    return [d for d in docs if d.kind == kind]
+
+
+def unique_names(valid: list[Document], everything: list[Document]) -> Iterable[Diagnostic]:
+    seen: dict[tuple[str, str, str], Document] = {}
+    for doc in everything:
+        if not doc.kind or not doc.name:
+            continue
+        key = (doc.kind, str(doc.get(("metadata", "namespace"), "")), doc.name)
+        first = seen.setdefault(key, doc)
+        if first is not doc:
+            yield doc.error(("metadata", "name"), f"duplicate {doc.kind} {doc.name!r} "
+                            f"(first defined at {first.file}:{first.line_of(('metadata', 'name'))})")
+
+
+def node_references(valid: list[Document], everything: list[Document]) -> Iterable[Diagnostic]:
+    clusters = {d.name for d in _of_kind(everything, "Cluster")}
+    hypervisors = {d.name: d for d in _of_kind(everything, "Hypervisor")}
+    for node in _of_kind(valid, "Node"):
+        cluster = node.spec.get("cluster")
+        if cluster not in clusters:
+            yield node.error(("spec", "cluster"), f"Cluster {cluster!r} does not exist" + _known(clusters))
+        pinned = node.spec.get("hypervisor")
+        if pinned is None:
+            continue
+        hv = hypervisors.get(pinned)
+        if hv is None:
+            yield node.error(("spec", "hypervisor"), f"Hypervisor {pinned!r} does not exist" + _known(hypervisors))
+            continue
+        public = hv.spec.get("public", False) is True
+        wants_public = node.spec.get("role") == "controlplane-ingress"
+        if public != wants_public:
+            need = "public" if wants_public else "private"
+            yield node.error(("spec", "hypervisor"), f"role {node.spec.get('role')} runs on {need} hypervisors, "
+                             f"but Hypervisor {pinned!r} is {'public' if public else 'private'}")
+
+
+def _known(names: Iterable[str]) -> str:
+    names = sorted(names)
+    if not names:
+        return " (none defined)"
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return f" (defined: {shown})"
+
+
+def hypervisor_addresses(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
+    """IPs parse, port ranges are ordered and do not overlap on one IP."""
+    by_ip: dict[str, list[tuple[int, int, Document]]] = defaultdict(list)
+    for hv in _of_kind(docs, "Hypervisor"):
+        raw_ip = hv.spec.get("ipAddress", "")
+        try:
+            ip = str(ipaddress.ip_address(raw_ip))
+        except ValueError:
+            yield hv.error(("spec", "ipAddress"), f"{raw_ip!r} is not an IP address")
+            ip = None
+        low, high = hv.get(("spec", "portRange", "low")), hv.get(("spec", "portRange", "high"))
+        if low > high:
+            yield hv.error(("spec", "portRange"), f"low ({low}) is greater than high ({high})")
+        elif ip is not None:
+            by_ip[ip].append((low, high, hv))
+    for ip, ranges in by_ip.items():
+        ranges.sort(key=lambda r: (r[0], r[1], r[2].name))
+        for (lo1, hi1, first), (lo2, hi2, second) in zip(ranges, ranges[1:]):
+            if lo2 <= hi1:
+                yield second.error(("spec", "portRange"), f"ports {lo2}-{hi2} on {ip} overlap Hypervisor "
+                                   f"{first.name!r} ({lo1}-{hi1}, {first.file}:{first.line_of(('spec', 'portRange'))})")
+
+
+def hypervisor_tls(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
+    """Remote endpoints: CA and client certificate parse, and the key matches the certificate."""
+    for hv in _of_kind(docs, "Hypervisor"):
+        remote = hv.spec.get("remoteCRIEndpoint")
+        if not isinstance(remote, dict):
+            continue
+        base = ("spec", "remoteCRIEndpoint")
+        ca = _certificate(hv, base + ("caCertificate",))
+        if isinstance(ca, Diagnostic):
+            yield ca
+        elif not _is_ca(ca):
+            yield hv.error(base + ("caCertificate",), "certificate is not a CA (basicConstraints ca=false)")
+        cert = _certificate(hv, base + ("clientCertificate", "certificate"))
+        if isinstance(cert, Diagnostic):
+            yield cert
+        key_path = base + ("clientCertificate", "privateKey")
+        try:
+            key = serialization.load_pem_private_key(hv.get(key_path).encode(), password=None)
+        except (ValueError, TypeError):
+            yield hv.error(key_path, "not a PEM private key (unencrypted PKCS#8, PKCS#1 or SEC1)")
+            continue
+        if not isinstance(cert, Diagnostic) and not _same_public_key(cert, key):
+            yield hv.error(key_path, "private key does not match clientCertificate.certificate")
+
+
+def _certificate(doc: Document, path: tuple[str, ...]) -> x509.Certificate | Diagnostic:
+    text = doc.get(path)
+    try:
+        return x509.load_pem_x509_certificate(text.encode())
+    except ValueError:
+        return doc.error(path, "not a PEM certificate (expected one -----BEGIN CERTIFICATE----- block)")
+
+
+def _is_ca(cert: x509.Certificate) -> bool:
+    try:
+        return cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        return False
+
+
+def _same_public_key(cert: x509.Certificate, key: object) -> bool:
+    if not isinstance(key, (rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey)):
+        return False
+    fmt = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return key.public_key().public_bytes(*fmt) == cert.public_key().public_bytes(*fmt)
+
+
+def cluster_networks(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
+    """CIDRs parse (no host bits), service and pod networks are disjoint, endpoint hosts are names or IPs."""
+    for cluster in _of_kind(docs, "Cluster"):
+        nets = {}
+        for key in ("serviceCIDR", "podCIDR", "nodeCIDR"):
+            nets[key] = _network(cluster, ("spec", key))
+        nets["vpn.cidr"] = _network(cluster, ("spec", "vpn", "cidr"))
+        for key, net in nets.items():
+            if isinstance(net, Diagnostic):
+                yield net
+        svc, pod = nets["serviceCIDR"], nets["podCIDR"]
+        if isinstance(svc, ipaddress._BaseNetwork) and isinstance(pod, ipaddress._BaseNetwork):
+            if svc.version == pod.version and svc.overlaps(pod):
+                yield cluster.error(("spec", "podCIDR"), f"pod network {pod} overlaps service network {svc}")
+        for i, host in enumerate(cluster.get(("spec", "apiServer", "endpointHosts"), [])):
+            if not (HOSTNAME.match(host) or _is_ip(host)):
+                yield cluster.error(("spec", "apiServer", "endpointHosts", i), f"{host!r} is neither a DNS name nor an IP")
+        validity = cluster.get(("spec", "certificates", "validityDays"), 365)
+        renew = cluster.get(("spec", "certificates", "renewBeforeDays"), 30)
+        if renew >= validity:
+            yield cluster.error(("spec", "certificates", "renewBeforeDays"),
+                                f"renewal window ({renew} days) must be shorter than validity ({validity} days)")
+
+
+def _network(doc: Document, path: tuple[str, ...]):
+    raw = doc.get(path)
+    if raw is None:
+        return None
+    try:
+        return ipaddress.ip_network(raw, strict=True)
+    except ValueError as err:
+        return doc.error(path, f"{raw!r} is not a CIDR: {err}")
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
+
+
+def sip_selectors(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
+    """Selector operators have the values they need; port ranges are ordered."""
+    for sip in _of_kind(docs, "SIPCluster"):
+        for role, spec in sorted(sip.get(("spec", "nodes"), {}).items()):
+            for i, expr in enumerate(spec.get("labelSelector", {}).get("matchExpressions", [])):
+                path = ("spec", "nodes", role, "labelSelector", "matchExpressions", i)
+                values = expr.get("values", [])
+                if expr["operator"] in ("In", "NotIn") and not values:
+                    yield sip.error(path, f"operator {expr['operator']} needs a non-empty 'values'")
+                if expr["operator"] in ("Exists", "DoesNotExist") and values:
+                    yield sip.error(path + ("values",), f"operator {expr['operator']} takes no 'values'")
+        ports = sip.get(("spec", "services", "loadBalancer", "nodePortRange"))
+        if ports and ports["start"] > ports["end"]:
+            yield sip.error(("spec", "services", "loadBalancer", "nodePortRange"),
+                            f"start ({ports['start']}) is greater than end ({ports['end']})")
+
+
+CHECKS: tuple[Check, ...] = (
+    unique_names,
+    node_references,
+    hypervisor_addresses,
+    hypervisor_tls,
+    cluster_networks,
+    sip_selectors,
+)

@@ -1,0 +1,120 @@
+"""Helpers to write small infra repos for validation tests."""
+from __future__ import annotations
+
+import datetime as dt
+import textwrap
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_REPO = REPO_ROOT / "example-repo"
+
+
+def write(root: Path, rel: str, text: str) -> Path:
+    """Write dedented `text` to `root/rel` (creating directories)."""
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip("\n"))
+    return path
+
+
+def pem_cert(cert: x509.Certificate) -> str:
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def pem_key(key) -> str:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
+def make_cert(cn: str, issuer_key=None, issuer: x509.Certificate | None = None, ca: bool = False):
+    """A certificate and its key; self-signed unless an issuer is given."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.timezone.utc)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer.subject if issuer else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .sign(issuer_key or key, hashes.SHA256())
+    )
+    return cert, key
+
+
+def indent(text: str, spaces: int) -> str:
+    return "".join(" " * spaces + line + "\n" for line in text.strip().splitlines())
+
+
+def remote_hypervisor_yaml(name: str, ca_pem: str, cert_pem: str, key_pem: str, ip: str = "127.0.30.9") -> str:
+    return (
+        "apiVersion: gitops.infra/v1alpha1\nkind: Hypervisor\nmetadata:\n"
+        f"  name: {name}\nspec:\n  ipAddress: {ip}\n  portRange: {{low: 40000, high: 40100}}\n"
+        "  remoteCRIEndpoint:\n    criEndpointURI: tcp://127.0.30.9:7443\n    caCertificate: |\n"
+        + indent(ca_pem, 6)
+        + "    clientCertificate:\n      certificate: |\n" + indent(cert_pem, 8)
+        + "      privateKey: |\n" + indent(key_pem, 8)
+    )
+
+
+def minimal_repo(root: Path) -> Path:
+    """A small valid repo: 2 hypervisors, 1 cluster, 2 nodes."""
+    write(root, "hypervisors.yaml", """
+        apiVersion: gitops.infra/v1alpha1
+        kind: Hypervisor
+        metadata:
+          name: hv-1
+        spec:
+          public: false
+          ipAddress: 127.0.30.1
+          portRange: {low: 30000, high: 30100}
+          localCRIEndpoint:
+            criEndpointPath: /run/hv-1.sock
+        ---
+        apiVersion: gitops.infra/v1alpha1
+        kind: Hypervisor
+        metadata:
+          name: edge-1
+        spec:
+          public: true
+          ipAddress: 127.0.30.2
+          portRange: {low: 30000, high: 30100}
+          localCRIEndpoint:
+            criEndpointPath: /run/edge-1.sock
+        """)
+    write(root, "clusters/c1.yaml", """
+        apiVersion: gitops.infra/v1alpha1
+        kind: Cluster
+        metadata:
+          name: c1
+        spec:
+          kubernetesVersion: "1.31.2"
+          serviceCIDR: 10.96.0.0/12
+          podCIDR: 10.244.0.0/16
+        ---
+        apiVersion: gitops.infra/v1alpha1
+        kind: Node
+        metadata:
+          name: c1-cp-1
+        spec:
+          cluster: c1
+          role: controlplane
+        ---
+        apiVersion: gitops.infra/v1alpha1
+        kind: Node
+        metadata:
+          name: c1-ingress
+        spec:
+          cluster: c1
+          role: controlplane-ingress
+          hypervisor: edge-1
+        """)
+    return root
