@@ -1,0 +1,1 @@
+"""Desired-state compilation: pure functions from the repo model and recorded state."""

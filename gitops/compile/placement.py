@@ -1,0 +1,122 @@
+"""Scheduling nodes onto hypervisors and allocating their ports (pure).
+
+Rules:
+* `controlplane` nodes go on private hypervisors, `controlplane-ingress` on public ones;
+* a pinned hypervisor is honoured;
+* a recorded placement is kept while its hypervisor still exists and fits, so a new
+  commit never moves a healthy node;
+* new nodes spread a cluster over hypervisors (fewest nodes of that cluster first,
+  then fewest nodes overall, then name);
+* ports come from the hypervisor's range, lowest free first, never shared; a
+  record whose node left the repo keeps its ports until the apply stage has
+  removed its pod and dropped the record.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from gitops.errors import GitopsError
+from gitops.model.resources import CONTROLPLANE, Hypervisor, Node, RepoModel
+from gitops.state.records import NodeRecord, State
+
+#: host ports each role binds on its hypervisor's IP (host networking)
+PORTS_BY_ROLE: dict[str, tuple[str, ...]] = {
+    CONTROLPLANE: ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler"),
+    "controlplane-ingress": ("apiserver",),
+}
+
+
+class PlacementError(GitopsError):
+    """No hypervisor or no port can take a node: a plan error, not a crash."""
+
+
+def place(model: RepoModel, state: State, unavailable: Iterable[str] = ()) -> State:
+    """Return a copy of `state` where every node of `model` has a hypervisor and ports.
+
+    `unavailable` names hypervisors that could not be reached: nodes already
+    there stay recorded there, new nodes are not placed on them.
+    """
+    down = frozenset(unavailable)
+    new = state.copy()
+    errors: list[str] = []
+    for node in sorted(model.nodes.values(), key=lambda n: n.name):
+        record = new.nodes.get(node.name)
+        if record is not None and _fits(model, node, record):
+            continue
+        try:
+            hypervisor = _choose(model, new, node, down)
+        except PlacementError as err:
+            errors.append(str(err))
+            continue
+        new.nodes[node.name] = NodeRecord(cluster=node.cluster, hypervisor=hypervisor.name)
+    for node in sorted(model.nodes.values(), key=lambda n: n.name):
+        record = new.nodes.get(node.name)
+        if record is None:
+            continue
+        try:
+            _allocate_ports(model, new, node, record)
+        except PlacementError as err:
+            errors.append(str(err))
+    if errors:
+        raise PlacementError("cannot place every node:\n" + "\n".join(f"  - {e}" for e in errors))
+    return new
+
+
+def _eligible(hv: Hypervisor, node: Node) -> bool:
+    return hv.public == (node.role != CONTROLPLANE)
+
+
+def _fits(model: RepoModel, node: Node, record: NodeRecord) -> bool:
+    hv = model.hypervisors.get(record.hypervisor)
+    if hv is None or not _eligible(hv, node) or record.cluster != node.cluster:
+        return False
+    return node.hypervisor is None or node.hypervisor == record.hypervisor
+
+
+def _choose(model: RepoModel, state: State, node: Node, down: frozenset[str]) -> Hypervisor:
+    kind = "private" if node.role == CONTROLPLANE else "public"
+    if node.hypervisor is not None:
+        hv = model.hypervisors[node.hypervisor]
+        if hv.name in down:
+            raise PlacementError(f"Node {node.name}: pinned Hypervisor {hv.name} is unreachable")
+        return hv
+    candidates = [hv for hv in model.hypervisors.values() if _eligible(hv, node) and hv.name not in down]
+    if not candidates:
+        why = " reachable" if down else ""
+        raise PlacementError(f"Node {node.name} (role {node.role}): no{why} {kind} hypervisor in the repo")
+    same_cluster = Counter(r.hypervisor for r in state.nodes.values() if r.cluster == node.cluster)
+    overall = Counter(r.hypervisor for r in state.nodes.values())
+    return min(candidates, key=lambda hv: (same_cluster[hv.name], overall[hv.name], hv.name))
+
+
+def _allocate_ports(model: RepoModel, state: State, node: Node, record: NodeRecord) -> None:
+    hv = model.hypervisors[record.hypervisor]
+    wanted = PORTS_BY_ROLE[node.role]
+    record.ports = {k: v for k, v in record.ports.items() if k in wanted and v in hv.port_range}
+    used = {port for name, r in state.nodes.items() if r.hypervisor == hv.name and name != node.name
+            for port in r.ports.values()}
+    used |= set(record.ports.values())
+    cluster = model.clusters.get(node.cluster)
+    fixed = cluster.api_port if cluster is not None and node.role != CONTROLPLANE else None
+    if fixed is not None and record.ports.get("apiserver") != fixed:
+        if fixed not in hv.port_range:
+            raise PlacementError(f"Node {node.name}: Cluster {node.cluster} asks for API port {fixed}, outside "
+                                 f"Hypervisor {hv.name}'s range {hv.port_range.low}-{hv.port_range.high}")
+        if fixed in used:
+            raise PlacementError(f"Node {node.name}: API port {fixed} on Hypervisor {hv.name} is already taken")
+        record.ports["apiserver"] = fixed
+        used.add(fixed)
+    free = (p for p in range(hv.port_range.low, hv.port_range.high + 1) if p not in used)
+    for purpose in wanted:
+        if purpose in record.ports:
+            continue
+        port = next(free, None)
+        if port is None:
+            raise PlacementError(
+                f"Node {node.name}: Hypervisor {hv.name} has no free port left in "
+                f"{hv.port_range.low}-{hv.port_range.high} for {purpose} ({len(used)} in use); "
+                "widen spec.portRange or add a hypervisor")
+        record.ports[purpose] = port
+        used.add(port)
+    record.ports = dict(sorted(record.ports.items()))

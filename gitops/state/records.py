@@ -1,0 +1,71 @@
+"""The recorded-state dataclasses and their deterministic (sorted) JSON form."""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class CertRecord:
+    """A certificate (PEM) and, for authorities the controller holds, its key."""
+
+    cert_pem: str
+    key_pem: str = ""
+
+
+@dataclass
+class ClusterRecord:
+    #: authorities by role: "cluster", "etcd", "front-proxy"
+    authorities: dict[str, CertRecord] = field(default_factory=dict)
+    #: the admin client certificate (O=system:masters), kept for kubeconfigs
+    admin: CertRecord | None = None
+    #: public keys (PEM) of each node's service-account signing key, by node
+    service_account_keys: dict[str, str] = field(default_factory=dict)
+    #: etcd members in the order they joined (node names)
+    etcd_members: list[str] = field(default_factory=list)
+
+
+@dataclass
+class NodeRecord:
+    cluster: str
+    hypervisor: str
+    #: allocated host ports by purpose, e.g. {"etcd-client": 31000}
+    ports: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class State:
+    clusters: dict[str, ClusterRecord] = field(default_factory=dict)
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+
+    def copy(self) -> "State":
+        return copy.deepcopy(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["version"] = SCHEMA_VERSION
+        return _sorted(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "State":
+        clusters = {}
+        for name, raw in data.get("clusters", {}).items():
+            clusters[name] = ClusterRecord(
+                authorities={k: CertRecord(**v) for k, v in raw.get("authorities", {}).items()},
+                admin=CertRecord(**raw["admin"]) if raw.get("admin") else None,
+                service_account_keys=dict(raw.get("service_account_keys", {})),
+                etcd_members=list(raw.get("etcd_members", [])),
+            )
+        nodes = {name: NodeRecord(**raw) for name, raw in data.get("nodes", {}).items()}
+        return cls(clusters=clusters, nodes=nodes)
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value

@@ -1,0 +1,99 @@
+"""Scheduling and port allocation: stable, spread, pinned, exhaustion as a clear error."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from repo_helpers import EXAMPLE_REPO
+
+from gitops.compile.placement import PlacementError, place
+from gitops.model.resources import Hypervisor, Node, PortRange
+from gitops.model.validate import load_model
+from gitops.state import State
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(EXAMPLE_REPO)
+
+
+def with_nodes(model, *nodes: Node, drop: tuple[str, ...] = ()):
+    merged = {k: v for k, v in model.nodes.items() if k not in drop}
+    merged.update({n.name: n for n in nodes})
+    return dataclasses.replace(model, nodes=merged)
+
+
+def test_roles_go_to_the_right_hypervisors_and_spread(model):
+    state = place(model, State())
+    for name, record in state.nodes.items():
+        hv = model.hypervisors[record.hypervisor]
+        assert hv.public == name.endswith("ingress"), name
+    for cluster in model.clusters:
+        hvs = [r.hypervisor for n, r in state.nodes.items() if r.cluster == cluster and not n.endswith("ingress")]
+        assert sorted(set(hvs)) == ["hv-private-1", "hv-private-2"], hvs  # 3 nodes over both private ones
+
+
+def test_ports_are_in_range_and_never_shared(model):
+    state = place(model, State())
+    seen: dict[tuple[str, int], str] = {}
+    for name, record in state.nodes.items():
+        hv = model.hypervisors[record.hypervisor]
+        for purpose, port in record.ports.items():
+            assert port in hv.port_range
+            key = (hv.ip_address, port)
+            assert key not in seen, f"{name}/{purpose} reuses {key} of {seen.get(key)}"
+            seen[key] = f"{name}/{purpose}"
+    assert set(state.nodes["team-a-cp-1"].ports) == {"etcd-client", "etcd-peer", "apiserver",
+                                                       "controller-manager", "scheduler"}
+
+
+def test_placement_is_stable_when_nodes_and_hypervisors_are_added(model):
+    first = place(model, State())
+    extra_hv = Hypervisor("hv-private-3", False, "127.0.10.4", PortRange(33000, 33999),
+                          model.hypervisors["hv-private-1"].endpoint)
+    grown = dataclasses.replace(model, hypervisors={**model.hypervisors, extra_hv.name: extra_hv})
+    grown = with_nodes(grown, Node("team-a-cp-4", "team-a", "controlplane"))
+    second = place(grown, first)
+    for name, record in first.nodes.items():
+        assert second.nodes[name] == record, name
+    # the new node goes where team-a has the fewest nodes: the new, empty hypervisor
+    assert second.nodes["team-a-cp-4"].hypervisor == "hv-private-3"
+
+
+def test_removed_nodes_keep_their_ports_until_apply_drops_the_record(model):
+    first = place(model, State())
+    gone = first.nodes["team-a-cp-1"]
+    shrunk = with_nodes(model, Node("team-c-cp-1", "team-a", "controlplane", hypervisor=gone.hypervisor),
+                        drop=("team-a-cp-1",))
+    second = place(shrunk, first)
+    assert second.nodes["team-a-cp-1"] == gone
+    assert not set(second.nodes["team-c-cp-1"].ports.values()) & set(gone.ports.values())
+
+
+def test_pinning_moves_a_node_and_unreachable_hypervisors_get_no_new_nodes(model):
+    first = place(model, State())
+    current = first.nodes["team-b-cp-1"].hypervisor
+    other = "hv-private-1" if current == "hv-private-2" else "hv-private-2"
+    moved = place(with_nodes(model, Node("team-b-cp-1", "team-b", "controlplane", hypervisor=other)), first)
+    assert moved.nodes["team-b-cp-1"].hypervisor == other
+    fresh = place(with_nodes(model, Node("team-b-cp-9", "team-b", "controlplane")), first,
+                  unavailable=["hv-private-1"])
+    assert fresh.nodes["team-b-cp-9"].hypervisor == "hv-private-2"
+    assert fresh.nodes["team-a-cp-1"] == first.nodes["team-a-cp-1"]  # kept where it is
+
+
+def test_port_exhaustion_is_a_clear_plan_error(model):
+    tiny = {name: dataclasses.replace(hv, port_range=PortRange(hv.port_range.low, hv.port_range.low + 6))
+            for name, hv in model.hypervisors.items()}
+    with pytest.raises(PlacementError) as err:
+        place(dataclasses.replace(model, hypervisors=tiny), State())
+    text = str(err.value)
+    assert "has no free port left in 31000-31006" in text
+    assert "widen spec.portRange or add a hypervisor" in text
+
+
+def test_no_public_hypervisor_is_a_clear_plan_error(model):
+    private_only = {n: hv for n, hv in model.hypervisors.items() if not hv.public}
+    nodes = {n: dataclasses.replace(node, hypervisor=None) for n, node in model.nodes.items()}
+    with pytest.raises(PlacementError, match="Node team-a-ingress .*no public hypervisor in the repo"):
+        place(dataclasses.replace(model, hypervisors=private_only, nodes=nodes), State())
