@@ -1,6 +1,82 @@
-"""`gitops lab` commands (placeholder until implemented)."""
+"""`gitops lab`: a local lab of containerd hypervisors for development and tests."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
-COMMANDS: list[click.Command] = []
+from gitops import lab as labmod
+
+_DIR = click.option("--dir", "lab_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                    help="Lab directory (default: $GITOPS_LAB_DIR or ./.lab).")
+
+
+@click.group("lab")
+def lab() -> None:
+    """Real containerd hypervisors on loopback addresses (needs root)."""
+
+
+@lab.command("up")
+@click.option("--hypervisors", "-n", type=int, default=1, show_default=True, help="How many hypervisors.")
+@click.option("--public", type=int, default=0, show_default=True, help="How many of them are public.")
+@click.option("--remote", is_flag=True, help="Put an mTLS haproxy front on each CRI socket.")
+@click.option("--subnet", default=labmod.lab.DEFAULT_SUBNET, show_default=True,
+              help="First three octets of the hypervisors' loopback addresses.")
+@_DIR
+def up_cmd(hypervisors: int, public: int, remote: bool, subnet: str, lab_dir: Path | None) -> None:
+    """Start the lab and print its Hypervisor documents (YAML) on stdout."""
+    info = labmod.up(lab_dir, hypervisors=hypervisors, public=public, remote=remote, subnet=subnet)
+    click.echo(labmod.hypervisors_yaml(info), nl=False)
+    click.echo(f"lab up in {info.dir}: {len(info.hypervisors)} hypervisor(s)", err=True)
+
+
+@lab.command("hypervisors")
+@_DIR
+def hypervisors_cmd(lab_dir: Path | None) -> None:
+    """Print the running lab's Hypervisor documents (YAML)."""
+    click.echo(labmod.hypervisors_yaml(labmod.info(lab_dir)), nl=False)
+
+
+@lab.command("status")
+@_DIR
+def status_cmd(lab_dir: Path | None) -> None:
+    """Show the lab's hypervisors and whether its processes run."""
+    st = labmod.status(lab_dir)
+    click.echo(f"lab {st.dir}: {'up' if st.up else 'DEGRADED'}")
+    for hv in st.hypervisors:
+        endpoint = hv.remote_uri or f"unix://{hv.socket}"
+        click.echo(f"  {hv.name}  ip={hv.ip}  ports={hv.port_range.low}-{hv.port_range.high}  "
+                   f"public={str(hv.public).lower()}  cri={endpoint}")
+    for p in st.processes:
+        click.echo(f"  {p.proc.hypervisor}  {p.proc.role}  pid={p.proc.pid}  "
+                   f"{'running' if p.alive else 'GONE'}  log={p.proc.log}")
+    click.echo(f"  mounts under lab dir: {len(st.mounts)}")
+    if not st.up:
+        raise SystemExit(1)
+
+
+@lab.command("down")
+@_DIR
+def down_cmd(lab_dir: Path | None) -> None:
+    """Stop everything the lab started, unmount and remove its files."""
+    report = labmod.down(lab_dir)
+    for what in report.stopped:
+        click.echo(f"stopped {what}")
+    click.echo(f"unmounted {len(report.unmounted)}, lab directory {'removed' if report.removed else 'kept'}")
+
+
+@lab.group("images")
+def images_group() -> None:
+    """Images in the lab's hypervisors."""
+
+
+@images_group.command("import")
+@click.argument("tarball", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_DIR
+def images_import_cmd(tarball: Path, lab_dir: Path | None) -> None:
+    """Import an image tarball (docker/OCI archive) into every lab hypervisor."""
+    for name in labmod.import_image(tarball, lab_dir):
+        click.echo(f"imported {tarball.name} into {name}")
+
+
+COMMANDS: list[click.Command] = [lab]

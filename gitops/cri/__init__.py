@@ -1,0 +1,22 @@
+"""CRI runtime.v1 client: talk to the container runtime on a hypervisor."""
+from gitops.cri.client import CRIClient, connect, open_channel, read_all
+from gitops.cri.errors import CRIError, Reason
+from gitops.cri.types import (
+    Container,
+    ContainerSpec,
+    ContainerState,
+    Image,
+    Mount,
+    RuntimeCondition,
+    RuntimeStatus,
+    RuntimeVersion,
+    Sandbox,
+    SandboxSpec,
+    SandboxState,
+)
+
+__all__ = [
+    "CRIClient", "CRIError", "Container", "ContainerSpec", "ContainerState", "Image", "Mount",
+    "Reason", "RuntimeCondition", "RuntimeStatus", "RuntimeVersion", "Sandbox", "SandboxSpec",
+    "SandboxState", "connect", "open_channel", "read_all",
+]

@@ -1,0 +1,365 @@
+"""A CRI runtime.v1 client for one hypervisor, and a parallel read helper.
+
+Local endpoints are unix sockets (no authentication); remote endpoints are TCP
+with mutual TLS (the server is verified against the endpoint's CA, the client
+presents its certificate). Every call has a deadline; only idempotent reads are
+retried, with exponential backoff, within that deadline. Failures raise CRIError
+naming the hypervisor, the call and the reason.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+# gRPC's C core logs handshake failures to stderr; gitops reports them as CRIError instead.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+import grpc  # noqa: E402
+
+from gitops.cri._log import event
+from gitops.cri import convert
+from gitops.cri.errors import CRIError, Reason
+from gitops.cri.pb import runtime_pb2 as pb
+from gitops.cri.pb import runtime_pb2_grpc as pb_grpc
+from gitops.cri.types import (
+    Container,
+    ContainerSpec,
+    ContainerState,
+    Image,
+    RuntimeStatus,
+    RuntimeVersion,
+    Sandbox,
+    SandboxSpec,
+    SandboxState,
+)
+from gitops.model.resources import Hypervisor, LocalCRIEndpoint, RemoteCRIEndpoint
+from gitops.pki import PKIError, load_cert_pem, load_certs_pem, load_key_pem, key_matches_cert
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 10.0   # seconds, for quick calls (reads, start, remove)
+SLOW_TIMEOUT = 60.0      # seconds, for calls that do real work (run sandbox, create, stop)
+PULL_TIMEOUT = 300.0
+_MAX_MESSAGE = 64 * 1024 * 1024
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", _MAX_MESSAGE),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),  # retries are ours, and only for reads
+]
+_TLS_HINTS = re.compile(r"ssl|tls|handshake|certificate|alpn|tsi_", re.IGNORECASE)
+_RETRYABLE = (Reason.UNREACHABLE,)
+_TLS_EXPLAINED = [  # (substring of gRPC's message, what it means)
+    ("CERTIFICATE_VERIFY_FAILED", "the server certificate is not signed by the endpoint's caCertificate"),
+    ("Hostname", "the server certificate does not name the endpoint's address"),
+    ("TSI_DATA_CORRUPTED", "the server rejected the client certificate (missing, or not from a CA it trusts)"),
+    ("ALPN", "the server does not offer ALPN h2 (haproxy: `alpn h2` on the bind line)"),
+]
+
+
+def _explain_tls(details: str) -> str:
+    for needle, meaning in _TLS_EXPLAINED:
+        if needle.lower() in details.lower():
+            return f"{meaning} ({details})"
+    return details
+
+
+def _tls_credentials(hv: str, ep: RemoteCRIEndpoint) -> grpc.ChannelCredentials:
+    try:
+        load_certs_pem(ep.ca_certificate)
+        cert = key = None
+        if ep.client_certificate or ep.client_private_key:
+            cert_obj, key_obj = load_cert_pem(ep.client_certificate), load_key_pem(ep.client_private_key)
+            if not key_matches_cert(key_obj, cert_obj):
+                raise PKIError("client private key does not match the client certificate")
+            cert, key = ep.client_certificate.encode(), ep.client_private_key.encode()
+    except PKIError as err:
+        raise CRIError(hv, "connect", Reason.CONFIG, str(err)) from None
+    return grpc.ssl_channel_credentials(root_certificates=ep.ca_certificate.encode(),
+                                        private_key=key, certificate_chain=cert)
+
+
+def open_channel(hypervisor: Hypervisor) -> grpc.Channel:
+    """A gRPC channel to the hypervisor's CRI endpoint (nothing is dialled yet)."""
+    ep = hypervisor.endpoint
+    if isinstance(ep, LocalCRIEndpoint):
+        return grpc.insecure_channel(ep.target, options=_CHANNEL_OPTIONS)
+    if isinstance(ep, RemoteCRIEndpoint):
+        creds = _tls_credentials(hypervisor.name, ep)
+        return grpc.secure_channel(ep.target, creds, options=_CHANNEL_OPTIONS)
+    raise CRIError(hypervisor.name, "connect", Reason.CONFIG, f"unknown endpoint type {type(ep).__name__}")
+
+
+class CRIClient:
+    """CRI calls against one hypervisor. Use as a context manager, or call close()."""
+
+    def __init__(self, hypervisor: Hypervisor, *, timeout: float = DEFAULT_TIMEOUT,
+                 slow_timeout: float = SLOW_TIMEOUT, backoff: float = 0.2) -> None:
+        self.hypervisor = hypervisor
+        self.timeout = timeout
+        self.slow_timeout = slow_timeout
+        self.backoff = backoff
+        self._channel = open_channel(hypervisor)
+        self._state = grpc.ChannelConnectivity.IDLE
+        self._ever_ready = False
+        self._lock = threading.Lock()
+        self._channel.subscribe(self._on_state)
+        self._runtime = pb_grpc.RuntimeServiceStub(self._channel)
+        self._images = pb_grpc.ImageServiceStub(self._channel)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def __enter__(self) -> CRIClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.unsubscribe(self._on_state)
+        self._channel.close()
+
+    def _on_state(self, state: grpc.ChannelConnectivity) -> None:
+        with self._lock:
+            self._state = state
+            self._ever_ready |= state == grpc.ChannelConnectivity.READY
+
+    def _error(self, call: str, err: grpc.RpcError, timeout: float) -> CRIError:
+        code: grpc.StatusCode = err.code()  # type: ignore[attr-defined]
+        details: str = err.details() or code.name  # type: ignore[attr-defined]
+        with self._lock:
+            connected = self._state == grpc.ChannelConnectivity.READY
+        if code == grpc.StatusCode.UNAVAILABLE:
+            if "Handshake read failed" in details:  # TCP connected, but no TLS answer
+                reason = Reason.UNREACHABLE
+                details = f"the endpoint never completed a TLS handshake ({details})"
+            elif _TLS_HINTS.search(details):
+                reason, details = Reason.TLS, _explain_tls(details)
+            else:
+                reason = Reason.UNREACHABLE
+        elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            reason = Reason.DEADLINE if connected else Reason.UNREACHABLE
+            details = f"no answer within {timeout:g}s" + ("" if connected else " (not connected)")
+        elif code == grpc.StatusCode.NOT_FOUND:
+            reason = Reason.NOT_FOUND
+        else:
+            reason = Reason.RUNTIME
+            details = f"{code.name}: {details}"
+        return CRIError(self.hypervisor.name, call, reason, details)
+
+    def _call(self, call: str, method: Callable[..., Any], request: Any, *,
+              read: bool, timeout: float | None = None) -> Any:
+        """Invoke one RPC with a deadline; reads are retried while the deadline allows."""
+        budget = timeout or self.timeout
+        deadline = time.monotonic() + budget
+        attempt = 0
+        while True:
+            remaining = max(deadline - time.monotonic(), 0.001)
+            started = time.monotonic()
+            try:
+                response = method(request, timeout=remaining)
+                event(log, logging.DEBUG, "cri call", hypervisor=self.hypervisor.name, call=call,
+                                              seconds=round(time.monotonic() - started, 3))
+                return response
+            except grpc.RpcError as err:
+                error = self._error(call, err, budget)
+            attempt += 1
+            pause = self.backoff * 2 ** (attempt - 1)
+            if not read or error.reason not in _RETRYABLE or time.monotonic() + pause >= deadline:
+                event(log, logging.INFO, "cri call failed", hypervisor=self.hypervisor.name, call=call,
+                                                    reason=error.reason.value, attempts=attempt)
+                raise error
+            event(log, logging.DEBUG, "cri call retry", hypervisor=self.hypervisor.name, call=call,
+                                                attempt=attempt, error=str(error))
+            time.sleep(pause)
+
+    # ------------------------------------------------------------------ runtime
+
+    def version(self) -> RuntimeVersion:
+        r = self._call("Version", self._runtime.Version, pb.VersionRequest(version="v1"), read=True)
+        return RuntimeVersion(r.runtime_name, r.runtime_version, r.runtime_api_version)
+
+    def status(self) -> RuntimeStatus:
+        r = self._call("Status", self._runtime.Status, pb.StatusRequest(), read=True)
+        return convert.runtime_status(r.status)
+
+    # ------------------------------------------------------------------ sandboxes
+
+    def list_sandboxes(self, labels: Mapping[str, str] | None = None, *,
+                       state: SandboxState | None = None) -> list[Sandbox]:
+        """Pod sandboxes whose labels include `labels`, sorted by (name, created_at, id)."""
+        flt = pb.PodSandboxFilter(label_selector=dict(labels or {}))
+        if state is not None:
+            flt.state.state = convert.SANDBOX_STATE_TO_PB[state]
+        r = self._call("ListPodSandbox", self._runtime.ListPodSandbox,
+                       pb.ListPodSandboxRequest(filter=flt), read=True)
+        return sorted((convert.sandbox(s) for s in r.items), key=lambda s: (s.name, s.created_at, s.id))
+
+    def sandbox_status(self, sandbox_id: str) -> Sandbox:
+        r = self._call("PodSandboxStatus", self._runtime.PodSandboxStatus,
+                       pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id), read=True)
+        return convert.sandbox_status(r.status)
+
+    def run_sandbox(self, spec: SandboxSpec) -> str:
+        """Create and start a pod sandbox; returns its id."""
+        r = self._call("RunPodSandbox", self._runtime.RunPodSandbox,
+                       pb.RunPodSandboxRequest(config=convert.sandbox_config(spec)),
+                       read=False, timeout=self.slow_timeout)
+        event(log, logging.INFO, "sandbox started", hypervisor=self.hypervisor.name, sandbox=spec.name,
+                                           id=r.pod_sandbox_id)
+        return str(r.pod_sandbox_id)
+
+    def stop_sandbox(self, sandbox_id: str) -> None:
+        self._call("StopPodSandbox", self._runtime.StopPodSandbox,
+                   pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id), read=False,
+                   timeout=self.slow_timeout)
+
+    def remove_sandbox(self, sandbox_id: str) -> None:
+        """Remove a (stopped) sandbox and all its containers."""
+        self._call("RemovePodSandbox", self._runtime.RemovePodSandbox,
+                   pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id), read=False,
+                   timeout=self.slow_timeout)
+
+    # ------------------------------------------------------------------ containers
+
+    def list_containers(self, labels: Mapping[str, str] | None = None, *,
+                        sandbox_id: str = "", state: ContainerState | None = None,
+                        container_id: str = "") -> list[Container]:
+        """Containers whose labels include `labels`, sorted by (name, created_at, id)."""
+        flt = pb.ContainerFilter(id=container_id, pod_sandbox_id=sandbox_id,
+                                 label_selector=dict(labels or {}))
+        if state is not None:
+            flt.state.state = convert.CONTAINER_STATE_TO_PB[state]
+        r = self._call("ListContainers", self._runtime.ListContainers,
+                       pb.ListContainersRequest(filter=flt), read=True)
+        return sorted((convert.container(c) for c in r.containers),
+                      key=lambda c: (c.name, c.created_at, c.id))
+
+    def container_status(self, container_id: str) -> Container:
+        """Full status of one container (exit code, times, reason...)."""
+        r = self._call("ContainerStatus", self._runtime.ContainerStatus,
+                       pb.ContainerStatusRequest(container_id=container_id), read=True)
+        listed = self.list_containers(container_id=r.status.id or container_id)
+        sandbox_id = listed[0].sandbox_id if listed else ""
+        return convert.container_status(r.status, sandbox_id)
+
+    def create_container(self, sandbox_id: str, spec: ContainerSpec,
+                         sandbox: SandboxSpec | None = None) -> str:
+        """Create (not start) a container in a sandbox; returns its id.
+
+        CRI wants the sandbox's config again; without `sandbox`, it is rebuilt from the
+        sandbox's status.
+        """
+        if sandbox is None:
+            sandbox_config = convert.sandbox_config_from_status(self._raw_sandbox_status(sandbox_id))
+        else:
+            sandbox_config = convert.sandbox_config(sandbox)
+        host_network = (sandbox_config.linux.security_context.namespace_options.network
+                        == pb.NODE)
+        request = pb.CreateContainerRequest(
+            pod_sandbox_id=sandbox_id,
+            config=convert.container_config(spec, host_network=host_network),
+            sandbox_config=sandbox_config)
+        r = self._call("CreateContainer", self._runtime.CreateContainer, request, read=False,
+                       timeout=self.slow_timeout)
+        event(log, logging.INFO, "container created", hypervisor=self.hypervisor.name,
+                                             container=spec.name, id=r.container_id)
+        return str(r.container_id)
+
+    def _raw_sandbox_status(self, sandbox_id: str) -> pb.PodSandboxStatus:
+        r = self._call("PodSandboxStatus", self._runtime.PodSandboxStatus,
+                       pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id), read=True)
+        return r.status
+
+    def start_container(self, container_id: str) -> None:
+        self._call("StartContainer", self._runtime.StartContainer,
+                   pb.StartContainerRequest(container_id=container_id), read=False,
+                   timeout=self.slow_timeout)
+
+    def stop_container(self, container_id: str, timeout: int = 10) -> None:
+        """Stop with SIGTERM, then SIGKILL after `timeout` seconds."""
+        self._call("StopContainer", self._runtime.StopContainer,
+                   pb.StopContainerRequest(container_id=container_id, timeout=timeout),
+                   read=False, timeout=timeout + self.slow_timeout)
+
+    def remove_container(self, container_id: str) -> None:
+        self._call("RemoveContainer", self._runtime.RemoveContainer,
+                   pb.RemoveContainerRequest(container_id=container_id), read=False,
+                   timeout=self.slow_timeout)
+
+    def exec_sync(self, container_id: str, cmd: Iterable[str], timeout: int = 10) -> tuple[int, bytes, bytes]:
+        """Run a command in a container; returns (exit code, stdout, stderr)."""
+        r = self._call("ExecSync", self._runtime.ExecSync,
+                       pb.ExecSyncRequest(container_id=container_id, cmd=list(cmd), timeout=timeout),
+                       read=False, timeout=timeout + self.timeout)
+        return int(r.exit_code), bytes(r.stdout), bytes(r.stderr)
+
+    # ------------------------------------------------------------------ images
+
+    def list_images(self) -> list[Image]:
+        """All images, sorted by (first tag, id)."""
+        r = self._call("ListImages", self._images.ListImages, pb.ListImagesRequest(), read=True)
+        return sorted((convert.image(i) for i in r.images),
+                      key=lambda i: (i.repo_tags[:1] or ("",), i.id))
+
+    def image_status(self, ref: str) -> Image | None:
+        """The image `ref` names, or None if the hypervisor does not have it."""
+        r = self._call("ImageStatus", self._images.ImageStatus,
+                       pb.ImageStatusRequest(image=pb.ImageSpec(image=ref)), read=True)
+        return convert.image(r.image) if r.image.id else None
+
+    def pull_image(self, ref: str, *, always: bool = False, timeout: float = PULL_TIMEOUT) -> str:
+        """Make sure the hypervisor has `ref`; returns the image id.
+
+        Like kubelet's IfNotPresent: an image already present is not pulled again (the
+        runtime would otherwise ask the registry), unless `always`.
+        """
+        if not always:
+            present = self.image_status(ref)
+            if present is not None:
+                return present.id
+        r = self._call("PullImage", self._images.PullImage,
+                       pb.PullImageRequest(image=pb.ImageSpec(image=ref)), read=False, timeout=timeout)
+        return str(r.image_ref)
+
+    def remove_image(self, ref: str) -> None:
+        self._call("RemoveImage", self._images.RemoveImage,
+                   pb.RemoveImageRequest(image=pb.ImageSpec(image=ref)), read=False)
+
+
+def connect(hypervisor: Hypervisor, **kwargs: Any) -> CRIClient:
+    """A client for `hypervisor` (see CRIClient for keyword arguments)."""
+    return CRIClient(hypervisor, **kwargs)
+
+
+def read_all(hypervisors: Iterable[Hypervisor], read: Callable[[CRIClient], T], *,
+             timeout: float = DEFAULT_TIMEOUT, max_workers: int = 8) -> dict[str, T | CRIError]:
+    """Run the read-only `read(client)` on every hypervisor in parallel threads.
+
+    Returns name -> result, or name -> CRIError for hypervisors that failed, ordered by
+    name. Only use this for reads: writes must go to one hypervisor at a time.
+    """
+    hvs = sorted(hypervisors, key=lambda h: h.name)
+
+    def one(hv: Hypervisor) -> T | CRIError:
+        try:
+            with CRIClient(hv, timeout=timeout) as client:
+                return read(client)
+        except CRIError as err:
+            return err
+
+    if not hvs:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(hvs)),
+                            thread_name_prefix="cri-read") as pool:
+        results = list(pool.map(one, hvs))
+    return {hv.name: result for hv, result in zip(hvs, results)}

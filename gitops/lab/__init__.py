@@ -1,0 +1,22 @@
+"""A local lab: real containerd "hypervisors" (and mTLS fronts) for development and tests."""
+from gitops.lab.errors import LabError
+from gitops.lab import lab
+from gitops.lab.lab import (
+    DownReport,
+    LabHypervisor,
+    LabInfo,
+    LabStatus,
+    default_dir,
+    down,
+    hypervisor_document,
+    hypervisors_yaml,
+    import_image,
+    info,
+    status,
+    up,
+)
+
+__all__ = [
+    "DownReport", "LabError", "LabHypervisor", "LabInfo", "LabStatus", "default_dir", "down",
+    "hypervisor_document", "hypervisors_yaml", "import_image", "info", "status", "up",
+]

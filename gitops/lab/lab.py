@@ -1,0 +1,452 @@
+"""`gitops lab`: real containerd "hypervisors" on loopback addresses, optionally behind mTLS.
+
+Layout of a lab directory:
+    lab.json                 state: hypervisors, started processes (PID + start time), images
+    images/*.tar             images built from host binaries
+    pki/                     lab CA, client certificate, one server certificate per hypervisor
+    hv-N/                    one containerd: config, root, state, sockets, logs (+ haproxy)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gitops.cri._log import event
+from gitops.cri import CRIClient, CRIError
+from gitops.lab import configs, images, procs
+from gitops.lab.errors import LabError
+from gitops.model.resources import Hypervisor, LocalCRIEndpoint, PortRange, RemoteCRIEndpoint
+from gitops.pki import CertKey, create_ca, issue_cert
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "lab.json"
+DEFAULT_SUBNET = "127.0.10"
+DEFAULT_CRI_PORT = 10250
+DEFAULT_FIRST_PORT = 30000
+PORTS_PER_HYPERVISOR = 1000
+READY_TIMEOUT = 30.0
+_SOCKET_MAX = 100  # sun_path is 108 bytes; keep room for the ".ttrpc" suffix
+_REQUIRED = ("containerd", "ctr", "runc", "containerd-shim-runc-v2")
+
+
+def default_dir() -> Path:
+    """$GITOPS_LAB_DIR, else ./.lab."""
+    return Path(os.environ.get("GITOPS_LAB_DIR") or ".lab").absolute()
+
+
+@dataclass(frozen=True)
+class LabHypervisor:
+    """One lab hypervisor: a containerd, and with --remote an haproxy mTLS front."""
+
+    name: str
+    public: bool
+    ip: str
+    port_range: PortRange
+    dir: str
+    socket: str
+    remote_uri: str = ""
+    ca_pem: str = field(default="", repr=False)
+    client_cert_pem: str = field(default="", repr=False)
+    client_key_pem: str = field(default="", repr=False)
+
+    def local(self) -> Hypervisor:
+        """This hypervisor through its unix socket."""
+        return Hypervisor(self.name, self.public, self.ip, self.port_range, LocalCRIEndpoint(self.socket))
+
+    def remote(self) -> Hypervisor:
+        """This hypervisor through its mTLS front (only for --remote labs)."""
+        if not self.remote_uri:
+            raise LabError(f"lab hypervisor {self.name} has no remote endpoint (lab up --remote)")
+        ep = RemoteCRIEndpoint(self.remote_uri, self.ca_pem, self.client_cert_pem, self.client_key_pem)
+        return Hypervisor(self.name, self.public, self.ip, self.port_range, ep)
+
+    def hypervisor(self) -> Hypervisor:
+        """The remote endpoint if there is one, else the local socket."""
+        return self.remote() if self.remote_uri else self.local()
+
+
+@dataclass(frozen=True)
+class LabInfo:
+    dir: Path
+    hypervisors: tuple[LabHypervisor, ...]
+    images: dict[str, str]  # role (pause, etcd, haproxy) -> image ref
+    processes: tuple[procs.Proc, ...]
+
+    def get(self, name: str) -> LabHypervisor:
+        for hv in self.hypervisors:
+            if hv.name == name:
+                return hv
+        raise LabError(f"no lab hypervisor named {name!r}")
+
+
+@dataclass(frozen=True)
+class ProcStatus:
+    proc: procs.Proc
+    alive: bool
+
+
+@dataclass(frozen=True)
+class LabStatus:
+    dir: Path
+    hypervisors: tuple[LabHypervisor, ...]
+    processes: tuple[ProcStatus, ...]
+    mounts: tuple[str, ...]
+
+    @property
+    def up(self) -> bool:
+        return bool(self.processes) and all(p.alive for p in self.processes)
+
+
+@dataclass(frozen=True)
+class DownReport:
+    stopped: tuple[str, ...]
+    unmounted: tuple[str, ...]
+    removed: bool
+
+
+# ---------------------------------------------------------------------------- state
+
+def _state_path(lab_dir: Path) -> Path:
+    return lab_dir / STATE_FILE
+
+
+def _save(lab_dir: Path, hvs: list[LabHypervisor], started: list[procs.Proc], imgs: dict[str, str]) -> None:
+    state = {
+        "version": 1,
+        "hypervisors": [{"name": h.name, "public": h.public, "ip": h.ip,
+                         "portRange": [h.port_range.low, h.port_range.high], "dir": h.dir,
+                         "socket": h.socket, "remoteURI": h.remote_uri} for h in hvs],
+        "processes": [p.to_json() for p in started],
+        "images": imgs,
+    }
+    tmp = _state_path(lab_dir).with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    tmp.replace(_state_path(lab_dir))
+
+
+def _load(lab_dir: Path) -> LabInfo | None:
+    path = _state_path(lab_dir)
+    if not path.exists():
+        return None
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise LabError(f"unreadable lab state {path}: {err}") from err
+    pki = lab_dir / "pki"
+    pems = {}
+    if (pki / "ca.crt").exists():
+        pems = {"ca_pem": (pki / "ca.crt").read_text(),
+                "client_cert_pem": (pki / "client.crt").read_text(),
+                "client_key_pem": (pki / "client.key").read_text()}
+    hvs = []
+    for h in state["hypervisors"]:
+        extra = pems if h["remoteURI"] else {}
+        hvs.append(LabHypervisor(h["name"], h["public"], h["ip"], PortRange(*h["portRange"]), h["dir"],
+                                 h["socket"], h["remoteURI"], **extra))
+    return LabInfo(lab_dir, tuple(hvs), dict(state["images"]),
+                   tuple(procs.Proc.from_json(p) for p in state["processes"]))
+
+
+def info(lab_dir: Path | None = None) -> LabInfo:
+    """The lab recorded in `lab_dir`; LabError if there is none."""
+    lab_dir = (lab_dir or default_dir()).absolute()
+    found = _load(lab_dir)
+    if found is None:
+        raise LabError(f"no lab in {lab_dir} (gitops lab up)")
+    return found
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def _wait(what: str, check: Callable[[], bool], timeout: float, alive: procs.Proc | None = None) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return
+        if alive is not None and not alive.alive():
+            raise LabError(f"{what}: {alive.argv[0]} exited; see {alive.log}")
+        time.sleep(0.1)
+    raise LabError(f"{what}: not ready after {timeout:g}s" + (f"; see {alive.log}" if alive else ""))
+
+
+def _cri_ready(hv: Hypervisor) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            with CRIClient(hv, timeout=2) as client:
+                return client.status().ready
+        except CRIError:
+            return False
+    return check
+
+
+def _port_open(ip: str, port: int) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            with socket.create_connection((ip, port), timeout=1):
+                return True
+        except OSError:
+            return False
+    return check
+
+
+def _run(argv: list[str], what: str, timeout: float = 120) -> str:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise LabError(f"{what}: {err}") from err
+    if proc.returncode != 0:
+        raise LabError(f"{what}: {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout
+
+
+def _ctr_import(socket_path: str, tarball: Path, hv: str) -> None:
+    _run(["ctr", "-a", socket_path, "-n", "k8s.io", "images", "import", str(tarball)],
+         f"importing {tarball.name} into {hv}")
+
+
+def _check_host(remote: bool) -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab runs containerd and needs root")
+    for binary in _REQUIRED + (("haproxy",) if remote else ()):
+        if shutil.which(binary) is None:
+            raise LabError(f"{binary} not found (run scripts/install-deps.sh)")
+
+
+def _lab_pki(pki_dir: Path, ips: Iterable[str]) -> tuple[CertKey, CertKey, dict[str, CertKey]]:
+    pki_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(pki_dir, 0o700)
+    ca = create_ca("gitops-lab-ca", organizations=["gitops lab"])
+    client = issue_cert(ca, "gitops-lab-client", organizations=["gitops"], client=True)
+    servers = {ip: issue_cert(ca, f"cri-{ip}", ip_addresses=[ip], server=True) for ip in ips}
+    (pki_dir / "ca.crt").write_text(ca.cert_pem)
+    (pki_dir / "ca.key").write_text(ca.key_pem)
+    (pki_dir / "client.crt").write_text(client.cert_pem)
+    (pki_dir / "client.key").write_text(client.key_pem)
+    for ip, cert in servers.items():
+        (pki_dir / f"server-{ip}.pem").write_text(cert.cert_pem + cert.key_pem)
+    return ca, client, servers
+
+
+# ---------------------------------------------------------------------------- up / down
+
+def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, remote: bool = False,
+       subnet: str = DEFAULT_SUBNET, cri_port: int = DEFAULT_CRI_PORT,
+       first_port: int = DEFAULT_FIRST_PORT) -> LabInfo:
+    """Start `hypervisors` containerd instances (the first `public` of them public)."""
+    lab_dir = (lab_dir or default_dir()).absolute()
+    if not 1 <= hypervisors <= 250:
+        raise LabError("--hypervisors must be between 1 and 250")
+    if not 0 <= public <= hypervisors:
+        raise LabError("--public must be between 0 and --hypervisors")
+    if len(str(lab_dir / "hv-999" / "containerd.sock.ttrpc")) > _SOCKET_MAX:
+        raise LabError(f"lab directory path too long for unix sockets: {lab_dir}")
+    _check_host(remote)
+    existing = _load(lab_dir)
+    if existing is not None:
+        if any(p.alive() for p in existing.processes):
+            raise LabError(f"a lab is already up in {lab_dir} (gitops lab down first)")
+        down(lab_dir)
+    lab_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _up(lab_dir, hypervisors, public, remote, subnet, cri_port, first_port)
+    except BaseException:
+        event(log, logging.WARNING, "lab up failed; tearing down what was started", dir=str(lab_dir))
+        down(lab_dir)
+        raise
+
+
+def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port: int,
+        first_port: int) -> LabInfo:
+    recipes = images.default_recipes()
+    tarballs = images.build_images(recipes.values(), lab_dir / "images")
+    image_refs = {role: r.ref for role, r in recipes.items()}
+    ips = [f"{subnet}.{i}" for i in range(1, n + 1)]
+    client = ca = None
+    servers: dict[str, CertKey] = {}
+    if remote:
+        ca, client, servers = _lab_pki(lab_dir / "pki", ips)
+    hvs: list[LabHypervisor] = []
+    started: list[procs.Proc] = []
+    for i, ip in enumerate(ips, start=1):
+        name = f"lab-hv-{i}"
+        hv_dir = lab_dir / f"hv-{i}"
+        for sub in ("cni/bin", "cni/conf", "logs"):
+            (hv_dir / sub).mkdir(parents=True, exist_ok=True)
+        sock = hv_dir / "containerd.sock"
+        low = first_port + (i - 1) * PORTS_PER_HYPERVISOR
+        hv = LabHypervisor(
+            name=name, public=i <= public, ip=ip, port_range=PortRange(low, low + PORTS_PER_HYPERVISOR - 1),
+            dir=str(hv_dir), socket=str(sock), remote_uri=f"tcp://{ip}:{cri_port}" if remote else "",
+            ca_pem=ca.cert_pem if ca else "", client_cert_pem=client.cert_pem if client else "",
+            client_key_pem=client.key_pem if client else "")
+        hvs.append(hv)
+        config = hv_dir / "containerd.toml"
+        config.write_text(configs.containerd_config(hv_dir, ip, image_refs["pause"]))
+        ctrd = procs.spawn("containerd", name, ["containerd", "--config", str(config)],
+                           hv_dir / "logs" / "containerd.log", hv_dir)
+        started.append(ctrd)
+        _save(lab_dir, hvs, started, image_refs)
+        _wait(f"containerd for {name}", _cri_ready(hv.local()), READY_TIMEOUT, ctrd)
+        for tarball in tarballs.values():
+            _ctr_import(str(sock), tarball, name)
+        if remote:
+            assert ca is not None
+            cfg = hv_dir / "haproxy.cfg"
+            cfg.write_text(configs.haproxy_config(ip, cri_port, lab_dir / "pki" / f"server-{ip}.pem",
+                                                  lab_dir / "pki" / "ca.crt", sock))
+            front = procs.spawn("haproxy", name, ["haproxy", "-db", "-f", str(cfg)],
+                                hv_dir / "logs" / "haproxy.log", hv_dir)
+            started.append(front)
+            _save(lab_dir, hvs, started, image_refs)
+            _wait(f"haproxy for {name}", _port_open(ip, cri_port), READY_TIMEOUT, front)
+            _wait(f"CRI over mTLS for {name}", _cri_ready(hv.remote()), READY_TIMEOUT, front)
+        event(log, logging.INFO, "lab hypervisor ready", hypervisor=name, ip=ip, remote=remote)
+    return LabInfo(lab_dir, tuple(hvs), image_refs, tuple(started))
+
+
+def _drain(hv: LabHypervisor) -> list[str]:
+    """Stop and remove every pod sandbox on a hypervisor (best effort)."""
+    removed = []
+    try:
+        with CRIClient(hv.local(), timeout=5, slow_timeout=30) as client:
+            for sandbox in client.list_sandboxes():
+                client.stop_sandbox(sandbox.id)
+                client.remove_sandbox(sandbox.id)
+                removed.append(f"{hv.name}/sandbox/{sandbox.name}")
+    except CRIError as err:
+        event(log, logging.WARNING, "cannot drain hypervisor", hypervisor=hv.name, error=str(err))
+    return removed
+
+
+def _remove_cgroups(lab_dir: Path) -> None:
+    """Remove the (now empty) cgroups runc made for the lab's containers, from runc's state."""
+    for state_file in sorted(lab_dir.glob("hv-*/runc/*/*/state.json")):
+        try:
+            paths = json.loads(state_file.read_text()).get("cgroup_paths") or {}
+        except (OSError, ValueError):
+            continue
+        for path in sorted(set(paths.values())):
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass  # already gone, or shared
+
+
+def down(lab_dir: Path | None = None) -> DownReport:
+    """Stop everything the lab in `lab_dir` started, unmount what is under it, remove its files.
+
+    Only recorded processes (PID and start time must match), processes whose command
+    line names the lab directory (containerd shims) and their descendants are signalled.
+    """
+    lab_dir = (lab_dir or default_dir()).absolute()
+    if not lab_dir.exists():
+        return DownReport((), (), False)
+    state = _load(lab_dir)
+    stopped: list[str] = []
+    if state is not None:
+        alive = {(p.role, p.hypervisor) for p in state.processes if p.alive()}
+        for hv in state.hypervisors:
+            if ("containerd", hv.name) in alive:
+                stopped += _drain(hv)
+        for role in ("haproxy", "containerd"):
+            recorded = [p for p in state.processes if p.role == role and p.alive()]
+            procs.terminate([(p.pid, p.start_time) for p in recorded])
+            stopped += [f"{p.hypervisor}/{p.role}[{p.pid}]" for p in recorded]
+    kids = procs.children_map()
+    leftovers = procs.pids_referencing(lab_dir)
+    for pid in list(leftovers):
+        leftovers += procs.descendants(pid, kids)
+    if leftovers:
+        sockets = [procs.shim_socket(procs.cmdline(pid)) for pid in leftovers]
+        # Orphaned shims and container processes: nothing to shut down gracefully.
+        procs.terminate([(pid, procs.start_time(pid)) for pid in sorted(set(leftovers))], timeout=0)
+        for sock in sockets:
+            if sock is not None and sock.is_socket():
+                sock.unlink()
+        stopped += [f"leftover[{pid}]" for pid in sorted(set(leftovers))]
+    _remove_cgroups(lab_dir)
+    unmounted = procs.unmount_under(lab_dir)
+    for name in [STATE_FILE, "images", "pki"] + [p.name for p in lab_dir.glob("hv-*")]:
+        path = lab_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    removed = False
+    try:
+        lab_dir.rmdir()
+        removed = True
+    except OSError:
+        pass  # not empty: something that is not ours lives there
+    event(log, logging.INFO, "lab down", dir=str(lab_dir), stopped=len(stopped), unmounted=len(unmounted))
+    return DownReport(tuple(stopped), tuple(unmounted), removed)
+
+
+def status(lab_dir: Path | None = None) -> LabStatus:
+    """What the lab in `lab_dir` recorded, and whether each process is still running."""
+    lab = info(lab_dir)
+    return LabStatus(lab.dir, lab.hypervisors,
+                     tuple(ProcStatus(p, p.alive()) for p in lab.processes),
+                     tuple(procs.mounts_under(lab.dir)))
+
+
+def import_image(tarball: Path, lab_dir: Path | None = None) -> list[str]:
+    """Import an image tarball (docker or OCI archive) into every lab hypervisor."""
+    lab = info(lab_dir)
+    if not tarball.is_file():
+        raise LabError(f"no such image tarball: {tarball}")
+    done = []
+    for hv in lab.hypervisors:
+        _ctr_import(hv.socket, tarball.absolute(), hv.name)
+        done.append(hv.name)
+    return done
+
+
+# ---------------------------------------------------------------------------- YAML
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (PEM) as literal blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def hypervisor_document(hv: LabHypervisor) -> dict[str, object]:
+    """The repo's Hypervisor document for a lab hypervisor (remote endpoint if it has one)."""
+    spec: dict[str, object] = {
+        "public": hv.public,
+        "ipAddress": hv.ip,
+        "portRange": {"low": hv.port_range.low, "high": hv.port_range.high},
+    }
+    if hv.remote_uri:
+        spec["remoteCRIEndpoint"] = {
+            "criEndpointURI": hv.remote_uri,
+            "caCertificate": hv.ca_pem,
+            "clientCertificate": {"certificate": hv.client_cert_pem, "privateKey": hv.client_key_pem},
+        }
+    else:
+        spec["localCRIEndpoint"] = {"criEndpointPath": hv.socket}
+    return {"apiVersion": "gitops.infra/v1alpha1", "kind": "Hypervisor",
+            "metadata": {"name": hv.name}, "spec": spec}
+
+
+def hypervisors_yaml(lab: LabInfo) -> str:
+    """All lab hypervisors as a multi-document YAML stream."""
+    return yaml.dump_all([hypervisor_document(hv) for hv in lab.hypervisors], Dumper=_Dumper,
+                         sort_keys=False, explicit_start=True)

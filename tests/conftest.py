@@ -1,0 +1,37 @@
+"""Shared fixtures. The lab fixtures start real containerd (and haproxy) and need root."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def require_root() -> None:
+    """Skip (with the reason) when not root: containerd needs it. Missing binaries fail instead."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the lab runs real containerd instances")
+
+
+def lab_tempdir(prefix: str) -> Path:
+    """A short temp directory (unix socket paths must stay under 108 bytes)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator["gitops.lab.LabInfo"]:  # type: ignore[name-defined]  # noqa: F821
+    """A 2-hypervisor lab (first one public) with mTLS fronts, shared by the whole session."""
+    require_root()
+    from gitops import lab as labmod
+
+    lab_dir = lab_tempdir("gitops-lab-")
+    try:
+        yield labmod.up(lab_dir, hypervisors=2, public=1, remote=True, subnet="127.0.20")
+    finally:
+        try:
+            labmod.down(lab_dir)
+        finally:
+            shutil.rmtree(lab_dir, ignore_errors=True)
