@@ -31,9 +31,9 @@ def cli(verbose: int) -> None:
 
 
 def _register() -> None:
-    from gitops.cli import cri, lab, validate
+    from gitops.cli import cri, lab, reconcile, validate
 
-    for module in (validate, cri, lab):
+    for module in (validate, reconcile, cri, lab):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -1,1 +1,94 @@
-"""Desired-state compilation: pure functions from the repo model and recorded state."""
+"""Desired-state compilation: repo model + recorded state in, desired state out.
+
+`compile_desired` is deterministic for a given recorded state: everything
+random (CA keys, port choices) is generated once, returned in the new state,
+and reused from then on. It performs no I/O.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gitops.compile.authorities import ensure_authorities
+from gitops.compile.components import etcd_member, pod_for
+from gitops.compile.desired import DesiredCluster, DesiredState
+from gitops.compile.placement import PlacementError, place
+from gitops.model.resources import CONTROLPLANE, Hypervisor, RepoModel
+from gitops.state.records import NodeRecord, State
+
+__all__ = ["Compiled", "PlacementError", "compile_desired"]
+
+
+@dataclass(frozen=True)
+class Compiled:
+    desired: DesiredState
+    #: the recorded state with new placements, authorities and etcd bootstrap flags
+    state: State
+    #: nodes left out for now (only unreachable hypervisors could take them)
+    deferred: tuple[str, ...] = ()
+
+
+def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None = None,
+                    unavailable: Iterable[str] = ()) -> Compiled:
+    now = now or dt.datetime.now(dt.timezone.utc)
+    deferred: list[str] = []
+    new = place(model, state, unavailable, deferred)
+    for name, cluster in model.clusters.items():
+        new.clusters[name] = ensure_authorities(cluster, new.clusters.get(name), now)
+    pods = {}
+    clusters = {}
+    for name, cluster in sorted(model.clusters.items()):
+        placed: dict[str, tuple[Hypervisor, NodeRecord]] = {
+            node.name: (model.hypervisors[new.nodes[node.name].hypervisor], new.nodes[node.name])
+            for node in model.nodes_of(name) if node.name in new.nodes
+        }
+        _freeze_etcd_flags(new, name, model, placed)
+        record = new.clusters[name]
+        for node in sorted(model.nodes_of(name), key=lambda n: n.name):
+            if node.name not in placed:
+                continue
+            hv, node_record = placed[node.name]
+            pods[node.name] = pod_for(node, cluster, hv, node_record, record, placed)
+        members = tuple(
+            etcd_member(hv, model.nodes[n], rec) for n, (hv, rec) in sorted(placed.items())
+            if model.nodes[n].role == CONTROLPLANE
+        )
+        ingress = sorted((n, hv, rec) for n, (hv, rec) in placed.items() if model.nodes[n].role != CONTROLPLANE)
+        endpoint = None
+        if ingress:
+            _, hv, rec = ingress[0]
+            endpoint = f"https://{hv.ip_address}:{rec.ports['apiserver']}"
+        clusters[name] = DesiredCluster(name=name, etcd_members=members, api_endpoint=endpoint)
+    return Compiled(desired=DesiredState(pods=dict(sorted(pods.items())), clusters=clusters), state=new,
+                    deferred=tuple(deferred))
+
+
+def _freeze_etcd_flags(state: State, cluster: str, model: RepoModel,
+                       placed: dict[str, tuple[Hypervisor, NodeRecord]]) -> None:
+    """Give every controlplane node its etcd --initial-cluster flags, once.
+
+    A cluster with no recorded members bootstraps all its controlplane nodes
+    together (`new`). Later nodes join an existing cluster one at a time, in
+    name order (`existing`), each listing the surviving members, the nodes
+    that joined before it in this round, and itself.
+    """
+    desired = sorted(n for n in placed if model.nodes[n].role == CONTROLPLANE)
+    peer = {n: etcd_member(placed[n][0], model.nodes[n], placed[n][1]).peer_url for n in desired}
+    recorded = state.clusters[cluster].etcd_members
+    if not recorded:
+        initial = ",".join(f"{n}={peer[n]}" for n in desired)
+        for n in desired:
+            record = placed[n][1]
+            if not record.etcd_initial_cluster:
+                record.etcd_initial_cluster, record.etcd_initial_state = initial, "new"
+        return
+    members = [n for n in recorded if n in peer]
+    for n in desired:
+        if n in recorded:
+            continue
+        members.append(n)
+        record = placed[n][1]
+        if not record.etcd_initial_cluster:
+            record.etcd_initial_cluster = ",".join(f"{m}={peer[m]}" for m in sorted(members))
+            record.etcd_initial_state = "existing"

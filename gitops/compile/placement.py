@@ -31,11 +31,18 @@ class PlacementError(GitopsError):
     """No hypervisor or no port can take a node: a plan error, not a crash."""
 
 
-def place(model: RepoModel, state: State, unavailable: Iterable[str] = ()) -> State:
+class Deferred(PlacementError):
+    """A node cannot be placed only because hypervisors are unreachable right now."""
+
+
+def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
+          deferred: list[str] | None = None) -> State:
     """Return a copy of `state` where every node of `model` has a hypervisor and ports.
 
     `unavailable` names hypervisors that could not be reached: nodes already
-    there stay recorded there, new nodes are not placed on them.
+    there stay recorded there, new nodes are not placed on them. A node that
+    only an unreachable hypervisor could take is left unplaced, with a note
+    appended to `deferred`; any other impossibility raises PlacementError.
     """
     down = frozenset(unavailable)
     new = state.copy()
@@ -46,6 +53,10 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = ()) -> St
             continue
         try:
             hypervisor = _choose(model, new, node, down)
+        except Deferred as note:
+            if deferred is not None:
+                deferred.append(str(note))
+            continue
         except PlacementError as err:
             errors.append(str(err))
             continue
@@ -79,12 +90,14 @@ def _choose(model: RepoModel, state: State, node: Node, down: frozenset[str]) ->
     if node.hypervisor is not None:
         hv = model.hypervisors[node.hypervisor]
         if hv.name in down:
-            raise PlacementError(f"Node {node.name}: pinned Hypervisor {hv.name} is unreachable")
+            raise Deferred(f"Node {node.name} is not placed yet: its pinned Hypervisor {hv.name} is unreachable")
         return hv
-    candidates = [hv for hv in model.hypervisors.values() if _eligible(hv, node) and hv.name not in down]
+    eligible = [hv for hv in model.hypervisors.values() if _eligible(hv, node)]
+    candidates = [hv for hv in eligible if hv.name not in down]
+    if not eligible:
+        raise PlacementError(f"Node {node.name} (role {node.role}): no {kind} hypervisor in the repo")
     if not candidates:
-        why = " reachable" if down else ""
-        raise PlacementError(f"Node {node.name} (role {node.role}): no{why} {kind} hypervisor in the repo")
+        raise Deferred(f"Node {node.name} is not placed yet: every {kind} hypervisor is unreachable")
     same_cluster = Counter(r.hypervisor for r in state.nodes.values() if r.cluster == node.cluster)
     overall = Counter(r.hypervisor for r in state.nodes.values())
     return min(candidates, key=lambda hv: (same_cluster[hv.name], overall[hv.name], hv.name))

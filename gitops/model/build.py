@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from gitops.model.documents import Document
 from gitops.model.resources import (
+    DATA_DIR_ANNOTATION,
+    DEFAULT_DATA_DIR,
     DEFAULT_ETCD_VERSION,
     DEFAULT_POD_CIDR,
     DEFAULT_SERVICE_CIDR,
@@ -66,6 +68,7 @@ def hypervisor(doc: Document) -> Hypervisor:
         port_range=PortRange(spec["portRange"]["low"], spec["portRange"]["high"]),
         endpoint=endpoint,
         labels=_labels(doc),
+        data_dir=doc.get(("metadata", "annotations", DATA_DIR_ANNOTATION), DEFAULT_DATA_DIR),
     )
 
 

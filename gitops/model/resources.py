@@ -46,6 +46,11 @@ class PortRange:
         return self.high - self.low + 1
 
 
+#: annotation naming the directory on a hypervisor where gitops keeps node files
+DATA_DIR_ANNOTATION = "gitops.infra/data-dir"
+DEFAULT_DATA_DIR = "/var/lib/gitops"
+
+
 @dataclass(frozen=True)
 class Hypervisor:
     name: str
@@ -54,12 +59,16 @@ class Hypervisor:
     port_range: PortRange
     endpoint: LocalCRIEndpoint | RemoteCRIEndpoint
     labels: dict[str, str] = field(default_factory=dict, compare=False)
+    #: where node files (certificates, configs, etcd data) live on the hypervisor
+    data_dir: str = DEFAULT_DATA_DIR
 
 
 DEFAULT_SERVICE_CIDR = "10.96.0.0/12"
 DEFAULT_POD_CIDR = "10.244.0.0/16"
 DEFAULT_ETCD_VERSION = "3.5.16"
-IMAGE_KEYS = ("etcd", "kubeApiserver", "kubeControllerManager", "kubeScheduler", "haproxy", "pause")
+IMAGE_KEYS = ("etcd", "kubeApiserver", "kubeControllerManager", "kubeScheduler", "haproxy", "agent")
+#: the files agent: a small image with sh, openssl and coreutils (see Dockerfile, target `agent`)
+DEFAULT_AGENT_IMAGE = "ghcr.io/gitops-infra/gitops-agent:0.1.0"
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,7 @@ class Cluster:
             "kubeControllerManager": f"registry.k8s.io/kube-controller-manager:{self.kubernetes_version}",
             "kubeScheduler": f"registry.k8s.io/kube-scheduler:{self.kubernetes_version}",
             "haproxy": "docker.io/library/haproxy:2.8",
-            "pause": "registry.k8s.io/pause:3.10",
+            "agent": DEFAULT_AGENT_IMAGE,
         }
         return defaults[component]
 

@@ -15,7 +15,9 @@ from gitops.pki.x509 import (
     key_to_pem,
     load_cert_pem,
     load_certs_pem,
+    load_csr_pem,
     load_key_pem,
+    sign_public_key,
 )
 
 __all__ = [
@@ -31,5 +33,7 @@ __all__ = [
     "key_to_pem",
     "load_cert_pem",
     "load_certs_pem",
+    "load_csr_pem",
     "load_key_pem",
+    "sign_public_key",
 ]

@@ -16,6 +16,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from gitops.errors import GitopsError
 
 PrivateKey = Union[ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey]
+PublicKey = Union[ec.EllipticCurvePublicKey, rsa.RSAPublicKey, ed25519.Ed25519PublicKey]
 KeyKind = Literal["ec", "rsa", "ed25519"]
 
 #: Backdating of notBefore, so that slightly skewed clocks accept fresh certificates.
@@ -121,18 +122,29 @@ def issue_cert(ca: CertKey, common_name: str, *, organizations: Sequence[str] = 
 
     `organizations` become O= attributes (Kubernetes maps them to groups).
     """
+    key = key or generate_key()
+    cert = sign_public_key(ca, key.public_key(), common_name, organizations=organizations,
+                           dns_names=dns_names, ip_addresses=ip_addresses, server=server,
+                           client=client, days=days, now=now)
+    return CertKey(cert, key)
+
+
+def sign_public_key(ca: CertKey, public_key: PublicKey, common_name: str, *,
+                    organizations: Sequence[str] = (), dns_names: Sequence[str] = (),
+                    ip_addresses: Sequence[str] = (), server: bool = False, client: bool = False,
+                    days: int = 365, now: dt.datetime | None = None) -> x509.Certificate:
+    """A leaf certificate for a public key whose private half lives elsewhere (e.g. a CSR's)."""
     if not (server or client):
         raise PKIError("a certificate must be for server and/or client authentication")
-    key = key or generate_key()
     not_before, not_after = _validity(days, now)
     usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (
         [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
-    is_rsa = isinstance(key, rsa.RSAPrivateKey)
+    is_rsa = isinstance(public_key, rsa.RSAPublicKey)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name, organizations))
         .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
+        .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
         .not_valid_after(not_after)
@@ -142,14 +154,25 @@ def issue_cert(ca: CertKey, common_name: str, *, organizations: Sequence[str] = 
             data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
             encipher_only=False, decipher_only=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
                        critical=False)
     )
     san = _san(dns_names, ip_addresses)
     if san:
         builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-    return CertKey(builder.sign(ca.key, _hash_for(ca.key)), key)
+    return builder.sign(ca.key, _hash_for(ca.key))
+
+
+def load_csr_pem(pem: str | bytes) -> x509.CertificateSigningRequest:
+    """A PEM certificate signing request whose self-signature verifies (proof of key possession)."""
+    try:
+        csr = x509.load_pem_x509_csr(_bytes(pem))
+    except ValueError as err:
+        raise PKIError(f"not a PEM certificate request: {err}") from err
+    if not csr.is_signature_valid:
+        raise PKIError("certificate request signature does not verify")
+    return csr
 
 
 def cert_to_pem(cert: x509.Certificate) -> str:

@@ -34,6 +34,9 @@ class NodeRecord:
     hypervisor: str
     #: allocated host ports by purpose, e.g. {"etcd-client": 31000}
     ports: dict[str, int] = field(default_factory=dict)
+    #: etcd bootstrap flags, frozen when the node first joins (etcd ignores them afterwards)
+    etcd_initial_cluster: str = ""
+    etcd_initial_state: str = ""
 
 
 @dataclass

@@ -1,0 +1,97 @@
+"""etcd membership changes through etcd's v3 JSON gateway, over mutual TLS.
+
+The controller holds the etcd CA, so it issues itself a short-lived client
+certificate for these calls; the key lives in a private temp dir only for the
+duration of the call (Python's ssl module loads keys from files).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import ssl
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gitops.errors import GitopsError
+from gitops.pki import CertKey, issue_cert
+
+TIMEOUT = 10.0
+
+
+class EtcdError(GitopsError):
+    pass
+
+
+@dataclass(frozen=True)
+class Member:
+    id: str
+    name: str
+    peer_urls: tuple[str, ...]
+
+
+class EtcdAdmin:
+    """Member list/add/remove against the first client URL that answers."""
+
+    def __init__(self, ca: CertKey, client_urls: list[str]):
+        if not client_urls:
+            raise EtcdError("no etcd member to talk to")
+        self.client_urls = client_urls
+        cert = issue_cert(ca, "gitops-controller", client=True, days=1,
+                          now=dt.datetime.now(dt.timezone.utc))
+        self._dir = tempfile.TemporaryDirectory(prefix="gitops-etcd-")
+        base = Path(self._dir.name)
+        (base / "ca.crt").write_text(ca.cert_pem)
+        (base / "client.crt").write_text(cert.cert_pem)
+        key = base / "client.key"
+        key.touch(mode=0o600)
+        key.write_text(cert.key_pem)
+        self._ctx = ssl.create_default_context(cafile=str(base / "ca.crt"))
+        self._ctx.load_cert_chain(str(base / "client.crt"), str(key))
+        key.unlink()
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+    def __enter__(self) -> "EtcdAdmin":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        errors = []
+        for url in self.client_urls:
+            request = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"}, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=TIMEOUT, context=self._ctx) as response:
+                    return json.loads(response.read() or b"{}")
+            except urllib.error.HTTPError as err:
+                detail = err.read().decode(errors="replace")
+                raise EtcdError(f"etcd {path} at {url}: HTTP {err.code}: {detail}") from None
+            except (urllib.error.URLError, OSError, ValueError) as err:
+                errors.append(f"{url}: {getattr(err, 'reason', err)}")
+        raise EtcdError(f"etcd {path}: no member answered ({'; '.join(errors)})")
+
+    def members(self) -> list[Member]:
+        data = self._post("/v3/cluster/member/list", {})
+        return sorted((Member(str(m["ID"]), m.get("name", ""), tuple(m.get("peerURLs", [])))
+                       for m in data.get("members", [])), key=lambda m: (m.name, m.id))
+
+    def add(self, peer_url: str) -> None:
+        """Add a member by peer URL; a member already holding that URL is success."""
+        if any(peer_url in m.peer_urls for m in self.members()):
+            return
+        self._post("/v3/cluster/member/add", {"peerURLs": [peer_url]})
+
+    def remove(self, name: str, peer_url: str | None = None) -> bool:
+        """Remove the member called `name` (or holding `peer_url`); False when absent."""
+        for m in self.members():
+            if m.name == name or (peer_url and peer_url in m.peer_urls):
+                self._post("/v3/cluster/member/remove", {"ID": m.id})
+                return True
+        return False

@@ -1,0 +1,126 @@
+"""`gitops plan`, `gitops apply` and `gitops kubeconfig`."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from gitops.apply import apply as apply_repo
+from gitops.compile import compile_desired
+from gitops.engine import make_plan
+from gitops.errors import GitopsError
+from gitops.kubeconfig import admin_kubeconfig
+from gitops.model.validate import InvalidRepo, validate_repo
+from gitops.observe import observe
+from gitops.plan.actions import Action, Plan
+from gitops.plan.render import describe, render_json, render_markdown, render_text
+from gitops.state import LocalDirStore
+
+STATE_ENV = "GITOPS_STATE_DIR"
+
+
+def state_store(repo: Path, state_dir: Path | None) -> LocalDirStore:
+    """The state directory: --state-dir, $GITOPS_STATE_DIR, or REPO/.gitops-state (git-ignored)."""
+    directory = state_dir or (Path(os.environ[STATE_ENV]) if os.environ.get(STATE_ENV) else repo / ".gitops-state")
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ignore = directory / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# gitops state: CA keys and allocations. Never commit this directory.\n*\n")
+    return LocalDirStore(directory)
+
+
+def load(repo: Path):
+    result = validate_repo(repo)
+    if result.model is None:
+        raise InvalidRepo(result.diagnostics)
+    return result
+
+
+repo_argument = click.argument("repo", default=".", type=click.Path(file_okay=False, exists=True, path_type=Path))
+state_option = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+                            help=f"Recorded state (CAs, placements); default ${STATE_ENV} or REPO/.gitops-state.")
+
+
+@click.command()
+@repo_argument
+@state_option
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown"]), default="text", show_default=True,
+              help="markdown: a pull-request comment.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", help="json: for machines.")
+@click.option("--detailed-exitcode", is_flag=True, help="Exit 0 with no changes, 2 with changes, 1 on error.")
+def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exitcode: bool) -> None:
+    """Show what `gitops apply` would change on the hypervisors."""
+    result = load(repo)
+    model = result.model
+    store = state_store(repo, state_dir)
+    planned = make_plan(model, result.repo.config, store.load(), observe(model.hypervisors.values()))
+    show(planned.plan, fmt, output)
+    if detailed_exitcode and not planned.plan.empty:
+        sys.exit(2)
+
+
+def show(the_plan: Plan, fmt: str, output: str) -> None:
+    if output == "json":
+        click.echo(render_json(the_plan))
+    elif fmt == "markdown":
+        click.echo(render_markdown(the_plan))
+    else:
+        render_text(the_plan, Console(highlight=False, soft_wrap=True))
+
+
+@click.command()
+@repo_argument
+@state_option
+@click.option("--allow-mass-delete", is_flag=True, help="Allow removing more pods than prune.maxDeletes.")
+def apply(repo: Path, state_dir: Path | None, allow_mass_delete: bool) -> None:
+    """Apply the plan serially, one action at a time, until nothing is left to do."""
+    result = load(repo)
+    console = Console(highlight=False, soft_wrap=True, stderr=False)
+    started: dict[int, float] = {}
+
+    def progress(index: int, total: int, action: Action, status: str) -> None:
+        if status == "start":
+            started[index] = time.monotonic()
+            return
+        took = time.monotonic() - started.get(index, time.monotonic())
+        colour = {"+": "green", "~": "yellow", "-": "red"}[action.symbol]
+        mark = "done" if status == "done" else "[bold red]FAILED[/bold red]"
+        console.print(f"[{index + 1}/{total}] [{colour}]{action.symbol} {action.subject}[/{colour}] "
+                      f"{describe(action)} ... {mark} ({took:.1f}s)")
+
+    outcome = apply_repo(result.model, result.repo.config, state_store(repo, state_dir),
+                         allow_mass_delete=allow_mass_delete, progress=progress)
+    for warning in outcome.first_plan.warnings:
+        console.print(f"[bold yellow]! {warning}[/bold yellow]")
+    if not outcome.executed:
+        console.print("No changes. The live state matches the repo.")
+    else:
+        console.print(f"Apply complete: {len(outcome.executed)} action(s) in {outcome.rounds} round(s).")
+
+
+@click.command()
+@repo_argument
+@state_option
+@click.option("--cluster", required=True, help="Cluster name.")
+@click.option("--endpoint-host-override", help="Put this host in the server URL instead of the ingress IP.")
+def kubeconfig(repo: Path, state_dir: Path | None, cluster: str, endpoint_host_override: str | None) -> None:
+    """Print an admin kubeconfig (kubernetes-admin, system:masters) for CLUSTER's ingress."""
+    result = load(repo)
+    model = result.model
+    if cluster not in model.clusters:
+        raise GitopsError(f"no Cluster {cluster!r} in {repo} (defined: {', '.join(sorted(model.clusters)) or 'none'})")
+    state = state_store(repo, state_dir).load()
+    if cluster not in state.clusters or state.clusters[cluster].admin is None:
+        raise GitopsError(f"Cluster {cluster} has not been applied yet (no credentials recorded); run gitops apply")
+    desired = compile_desired(model, state).desired.clusters[cluster]
+    if desired.api_endpoint is None:
+        raise GitopsError(f"Cluster {cluster} has no controlplane-ingress Node, so it has no API endpoint")
+    click.echo(admin_kubeconfig(cluster, state.clusters[cluster], desired.api_endpoint, endpoint_host_override),
+               nl=False)
+
+
+COMMANDS: list[click.Command] = [plan, apply, kubeconfig]

@@ -1,0 +1,39 @@
+"""Admin kubeconfigs for clusters, from the recorded admin credential."""
+from __future__ import annotations
+
+import base64
+from urllib.parse import urlsplit
+
+import yaml
+
+from gitops.state.records import ClusterRecord
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def admin_kubeconfig(cluster: str, record: ClusterRecord, endpoint: str, host_override: str | None = None) -> str:
+    """A kubeconfig for `kubernetes-admin` (O=system:masters) at `endpoint` (https://host:port)."""
+    if record.admin is None:
+        raise ValueError(f"cluster {cluster} has no admin credential yet")
+    if host_override:
+        parts = urlsplit(endpoint)
+        endpoint = f"{parts.scheme}://{host_override}:{parts.port}"
+    user = f"{cluster}-admin"
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": cluster, "cluster": {
+            "server": endpoint,
+            "certificate-authority-data": _b64(record.authorities["cluster"].cert_pem),
+        }}],
+        "users": [{"name": user, "user": {
+            "client-certificate-data": _b64(record.admin.cert_pem),
+            "client-key-data": _b64(record.admin.key_pem),
+        }}],
+        "contexts": [{"name": f"{user}@{cluster}", "context": {"cluster": cluster, "user": user}}],
+        "current-context": f"{user}@{cluster}",
+        "preferences": {},
+    }
+    return yaml.safe_dump(config, sort_keys=True)

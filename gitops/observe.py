@@ -1,0 +1,209 @@
+"""Live state: the managed pods, containers and node files on every hypervisor.
+
+Reads only. Hypervisors are read in parallel; one that cannot be reached is
+reported as such (`reachable=False`), and later stages never plan anything on
+it, deletions least of all.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gitops.compile.desired import CLUSTER, COMPONENT, MANAGED, MANAGER, NODE, ROLE, SPEC_ANNOTATION, SPEC_HASH
+from gitops.cri.client import CRIClient, read_all
+from gitops.cri.errors import CRIError
+from gitops.cri.types import ContainerState, SandboxState
+from gitops.model.resources import Hypervisor
+
+log = logging.getLogger(__name__)
+
+AGENT = "files"
+FILES_DIR = "/node/files"
+
+#: lists the node's files: digests of public ones, names of keys, certificate PEMs,
+#: and the public half of the service-account key. Private keys are never printed.
+OBSERVE_FILES_SCRIPT = r"""
+cd /node/files 2>/dev/null || exit 0
+for f in *; do
+  [ -f "$f" ] || continue
+  case "$f" in
+    *.key) echo "key $f" ;;
+    *) echo "file $f $(sha256sum "$f" | cut -c1-12)" ;;
+  esac
+done
+for f in *.crt; do
+  [ -f "$f" ] && { echo "begin cert $f"; cat "$f"; echo "end"; }
+done
+[ -f sa.key ] && { echo "begin pub sa"; openssl pkey -in sa.key -pubout; echo "end"; }
+exit 0
+"""
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """What the files agent saw in the node's /etc/gitops directory."""
+
+    digests: dict[str, str] = field(default_factory=dict)  # public file -> sha256[:12]
+    certificates: dict[str, str] = field(default_factory=dict)  # "etcd-server" -> PEM
+    keys: tuple[str, ...] = ()  # "etcd-server", "sa", ...
+    public_keys: dict[str, str] = field(default_factory=dict)  # "sa" -> public PEM
+
+
+@dataclass(frozen=True)
+class ObservedContainer:
+    id: str
+    component: str
+    state: str  # created | running | exited | unknown
+    spec_hash: str
+    created_at: int
+    #: the inputs the container was created from (its spec annotation), for diffs
+    spec: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ObservedPod:
+    sandbox_id: str
+    node: str
+    cluster: str
+    role: str
+    hypervisor: str
+    ready: bool
+    spec_hash: str
+    created_at: int
+    containers: tuple[ObservedContainer, ...] = ()
+    #: None when the files agent is not running (nothing could be read)
+    files: NodeFiles | None = None
+
+    def running(self, component: str) -> ObservedContainer | None:
+        for c in sorted(self.containers, key=lambda c: -c.created_at):
+            if c.component == component and c.state == ContainerState.RUNNING.value:
+                return c
+        return None
+
+
+@dataclass(frozen=True)
+class ObservedHypervisor:
+    name: str
+    reachable: bool
+    error: str = ""
+    pods: tuple[ObservedPod, ...] = ()
+
+
+@dataclass(frozen=True)
+class ObservedState:
+    hypervisors: dict[str, ObservedHypervisor]
+
+    def pods(self) -> list[ObservedPod]:
+        return [p for hv in self.hypervisors.values() for p in hv.pods]
+
+    @property
+    def unreachable(self) -> list[str]:
+        return sorted(n for n, hv in self.hypervisors.items() if not hv.reachable)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hypervisors": {n: asdict(hv) for n, hv in sorted(self.hypervisors.items())}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ObservedState":
+        hvs = {}
+        for name, raw in data.get("hypervisors", {}).items():
+            pods = []
+            for p in raw.get("pods", []):
+                files = p.get("files")
+                pods.append(ObservedPod(
+                    **{k: v for k, v in p.items() if k not in ("containers", "files")},
+                    containers=tuple(ObservedContainer(**c) for c in p.get("containers", [])),
+                    files=NodeFiles(files["digests"], files["certificates"], tuple(files["keys"]),
+                                    files["public_keys"]) if files is not None else None,
+                ))
+            hvs[name] = ObservedHypervisor(raw["name"], raw["reachable"], raw.get("error", ""), tuple(pods))
+        return cls(hvs)
+
+
+def parse_files_listing(text: str) -> NodeFiles:
+    digests: dict[str, str] = {}
+    keys: list[str] = []
+    blocks: dict[tuple[str, str], list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if current is not None:
+            if line == "end":
+                current = None
+            else:
+                current.append(line)
+            continue
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "file":
+            digests[parts[1]] = parts[2]
+        elif len(parts) == 2 and parts[0] == "key":
+            keys.append(parts[1].removesuffix(".key"))
+        elif len(parts) == 3 and parts[0] == "begin":
+            current = blocks.setdefault((parts[1], parts[2]), [])
+    certs = {name.removesuffix(".crt"): "\n".join(lines) + "\n" for (kind, name), lines in blocks.items()
+             if kind == "cert"}
+    pubs = {name: "\n".join(lines) + "\n" for (kind, name), lines in blocks.items() if kind == "pub"}
+    return NodeFiles(dict(sorted(digests.items())), dict(sorted(certs.items())), tuple(sorted(keys)), pubs)
+
+
+def read_node_files(client: CRIClient, agent_id: str) -> NodeFiles | None:
+    try:
+        code, out, err = client.exec_sync(agent_id, ["sh", "-c", OBSERVE_FILES_SCRIPT], timeout=20)
+    except CRIError as error:
+        log.warning("cannot read node files: %s", error)
+        return None
+    if code != 0:
+        log.warning("files agent %s exited %d: %s", agent_id[:12], code, err.decode(errors="replace").strip())
+        return None
+    return parse_files_listing(out.decode(errors="replace"))
+
+
+def observe_hypervisor(client: CRIClient) -> ObservedHypervisor:
+    name = client.hypervisor.name
+    selector = {MANAGED: MANAGER}
+    sandboxes = client.list_sandboxes(selector)
+    containers = client.list_containers(selector)
+    by_sandbox: dict[str, list[ObservedContainer]] = {}
+    for c in containers:
+        spec = None
+        raw = c.annotations.get(SPEC_ANNOTATION)
+        if raw:
+            try:
+                spec = json.loads(raw)
+            except ValueError:
+                spec = None
+        by_sandbox.setdefault(c.sandbox_id, []).append(ObservedContainer(
+            id=c.id, component=c.labels.get(COMPONENT, c.name), state=c.state.value,
+            spec_hash=c.labels.get(SPEC_HASH, ""), created_at=c.created_at, spec=spec))
+    pods = []
+    for s in sandboxes:
+        owned = tuple(sorted(by_sandbox.get(s.id, []), key=lambda c: (c.component, c.created_at, c.id)))
+        pod = ObservedPod(
+            sandbox_id=s.id, node=s.labels.get(NODE, s.name), cluster=s.labels.get(CLUSTER, s.namespace),
+            role=s.labels.get(ROLE, ""), hypervisor=name, ready=s.state == SandboxState.READY,
+            spec_hash=s.labels.get(SPEC_HASH, ""), created_at=s.created_at, containers=owned)
+        agent = pod.running(AGENT) if pod.ready else None
+        files = read_node_files(client, agent.id) if agent is not None else None
+        pods.append(ObservedPod(**{**_fields(pod), "files": files}))
+    pods.sort(key=lambda p: (p.node, p.created_at, p.sandbox_id))
+    return ObservedHypervisor(name=name, reachable=True, pods=tuple(pods))
+
+
+def _fields(pod: ObservedPod) -> dict[str, Any]:
+    return {f: getattr(pod, f) for f in pod.__dataclass_fields__}
+
+
+def observe(hypervisors: Iterable[Hypervisor], *, timeout: float = 10.0) -> ObservedState:
+    """Observe every hypervisor in parallel; unreachable ones are marked, not raised."""
+    results = read_all(hypervisors, observe_hypervisor, timeout=timeout)
+    out = {}
+    for name, result in results.items():
+        if isinstance(result, CRIError):
+            log.info("hypervisor unreachable: %s", result)
+            out[name] = ObservedHypervisor(name=name, reachable=False,
+                                           error=f"CRI {result.call}: {result.reason.value}: {result.detail}")
+        else:
+            out[name] = result
+    return ObservedState(dict(sorted(out.items())))

@@ -1,0 +1,283 @@
+"""Desired against observed: an ordered `Plan` of typed actions (pure).
+
+Rules that keep a reconciler safe:
+* nothing is planned on an unreachable hypervisor, deletions least of all;
+* only objects carrying the managed-by label are ever touched;
+* an object whose Node left the repo is removed only when pruning is enabled,
+  and such removals count against the mass-delete threshold;
+* a container is recreated when anything it runs with changed, and the
+  reason names the changed fields (deepdiff of the recorded spec).
+"""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from cryptography import x509
+from deepdiff import DeepDiff
+
+from gitops.compile.desired import SPEC_HASH, CertificateSpec, DesiredContainer, DesiredPod, DesiredState
+from gitops.observe import NodeFiles, ObservedContainer, ObservedPod, ObservedState
+from gitops.pki import is_signed_by, load_cert_pem
+from gitops.plan.actions import Action, Kind, Plan, ordered
+from gitops.state.records import State
+
+MAX_LISTED_CHANGES = 6
+
+
+@dataclass(frozen=True)
+class DiffOptions:
+    prune: bool = True
+    renew_before_days: int = 30
+
+
+def learn(state: State, observed: ObservedState, desired_nodes: dict[str, str]) -> State:
+    """Record what only the hypervisors know: each node's service-account public key.
+
+    `desired_nodes` maps node -> cluster for the nodes in the repo.
+    """
+    new = state.copy()
+    for pod in observed.pods():
+        cluster = desired_nodes.get(pod.node)
+        if cluster != pod.cluster or pod.files is None or cluster not in new.clusters:
+            continue
+        public = pod.files.public_keys.get("sa")
+        if public:
+            new.clusters[cluster].service_account_keys[pod.node] = public
+    return new
+
+
+def diff(desired: DesiredState, observed: ObservedState, state: State, options: DiffOptions,
+         now: dt.datetime | None = None) -> Plan:
+    now = now or dt.datetime.now(dt.timezone.utc)
+    actions: list[Action] = []
+    warnings: list[str] = []
+    down = set(observed.unreachable)
+    for name in sorted(down):
+        waiting = [p.node for p in desired.on(name)]
+        warnings.append(f"hypervisor {name} is unreachable ({observed.hypervisors[name].error}); nothing on it "
+                        f"is planned" + (f" (its nodes: {', '.join(waiting)})" if waiting else ""))
+
+    observed_by_node: dict[str, list[ObservedPod]] = {}
+    for pod in observed.pods():
+        observed_by_node.setdefault(pod.node, []).append(pod)
+
+    # Pods whose node left the repo, moved, or are duplicates.
+    keepers: dict[str, ObservedPod] = {}
+    for node, pods in sorted(observed_by_node.items()):
+        want = desired.pods.get(node)
+        candidates = []
+        for pod in pods:
+            if want is None:
+                if options.prune:
+                    actions.append(_remove_pod(pod, f"Node {node} left the repo", prune=True))
+                else:
+                    warnings.append(f"pod of Node {node} on {pod.hypervisor} is no longer in the repo; "
+                                    "pruning is disabled, so it is left running")
+            elif pod.hypervisor != want.hypervisor:
+                actions.append(_remove_pod(pod, f"Node {node} moved to hypervisor {want.hypervisor}"))
+            elif pod.cluster != want.cluster:
+                actions.append(_remove_pod(pod, f"Node {node} now belongs to Cluster {want.cluster}"))
+            else:
+                candidates.append(pod)
+        if want is None or not candidates:
+            continue
+        best = max(candidates, key=lambda p: (p.ready, p.spec_hash == want.sandbox.labels.get(SPEC_HASH), p.created_at))
+        keepers[node] = best
+        for pod in candidates:
+            if pod is not best:
+                actions.append(_remove_pod(pod, "duplicate pod of the same node"))
+
+    for node, want in sorted(desired.pods.items()):
+        if want.hypervisor in down:
+            continue
+        actions.extend(_pod_actions(want, keepers.get(node), state, options, now))
+
+    actions.extend(_etcd_membership(desired, state, down))
+    return Plan(actions=ordered(actions), warnings=tuple(warnings))
+
+
+
+def _remove_pod(pod: ObservedPod, reason: str, prune: bool = False) -> Action:
+    return Action(Kind.REMOVE_POD, pod.hypervisor, pod.cluster, pod.node, reason=reason,
+                  target_id=pod.sandbox_id, prune=prune)
+
+
+def _pod_actions(want: DesiredPod, have: ObservedPod | None, state: State, options: DiffOptions,
+                 now: dt.datetime) -> list[Action]:
+    base = dict(hypervisor=want.hypervisor, cluster=want.cluster, node=want.node)
+    actions: list[Action] = []
+    fresh = have is None or not have.ready or have.spec_hash != want.sandbox.labels.get(SPEC_HASH)
+    if have is not None and fresh:
+        why = "pod sandbox is not ready" if not have.ready else "pod identity changed"
+        actions.append(_remove_pod(have, why))
+    if fresh:
+        actions.append(Action(Kind.CREATE_POD, **base, reason="pod does not exist" if have is None
+                              else "replacing the pod", details=(f"files agent ({want.containers[0].spec.image})",)))
+        files: NodeFiles | None = NodeFiles()
+        observed: list[ObservedContainer] = []
+    else:
+        assert have is not None
+        files = have.files
+        observed = list(have.containers)
+    actions.extend(_file_actions(want, files, state, options, now, base))
+    desired_names = {c.spec.name for c in want.containers}
+    for index, container in enumerate(want.containers):
+        if fresh and index == 0:
+            continue  # the agent comes with the pod
+        mine = sorted((c for c in observed if c.component == container.spec.name), key=lambda c: c.created_at)
+        actions.extend(_container_actions(container, mine, index, base))
+    for extra in observed:
+        if extra.component not in desired_names:
+            actions.append(Action(Kind.REMOVE_CONTAINER, **base, component=extra.component,
+                                  reason="component is no longer part of this node", target_id=extra.id))
+    return actions
+
+
+def _container_actions(want: DesiredContainer, have: list[ObservedContainer], index: int, base: dict) -> list[Action]:
+    name = want.spec.name
+    if not have:
+        return [Action(Kind.CREATE_CONTAINER, **base, component=name, order=index, reason="container is missing",
+                       details=(want.spec.image,))]
+    latest = have[-1]
+    out = [Action(Kind.REMOVE_CONTAINER, **base, component=name, order=index, target_id=old.id,
+                  reason="superseded container") for old in have[:-1]]
+    if latest.spec_hash != want.spec_hash:
+        out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
+                          reason="spec changed", details=tuple(changed_fields(latest.spec, want.summary))))
+    elif latest.state != "running":
+        out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
+                          reason=f"container is {latest.state}"))
+    return out
+
+
+def changed_fields(before: dict | None, after: dict) -> list[str]:
+    """Human list of what differs between the recorded and the desired container inputs."""
+    if before is None:
+        return ["previous spec unknown"]
+    delta = DeepDiff(before, after, ignore_order=False, view="tree")
+    paths: list[str] = []
+    for change_type, items in sorted(delta.items()):
+        for item in items:
+            path = item.path(output_format="list")
+            shown = _path_text(path)
+            if change_type == "values_changed" and _scalar(item.t1) and _scalar(item.t2):
+                paths.append(f"{shown}: {_short(item.t1)} -> {_short(item.t2)}")
+            elif "added" in change_type:
+                paths.append(f"{shown}: added")
+            elif "removed" in change_type:
+                paths.append(f"{shown}: removed")
+            else:
+                paths.append(f"{shown}: changed")
+    paths = sorted(set(paths))
+    if len(paths) > MAX_LISTED_CHANGES:
+        paths = paths[:MAX_LISTED_CHANGES] + [f"... and {len(paths) - MAX_LISTED_CHANGES} more"]
+    return paths
+
+
+def _path_text(path: list) -> str:
+    parts = [p for p in path if p != "container"]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "spec"
+
+
+def _scalar(value: object) -> bool:
+    return isinstance(value, (str, int, float, bool)) or value is None
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _file_actions(want: DesiredPod, files: NodeFiles | None, state: State, options: DiffOptions,
+                  now: dt.datetime, base: dict) -> list[Action]:
+    if files is None:
+        return [Action(Kind.WRITE_FILES, **base, reason="files agent is not running; files cannot be checked",
+                       details=("verify and rewrite every file",))]
+    keys = [k.name for k in want.keys if k.name not in files.keys]
+    key_actions = []
+    if keys:
+        key_actions.append(Action(Kind.GENERATE_KEYS, **base, reason="keys missing on the hypervisor",
+                                  details=tuple(f"{k}.key" for k in keys)))
+    details: list[str] = []
+    authorities = state.clusters.get(want.cluster)
+    for cert in want.certificates:
+        problem = certificate_problem(cert, files, authorities.authorities[cert.signer].cert_pem
+                                      if authorities and cert.signer in authorities.authorities else None,
+                                      options.renew_before_days, now)
+        if problem:
+            details.append(f"certificate {cert.name}: {problem}")
+    for spec in want.files:
+        have = files.digests.get(spec.name)
+        if have is None:
+            details.append(f"file {spec.name}: missing")
+        elif have != spec.digest:
+            details.append(f"file {spec.name}: content changed")
+    if details:
+        key_actions.append(Action(Kind.WRITE_FILES, **base, reason=f"{len(details)} file(s) to write",
+                                  details=tuple(details)))
+    return key_actions
+
+
+def certificate_problem(spec: CertificateSpec, files: NodeFiles, ca_pem: str | None, renew_before_days: int,
+                        now: dt.datetime) -> str | None:
+    """Why the node's copy of `spec` must be (re)issued, or None when it is fine."""
+    pem = files.certificates.get(spec.name)
+    if pem is None:
+        return "missing"
+    if spec.name not in files.keys:
+        return "its key is missing"
+    try:
+        cert = load_cert_pem(pem)
+    except Exception:  # noqa: BLE001 - any unreadable certificate is reissued
+        return "unreadable"
+    if ca_pem is not None and not is_signed_by(cert, load_cert_pem(ca_pem)):
+        return "not signed by the current authority"
+    if cert.not_valid_after_utc - now <= dt.timedelta(days=renew_before_days):
+        return f"expires {cert.not_valid_after_utc:%Y-%m-%d} (renewal window {renew_before_days} days)"
+    cn = [a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)]
+    orgs = sorted(a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.ORGANIZATION_NAME))
+    if cn != [spec.common_name] or orgs != sorted(spec.organizations):
+        return "subject changed"
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns = sorted(san.get_values_for_type(x509.DNSName))
+        ips = sorted(str(ip) for ip in san.get_values_for_type(x509.IPAddress))
+    except x509.ExtensionNotFound:
+        dns, ips = [], []
+    if dns != sorted(spec.dns_names) or ips != sorted(spec.ip_addresses):
+        return "subject alternative names changed"
+    return None
+
+
+def _etcd_membership(desired: DesiredState, state: State, down: set[str]) -> list[Action]:
+    """Members join and leave one at a time, around their pods."""
+    actions: list[Action] = []
+    location = {p.node: p.hypervisor for p in desired.pods.values()}
+    for cluster, record in sorted(state.clusters.items()):
+        recorded = list(record.etcd_members)
+        if not recorded:
+            continue  # not bootstrapped yet: the first members start together
+        want = desired.clusters.get(cluster)
+        members = {m.node: m for m in want.etcd_members} if want else {}
+        if not members:
+            continue  # the whole control plane goes: its pods are removed, etcd with them
+        for node in recorded:
+            if node in members:
+                continue
+            was_on = state.nodes[node].hypervisor if node in state.nodes else ""
+            if was_on in down:
+                continue  # its etcd may still run there: leave the membership until it is reachable
+            actions.append(Action(Kind.ETCD_MEMBER_REMOVE, was_on, cluster, node,
+                                  reason=f"Node {node} is no longer a controlplane node of {cluster}"))
+        for node, member in sorted(members.items()):
+            if node not in recorded and location.get(node) not in down:
+                actions.append(Action(Kind.ETCD_MEMBER_ADD, location.get(node, ""), cluster, node,
+                                      reason="new controlplane node joins etcd", details=(member.peer_url,)))
+    return actions
+
+
+__all__ = ["DiffOptions", "diff", "learn", "certificate_problem", "changed_fields"]

@@ -1,0 +1,195 @@
+"""Diffing desired against observed state (pure): actions, reasons, order, safety rules.
+
+The observed states here are built from the compiled desired state the way
+`gitops.observe` would report a converged hypervisor; the end-to-end tests on
+real containerd (test_apply_lab.py) cover observation itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+
+import pytest
+from repo_helpers import EXAMPLE_REPO
+
+from gitops.apply import MassDeleteRefused, apply
+from gitops.compile import compile_desired
+from gitops.compile.authorities import authority
+from gitops.compile.desired import DesiredState
+from gitops.engine import make_plan
+from gitops.model.config import RepoConfig
+from gitops.model.validate import validate_repo
+from gitops.observe import NodeFiles, ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
+from gitops.pki import cert_to_pem, generate_key, sign_public_key
+from gitops.plan.actions import Kind
+from gitops.plan.render import render_json, render_markdown
+from gitops.state import LocalDirStore, State
+
+NOW = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
+SA_KEY = "-----BEGIN PUBLIC KEY-----\nMFkw\n-----END PUBLIC KEY-----\n"
+
+
+@pytest.fixture(scope="module")
+def repo():
+    result = validate_repo(EXAMPLE_REPO)
+    assert result.model is not None
+    return result
+
+
+def nothing_observed(model) -> ObservedState:
+    return ObservedState({n: ObservedHypervisor(n, True) for n in model.hypervisors})
+
+
+def converged(desired: DesiredState, state: State, model, now=NOW) -> ObservedState:
+    """What observe() reports once every desired pod runs with all its files."""
+    pods: dict[str, list[ObservedPod]] = {n: [] for n in model.hypervisors}
+    for i, pod in enumerate(desired.pods.values()):
+        authorities = state.clusters[pod.cluster].authorities
+        certs = {}
+        for spec in pod.certificates:
+            cert = sign_public_key(authority(authorities, spec.signer), generate_key().public_key(), spec.common_name,
+                                   organizations=spec.organizations, dns_names=spec.dns_names,
+                                   ip_addresses=spec.ip_addresses, server=spec.server, client=spec.client,
+                                   days=365, now=now)
+            certs[spec.name] = cert_to_pem(cert)
+        files = NodeFiles(digests={f.name: f.digest for f in pod.files}, certificates=certs,
+                          keys=tuple(sorted([*certs, *(k.name for k in pod.keys)])),
+                          public_keys={"sa": SA_KEY} if pod.keys else {})
+        containers = tuple(ObservedContainer(f"c-{pod.node}-{c.spec.name}", c.spec.name, "running", c.spec_hash,
+                                             i, json.loads(c.spec.annotations["gitops.infra/spec"]))
+                           for c in pod.containers)
+        pods[pod.hypervisor].append(ObservedPod(f"s-{pod.node}", pod.node, pod.cluster, pod.role, pod.hypervisor,
+                                                True, pod.sandbox.labels["gitops.infra/spec-hash"], i,
+                                                containers, files))
+    return ObservedState({n: ObservedHypervisor(n, True, "", tuple(p)) for n, p in pods.items()})
+
+
+def settle(model, config=RepoConfig()):
+    """Plan from nothing, then record what apply would: bootstrap members and service-account keys."""
+    first = make_plan(model, config, State(), nothing_observed(model), now=NOW)
+    state = first.state.copy()
+    for name, cluster in first.compiled.desired.clusters.items():
+        state.clusters[name].etcd_members = [m.node for m in cluster.etcd_members]
+        for m in cluster.etcd_members:
+            state.clusters[name].service_account_keys[m.node] = SA_KEY
+    compiled = compile_desired(model, state, now=NOW)
+    return compiled.state, converged(compiled.desired, compiled.state, model)
+
+
+def test_empty_hypervisors_plan_every_pod_in_order(repo):
+    planned = make_plan(repo.model, repo.repo.config, State(), nothing_observed(repo.model), now=NOW)
+    kinds = [a.kind for a in planned.plan.actions if a.node == "team-a-cp-1"]
+    assert kinds == [Kind.CREATE_POD, Kind.GENERATE_KEYS, Kind.WRITE_FILES] + [Kind.CREATE_CONTAINER] * 4
+    components = [a.component for a in planned.plan.actions if a.node == "team-a-cp-1" and a.component]
+    assert components == ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
+    assert not [a for a in planned.plan.actions if a.kind == Kind.ETCD_MEMBER_ADD]  # bootstrap: start together
+    # all pods before any key, all keys before any file, files before containers
+    phases = [a.kind for a in planned.plan.actions]
+    assert phases.index(Kind.GENERATE_KEYS) > max(i for i, k in enumerate(phases) if k == Kind.CREATE_POD)
+    assert planned.plan.summary() == {"add": 8 + 6 + 6 * 4 + 2, "change": 8, "remove": 0}
+
+
+def test_converged_state_plans_nothing(repo):
+    state, observed = settle(repo.model)
+    planned = make_plan(repo.model, repo.repo.config, state, observed, now=NOW)
+    assert planned.plan.actions == ()
+    assert planned.plan.warnings == ()
+
+
+def test_drift_missing_and_exited_containers_are_healed(repo):
+    state, observed = settle(repo.model)
+    hv = observed.hypervisors["hv-public-1"]
+    ingress = next(p for p in hv.pods if p.node == "team-a-ingress")
+    without_haproxy = dataclasses.replace(ingress, containers=tuple(c for c in ingress.containers
+                                                                    if c.component != "haproxy"))
+    pods = tuple(without_haproxy if p is ingress else p for p in hv.pods)
+    observed.hypervisors["hv-public-1"] = dataclasses.replace(hv, pods=pods)
+    hv2 = observed.hypervisors["hv-private-1"]
+    pod = hv2.pods[0]
+    exited = tuple(dataclasses.replace(c, state="exited") if c.component == "etcd" else c for c in pod.containers)
+    observed.hypervisors["hv-private-1"] = dataclasses.replace(
+        hv2, pods=(dataclasses.replace(pod, containers=exited), *hv2.pods[1:]))
+    actions = make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan.actions
+    assert [(a.kind, a.node, a.component, a.reason) for a in actions] == [
+        (Kind.RECREATE_CONTAINER, pod.node, "etcd", "container is exited"),
+        (Kind.CREATE_CONTAINER, "team-a-ingress", "haproxy", "container is missing"),
+    ]
+
+
+def test_spec_change_names_the_changed_fields(repo):
+    state, observed = settle(repo.model)
+    cluster = repo.model.clusters["team-b"]
+    changed = dataclasses.replace(cluster, image_overrides={"etcd": "registry.example.com/etcd:3.5.17-0"},
+                                  service_cidr="10.112.0.0/13")
+    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": changed})
+    actions = make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions
+    etcd = [a for a in actions if a.component == "etcd"]
+    assert {a.node for a in etcd} == {"team-b-cp-1", "team-b-cp-2", "team-b-cp-3"}
+    assert all(a.kind == Kind.RECREATE_CONTAINER and a.reason == "spec changed" for a in etcd)
+    assert "image: 'registry.k8s.io/etcd:3.5.16-0' -> 'registry.example.com/etcd:3.5.17-0'" in etcd[0].details
+    api = next(a for a in actions if a.component == "kube-apiserver" and a.node == "team-b-cp-1")
+    assert any(d.startswith("args[22]: '--service-cluster-ip-range=10.112.0.0/12' -> ") for d in api.details), \
+        api.details
+    # the service IP is unchanged (10.112.0.1), so the serving certificate needs no reissue
+    assert not [a for a in actions if a.kind == Kind.WRITE_FILES]
+    assert not [a for a in actions if a.cluster == "team-a"]
+
+
+def test_removed_node_is_pruned_after_leaving_etcd(repo):
+    state, observed = settle(repo.model)
+    nodes = {k: v for k, v in repo.model.nodes.items() if k != "team-a-cp-3"}
+    model = dataclasses.replace(repo.model, nodes=nodes)
+    plan = make_plan(model, repo.repo.config, state, observed, now=NOW).plan
+    first, second = plan.actions[0], plan.actions[1]
+    assert (first.kind, first.node) == (Kind.ETCD_MEMBER_REMOVE, "team-a-cp-3")
+    assert (second.kind, second.node, second.prune) == (Kind.REMOVE_POD, "team-a-cp-3", True)
+    assert second.reason == "Node team-a-cp-3 left the repo"
+    # the rest of team-a: the ingress drops a backend, the API servers drop a service-account key
+    rest = {(a.kind, a.node, a.component) for a in plan.actions[2:]}
+    assert (Kind.RECREATE_CONTAINER, "team-a-ingress", "haproxy") in rest
+    assert all(a.cluster == "team-a" for a in plan.actions)
+    no_prune = make_plan(model, RepoConfig(prune=dataclasses.replace(RepoConfig().prune, enabled=False)),
+                         state, observed, now=NOW).plan
+    assert not [a for a in no_prune.actions if a.kind == Kind.REMOVE_POD]
+    assert any("pruning is disabled" in w for w in no_prune.warnings)
+
+
+def test_unreachable_hypervisor_is_left_alone(repo):
+    state, observed = settle(repo.model)
+    observed.hypervisors["hv-private-2"] = ObservedHypervisor("hv-private-2", False, "CRI Version: unreachable")
+    nodes = {k: v for k, v in repo.model.nodes.items() if state.nodes[k].hypervisor != "hv-private-2"}
+    plan = make_plan(dataclasses.replace(repo.model, nodes=nodes), repo.repo.config, state, observed, now=NOW).plan
+    assert not [a for a in plan.actions if a.hypervisor == "hv-private-2"]
+    assert not [a for a in plan.actions if a.kind == Kind.ETCD_MEMBER_REMOVE]
+    assert any(w.startswith("hypervisor hv-private-2 is unreachable") for w in plan.warnings)
+
+
+def test_expiring_certificate_is_renewed(repo):
+    state, observed = settle(repo.model)
+    later = NOW + dt.timedelta(days=340)  # 25 days before expiry, inside the 30-day window
+    plan = make_plan(repo.model, repo.repo.config, state, observed, now=later).plan
+    files = [a for a in plan.actions if a.kind == Kind.WRITE_FILES]
+    assert len(files) == 6  # every controlplane node
+    assert any(d.startswith("certificate etcd-server: expires 2027-11-01") for d in files[0].details)
+
+
+def test_mass_delete_is_refused_before_touching_anything(repo, tmp_path):
+    state, observed = settle(repo.model)
+    store = LocalDirStore(tmp_path)
+    store.save(state)
+    empty = dataclasses.replace(repo.model, nodes={}, clusters={})
+    config = RepoConfig(prune=dataclasses.replace(RepoConfig().prune, max_deletes=3))
+    with pytest.raises(MassDeleteRefused, match="removes 8 pods .* more than prune.maxDeletes=3"):
+        apply(empty, config, store, observe_fn=lambda m: observed)
+
+
+def test_renderers(repo):
+    plan = make_plan(repo.model, repo.repo.config, State(), nothing_observed(repo.model), now=NOW).plan
+    md = render_markdown(plan)
+    assert md.startswith("### gitops plan\n\n**Plan: 40 to add, 8 to change, 0 to remove.**")
+    assert "#### Cluster `team-a`" in md and "```diff" in md
+    assert "+ team-a-cp-1 on hv-private-1: create pod: pod does not exist" in md
+    data = json.loads(render_json(plan))
+    assert data["summary"] == {"add": 40, "change": 8, "remove": 0}
+    assert data["actions"][0]["kind"] == "create-pod"
