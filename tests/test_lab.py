@@ -1,22 +1,31 @@
-"""`gitops lab`: images from host binaries, up/status/down with real containerd and haproxy."""
+"""`gitops lab`: images from host binaries, up/status/down with real containerd and haproxy,
+the files agent and the control-plane stand-ins, upstream-name aliases."""
 from __future__ import annotations
 
+import dataclasses
+import http.client
 import json
 import os
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from cryptography.hazmat.primitives import serialization
 
-from gitops.cri import ContainerSpec, CRIClient, SandboxSpec
-from gitops.cri.documents import hypervisor_from_document
+from gitops import pki
+from gitops.cri import ContainerSpec, ContainerState, CRIClient, Mount, SandboxSpec
+from gitops.model.validate import load_hypervisors
 from gitops.lab import LabError, hypervisors_yaml
 from gitops.lab import images as labimages
-from gitops.lab import procs
+from gitops.lab import procs, standins
+from gitops.model.resources import DATA_DIR_ANNOTATION, DEFAULT_AGENT_IMAGE
 
 
 def require_root() -> None:
@@ -40,15 +49,21 @@ def test_images_are_deterministic(tmp_path: Path) -> None:
     assert any("libssl" in lib for lib in libs) and any("ld-linux" in lib for lib in libs)
 
 
-def test_yaml_documents_round_trip(lab) -> None:  # type: ignore[no-untyped-def]
-    docs = list(yaml.safe_load_all(hypervisors_yaml(lab)))
+def test_yaml_documents_round_trip(lab, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    text = hypervisors_yaml(lab)
+    docs = list(yaml.safe_load_all(text))
+    (tmp_path / "hvs.yaml").write_text(text)
+    loaded = load_hypervisors(tmp_path / "hvs.yaml")
     assert [d["metadata"]["name"] for d in docs] == ["lab-hv-1", "lab-hv-2"]
     assert [d["spec"]["public"] for d in docs] == [True, False]
     assert docs[0]["spec"]["portRange"] == {"low": 30000, "high": 30999}
     assert docs[1]["spec"]["ipAddress"] == "127.0.20.2"
     assert docs[0]["spec"]["remoteCRIEndpoint"]["criEndpointURI"] == "tcp://127.0.20.1:10250"
     for doc, hv in zip(docs, lab.hypervisors):
-        assert hypervisor_from_document(doc) == hv.remote()
+        data_dir = doc["metadata"]["annotations"][DATA_DIR_ANNOTATION]
+        assert data_dir == f"{lab.dir}/{hv.dir.rsplit('/', 1)[1]}/data" and os.path.isdir(data_dir)
+        assert hv.local().data_dir == hv.remote().data_dir == hv.hypervisor().data_dir == data_dir
+        assert loaded[doc["metadata"]["name"]] == hv.remote()
 
 
 def test_up_refuses_a_running_lab(lab) -> None:  # type: ignore[no-untyped-def]
@@ -75,7 +90,7 @@ def _leftovers(lab_dir: Path) -> tuple[list[int], list[str]]:
     return procs.pids_referencing(lab_dir), procs.mounts_under(lab_dir)
 
 
-def test_up_and_down_leave_nothing_behind() -> None:
+def test_up_and_down_leave_nothing_behind(tmp_path: Path) -> None:
     require_root()
     lab_dir = Path(tempfile.mkdtemp(prefix="gitops-lab-updown-", dir="/tmp"))
     shim_dir = Path("/run/containerd/s")
@@ -94,7 +109,8 @@ def test_up_and_down_leave_nothing_behind() -> None:
 
         # A running pod on every hypervisor (shims, mounts); containerd of hv-1 then dies
         # abruptly, so its pod can only be cleaned up through the leftover-process path.
-        hvs = [hypervisor_from_document(d) for d in docs]
+        (tmp_path / "hvs.yaml").write_text(up.stdout)
+        hvs = list(load_hypervisors(tmp_path / "hvs.yaml").values())
         for hv in hvs:
             with CRIClient(hv) as client:
                 spec = SandboxSpec("busy")
@@ -106,8 +122,12 @@ def test_up_and_down_leave_nothing_behind() -> None:
         hv1 = next(p for p in recorded if p.role == "containerd" and p.hypervisor == "lab-hv-1")
         os.kill(hv1.pid, signal.SIGKILL)
 
-        down = _gitops("lab", "down", "--dir", str(lab_dir)).stdout
-        assert "lab directory removed" in down
+        # Through a parent whose command line names the lab directory (as sudo's or time's
+        # does): down must not take it (nor itself) for a leftover of the lab.
+        wrapped = subprocess.run(["sh", "-c", '"$@" && echo wrapper-survived', "sh", sys.executable, "-m", "gitops",
+                                  "lab", "down", "--dir", str(lab_dir)], capture_output=True, text=True, timeout=180)
+        assert wrapped.returncode == 0, wrapped.stderr
+        assert "lab directory removed" in wrapped.stdout and "wrapper-survived" in wrapped.stdout
         assert not lab_dir.exists()
         assert _leftovers(lab_dir) == ([], [])
         assert not any(p.alive() for p in recorded)
@@ -118,3 +138,221 @@ def test_up_and_down_leave_nothing_behind() -> None:
         from gitops import lab as labmod
 
         labmod.down(lab_dir)
+
+
+
+# ---------------------------------------------------------------------------- control-plane images
+
+@pytest.fixture
+def pod(lab, request):  # type: ignore[no-untyped-def]
+    """A fresh sandbox on the first lab hypervisor (unix socket); yields (client, sandbox id, spec, dir).
+
+    `dir` is a not-yet-existing directory under the hypervisor's data dir.
+    """
+    hv = lab.hypervisors[0].local()
+    name = request.node.name.replace("_", "-")[:50]
+    base = Path(hv.data_dir) / "tests" / name
+    spec = SandboxSpec(name, namespace="lab-tests", log_directory=str(base / "logs"))
+    with CRIClient(hv, slow_timeout=60) as client:
+        sandbox_id = client.run_sandbox(spec)
+        try:
+            yield client, sandbox_id, spec, base
+        finally:
+            client.stop_sandbox(sandbox_id)
+            client.remove_sandbox(sandbox_id)
+
+
+def _start(pod, name: str, image: str, command: tuple[str, ...], args: tuple[str, ...] = (),  # type: ignore[no-untyped-def]
+           mounts: tuple[Mount, ...] = ()) -> str:
+    client, sandbox_id, spec, _ = pod
+    ctr = client.create_container(sandbox_id, ContainerSpec(name, image, command=command, args=args, mounts=mounts,
+                                                            log_path=f"{name}.log"), spec)
+    client.start_container(ctr)
+    return ctr
+
+
+def _wait_exit(client: CRIClient, ctr: str, timeout: float = 10) -> int:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        status = client.container_status(ctr)
+        if status.state == ContainerState.EXITED:
+            return status.exit_code
+        time.sleep(0.1)
+    raise AssertionError(f"container {ctr} still {status.state} after {timeout}s")
+
+
+def _log(pod, name: str) -> str:  # type: ignore[no-untyped-def]
+    """The container's output (CRI log lines are `<time> <stream> <tag> <text>`)."""
+    path = pod[3] / "logs" / f"{name}.log"
+    return "\n".join(line.split(" ", 3)[3] for line in path.read_text().splitlines() if line.count(" ") >= 3)
+
+
+def test_agent_image_runs_openssl(pod) -> None:  # type: ignore[no-untyped-def]
+    client, _, _, base = pod
+    assert not base.exists()  # containerd creates missing host paths of mounts
+    ctr = _start(pod, "files", DEFAULT_AGENT_IMAGE, ("sleep", "infinity"), mounts=(Mount("/node", str(base / "node")),))
+    script = ("set -e; mkdir -p /node/files; cd /node/files; "
+              "openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out k.key 2>/dev/null; chmod 600 k.key; "
+              "openssl req -new -key k.key -subj /CN=agent-test; openssl pkey -in k.key -pubout; "
+              "printf 'sum %s\\n' \"$(sha256sum k.key | cut -c1-12)\"; cat k.key > k.tmp; mv k.tmp k2.key; rm k2.key; ls")
+    code, out, err = client.exec_sync(ctr, ["sh", "-c", script], timeout=20)
+    assert code == 0, err.decode()
+    text = out.decode()
+    csr = pki.load_csr_pem(text[text.index("-----BEGIN CERTIFICATE REQUEST"):text.index("-----BEGIN PUBLIC KEY")])
+    assert csr.is_signature_valid
+    assert csr.subject.rfc4514_string() == "CN=agent-test"
+    key = pki.load_key_pem((base / "node" / "files" / "k.key").read_text())  # written through the mount
+    public = text[text.index("-----BEGIN PUBLIC KEY"):text.index("-----END PUBLIC KEY-----\n") + 25]
+    assert public.encode() == key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                            serialization.PublicFormat.SubjectPublicKeyInfo)
+    assert text.splitlines()[-2:] == [f"sum {text.split('sum ')[1][:12]}", "k.key"]
+    t = time.monotonic()
+    client.stop_container(ctr, timeout=10)
+    assert time.monotonic() - t < 5  # the image's StopSignal (SIGKILL): sleep as PID 1 ignores SIGTERM
+
+
+def _free_port(ip: str, low: int) -> int:
+    for port in range(low, low + 200):
+        with socket.socket() as s:
+            try:
+                s.bind((ip, port))
+                return port
+            except OSError:
+                continue
+    raise AssertionError("no free port")
+
+
+def _write(directory: Path, files: dict[str, str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+
+
+def _https(ip: str, port: int, path: str, ca: pki.CertKey, client_cert: pki.CertKey | None,
+           tmp: Path) -> tuple[int, str]:
+    ctx = ssl.create_default_context(cadata=ca.cert_pem)
+    if client_cert is not None:
+        (tmp / "c.crt").write_text(client_cert.cert_pem)
+        (tmp / "c.key").write_text(client_cert.key_pem)
+        ctx.load_cert_chain(tmp / "c.crt", tmp / "c.key")
+    conn = http.client.HTTPSConnection(ip, port, context=ctx, timeout=5)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
+
+
+def _wait_port(ip: str, port: int, client: CRIClient, ctr: str, timeout: float = 10) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with socket.create_connection((ip, port), timeout=1):
+                return
+        except OSError:
+            assert client.container_status(ctr).state == ContainerState.RUNNING, "container exited"
+            time.sleep(0.1)
+    raise AssertionError(f"{ip}:{port} not listening after {timeout}s")
+
+
+def test_apiserver_standin_requires_client_certificates(lab, pod, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    client, _, _, base = pod
+    hv = lab.hypervisors[0]
+    ca = pki.create_ca("cluster-ca")
+    serving = pki.issue_cert(ca, "kube-apiserver", ip_addresses=[hv.ip], server=True)
+    admin = pki.issue_cert(ca, "admin", organizations=["system:masters"], client=True)
+    stranger = pki.issue_cert(pki.create_ca("other-ca"), "admin", client=True)
+    _write(base / "files", {"ca.crt": ca.cert_pem, "apiserver.crt": serving.cert_pem,
+                            "apiserver.key": serving.key_pem, "sa.key": "unused"})
+    port = _free_port(hv.ip, hv.port_range.low + 500)
+    files = Mount("/etc/gitops", str(base / "files"), readonly=True)
+    args = (f"--advertise-address={hv.ip}", f"--bind-address={hv.ip}", "--secure-port", str(port),
+            "--client-ca-file=/etc/gitops/ca.crt", "--tls-cert-file=/etc/gitops/apiserver.crt",
+            "--tls-private-key-file=/etc/gitops/apiserver.key", "--service-account-signing-key-file=/etc/gitops/sa.key",
+            "--authorization-mode=Node,RBAC", "--allow-privileged=true", "--etcd-servers=https://127.0.0.1:2379")
+    ctr = _start(pod, "kube-apiserver", "registry.k8s.io/kube-apiserver:v1.31.2", ("kube-apiserver",), args, (files,))
+    # a missing file (here: the etcd client certificate) is fatal, as for the real kube-apiserver
+    broken = _start(pod, "kube-apiserver-broken", "registry.k8s.io/kube-apiserver:v1.30.6", ("kube-apiserver",),
+                    (*args, "--etcd-certfile=/etc/gitops/apiserver-etcd-client.crt"), (files,))
+    _wait_port(hv.ip, port, client, ctr)
+
+    status, body = _https(hv.ip, port, "/version", ca, admin, tmp_path)
+    assert status == 200
+    assert json.loads(body) == {"major": "1", "minor": "31", "gitVersion": "v1.31.2", "platform": "gitops-lab-standin"}
+    assert _https(hv.ip, port, "/healthz", ca, admin, tmp_path) == (200, "ok")
+    assert _https(hv.ip, port, "/readyz", ca, admin, tmp_path) == (200, "ok")
+    status, body = _https(hv.ip, port, "/api/v1/namespaces", ca, admin, tmp_path)
+    assert status == 404 and json.loads(body)["reason"] == "NotFound"
+    for who in (None, stranger):  # no client certificate, or one from another CA
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            _https(hv.ip, port, "/version", ca, who, tmp_path)
+
+    assert _wait_exit(client, broken) != 0
+    assert ("kube-apiserver (gitops lab stand-in v1.30.6): --etcd-certfile: "
+            "/etc/gitops/apiserver-etcd-client.crt: no such file") in _log(pod, "kube-apiserver-broken")
+
+
+def test_controller_standins_check_their_kubeconfig(pod) -> None:  # type: ignore[no-untyped-def]
+    from gitops.compile.components import kubeconfig_with_files
+
+    client, _, _, base = pod
+    ca = pki.create_ca("cluster-ca")
+    sched = pki.issue_cert(ca, "system:kube-scheduler", client=True)
+    _write(base / "files", {"ca.crt": ca.cert_pem, "scheduler.crt": sched.cert_pem, "scheduler.key": sched.key_pem,
+                            "scheduler.kubeconfig": kubeconfig_with_files("c1", "https://127.0.0.1:6443", "scheduler")})
+    files = Mount("/etc/gitops", str(base / "files"), readonly=True)
+    ok = _start(pod, "kube-scheduler", "registry.k8s.io/kube-scheduler:v1.31.2", ("kube-scheduler",),
+                ("--bind-address=127.0.0.1", "--kubeconfig=/etc/gitops/scheduler.kubeconfig",
+                 "--authentication-kubeconfig", "/etc/gitops/scheduler.kubeconfig", "--leader-elect=true"), (files,))
+    missing = _start(pod, "kube-controller-manager", "registry.k8s.io/kube-controller-manager:v1.31.2",
+                     ("kube-controller-manager",), ("--kubeconfig=/etc/gitops/controller-manager.kubeconfig",
+                                                    "--leader-elect=true"), (files,))
+    assert _wait_exit(client, missing) != 0
+    assert "--kubeconfig: /etc/gitops/controller-manager.kubeconfig: no such file" in _log(pod, "kube-controller-manager")
+    time.sleep(0.3)
+    assert client.container_status(ok).state == ContainerState.RUNNING
+    assert "would schedule pods against https://127.0.0.1:6443 as /etc/gitops/scheduler.crt" in _log(pod, "kube-scheduler")
+
+
+def test_standin_scripts(tmp_path: Path) -> None:
+    """The scripts run under the host's sh too: a kubeconfig naming a missing key is fatal."""
+    script = tmp_path / "kube-controller-manager"
+    script.write_text(standins.standin_script("kube-controller-manager", "1.30.6"))
+    (tmp_path / "kc").write_text(f"clusters:\n- cluster:\n    server: https://x:1\n    certificate-authority: {tmp_path}/kc\n"
+                                 "users:\n- user:\n    client-certificate: \"kc\"\n    client-key: nokey\n")
+    proc = subprocess.run(["sh", str(script), f"--kubeconfig={tmp_path}/kc"], capture_output=True, text=True, timeout=10)
+    assert proc.returncode == 1 and proc.stderr.strip().endswith(f"client-key: {tmp_path}/nokey: no such file")
+    proc = subprocess.run(["sh", str(script), "positional"], capture_output=True, text=True, timeout=10)
+    assert proc.returncode == 1 and "unexpected argument: positional" in proc.stderr
+    assert standins.version_json("v1.30.6") == '{"major":"1","minor":"30","gitVersion":"v1.30.6","platform":"gitops-lab-standin"}'
+    with pytest.raises(LabError):
+        standins.normalize_version("1.31")
+
+
+def test_upstream_aliases(lab, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert lab.aliases["registry.k8s.io/kube-apiserver:v1.31.2"] == "gitops.lab/kube-apiserver-standin:v1.31.2"
+    assert lab.aliases["registry.k8s.io/etcd:3.5.16-0"] == lab.images["etcd"]
+    assert lab.aliases[DEFAULT_AGENT_IMAGE] == lab.images["agent"]
+    assert len(lab.aliases) == 9
+    for hv in lab.hypervisors:
+        with CRIClient(hv.remote()) as client:
+            for alias, ref in lab.aliases.items():
+                image = client.image_status(alias)
+                assert image is not None and image.id == client.image_status(ref).id, alias
+    status = _gitops("lab", "status", "--dir", str(lab.dir)).stdout
+    assert ("registry.k8s.io/kube-scheduler:v1.30.6 -> gitops.lab/kube-scheduler-standin:v1.30.6" in status)
+
+    # An image of its own: a second tag changes what ContainerStatus reports as the image of
+    # containers made from it (containerd reports the image's first repo tag, not the requested one).
+    recipe = labimages.ImageRecipe("alias-test", "1", (labimages._which("true"),), ("/usr/bin/true",))
+    _gitops("lab", "images", "import", str(labimages.build_image(recipe, tmp_path)), "--dir", str(lab.dir))
+    out = _gitops("lab", "images", "alias", recipe.ref, "example.test/lab/alias-test:1", "--dir", str(lab.dir))
+    assert out.stdout.splitlines()[0] == f"tagged {recipe.ref} as example.test/lab/alias-test:1 in lab-hv-1"
+    for hv in lab.hypervisors:
+        with CRIClient(hv.local()) as client:
+            assert client.image_status("example.test/lab/alias-test:1") is not None
+    status = _gitops("lab", "status", "--dir", str(lab.dir)).stdout
+    assert f"example.test/lab/alias-test:1 -> {recipe.ref}" in status
+    bad = _gitops("lab", "images", "alias", "gitops.lab/absent:1", "example.test/x:1", "--dir", str(lab.dir), check=False)
+    assert bad.returncode != 0 and "gitops.lab/absent:1" in bad.stderr

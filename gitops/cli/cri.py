@@ -9,20 +9,14 @@ from typing import Any
 import click
 
 from gitops.cri import CRIClient, CRIError, read_all
-from gitops.cri.documents import load_hypervisors_file
 from gitops.errors import GitopsError
 from gitops.model.resources import Hypervisor
+from gitops.model.validate import load_hypervisors
 
 
 def _load(repo: str | None, hypervisors_file: str | None) -> dict[str, Hypervisor]:
-    if hypervisors_file:
-        return load_hypervisors_file(Path(hypervisors_file))
-    from gitops import model
-
-    loader = getattr(model, "load_hypervisors", None)
-    if loader is None:
-        raise GitopsError("reading hypervisors from a repo is not available yet; use --hypervisors-file")
-    return dict(sorted(loader(Path(repo or ".")).items()))
+    """The validated hypervisors of a repo, or of a file of Hypervisor documents."""
+    return dict(sorted(load_hypervisors(Path(hypervisors_file or repo or ".")).items()))
 
 
 def _select(hvs: dict[str, Hypervisor], names: Sequence[str]) -> list[Hypervisor]:

@@ -6,6 +6,8 @@ from pathlib import Path
 import click
 
 from gitops import lab as labmod
+from gitops.lab.standins import DEFAULT_KUBERNETES_VERSIONS
+from gitops.model.resources import DEFAULT_ETCD_VERSION
 
 _DIR = click.option("--dir", "lab_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                     help="Lab directory (default: $GITOPS_LAB_DIR or ./.lab).")
@@ -22,10 +24,19 @@ def lab() -> None:
 @click.option("--remote", is_flag=True, help="Put an mTLS haproxy front on each CRI socket.")
 @click.option("--subnet", default=labmod.lab.DEFAULT_SUBNET, show_default=True,
               help="First three octets of the hypervisors' loopback addresses.")
+@click.option("--kubernetes-versions", default=",".join(DEFAULT_KUBERNETES_VERSIONS), show_default=True,
+              help="Comma-separated Kubernetes versions to provide stand-in control-plane images for "
+                   "(also tagged registry.k8s.io/kube-*:v<version>).")
+@click.option("--etcd-version", default=DEFAULT_ETCD_VERSION, show_default=True,
+              help="etcd version whose upstream name (registry.k8s.io/etcd:<version>-0) "
+                   "aliases the lab's etcd.")
 @_DIR
-def up_cmd(hypervisors: int, public: int, remote: bool, subnet: str, lab_dir: Path | None) -> None:
+def up_cmd(hypervisors: int, public: int, remote: bool, subnet: str, kubernetes_versions: str,
+           etcd_version: str, lab_dir: Path | None) -> None:
     """Start the lab and print its Hypervisor documents (YAML) on stdout."""
-    info = labmod.up(lab_dir, hypervisors=hypervisors, public=public, remote=remote, subnet=subnet)
+    versions = [v for v in (part.strip() for part in kubernetes_versions.split(",")) if v]
+    info = labmod.up(lab_dir, hypervisors=hypervisors, public=public, remote=remote, subnet=subnet,
+                     kubernetes_versions=versions, etcd_version=etcd_version)
     click.echo(labmod.hypervisors_yaml(info), nl=False)
     click.echo(f"lab up in {info.dir}: {len(info.hypervisors)} hypervisor(s)", err=True)
 
@@ -51,6 +62,14 @@ def status_cmd(lab_dir: Path | None) -> None:
         click.echo(f"  {p.proc.hypervisor}  {p.proc.role}  pid={p.proc.pid}  "
                    f"{'running' if p.alive else 'GONE'}  log={p.proc.log}")
     click.echo(f"  mounts under lab dir: {len(st.mounts)}")
+    if st.images:
+        click.echo("  images:")
+        for role, ref in sorted(st.images.items()):
+            click.echo(f"    {role}  {ref}")
+    if st.aliases:
+        click.echo("  aliases:")
+        for alias, ref in sorted(st.aliases.items()):
+            click.echo(f"    {alias} -> {ref}")
     if not st.up:
         raise SystemExit(1)
 
@@ -77,6 +96,16 @@ def images_import_cmd(tarball: Path, lab_dir: Path | None) -> None:
     """Import an image tarball (docker/OCI archive) into every lab hypervisor."""
     for name in labmod.import_image(tarball, lab_dir):
         click.echo(f"imported {tarball.name} into {name}")
+
+
+@images_group.command("alias")
+@click.argument("src")
+@click.argument("dst")
+@_DIR
+def images_alias_cmd(src: str, dst: str, lab_dir: Path | None) -> None:
+    """Tag image SRC as DST in every lab hypervisor (e.g. an upstream name a cluster uses)."""
+    for name in labmod.alias_image(src, dst, lab_dir):
+        click.echo(f"tagged {src} as {dst} in {name}")
 
 
 COMMANDS: list[click.Command] = [lab]

@@ -88,7 +88,6 @@ def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cl
         name=node.name,
         namespace=node.cluster,
         uid=str(uuid.uuid5(uuid.NAMESPACE_URL, "gitops:" + canonical_json(identity))),
-        hostname=node.name,
         labels={**labels, SPEC_HASH: digest(identity)},
         log_directory=f"{base}/logs",
     )

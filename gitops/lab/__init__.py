@@ -6,6 +6,7 @@ from gitops.lab.lab import (
     LabHypervisor,
     LabInfo,
     LabStatus,
+    alias_image,
     default_dir,
     down,
     hypervisor_document,
@@ -17,6 +18,6 @@ from gitops.lab.lab import (
 )
 
 __all__ = [
-    "DownReport", "LabError", "LabHypervisor", "LabInfo", "LabStatus", "default_dir", "down",
+    "DownReport", "LabError", "LabHypervisor", "LabInfo", "LabStatus", "alias_image", "default_dir", "down",
     "hypervisor_document", "hypervisors_yaml", "import_image", "info", "status", "up",
 ]

@@ -1,9 +1,12 @@
 """Container images built from host binaries (no registry needed).
 
-Each image is one layer holding the binaries, every shared library `ldd`
-reports for them, and a minimal /etc; it is written as a docker-archive
-tarball (manifest.json + config + layer.tar) that `ctr images import`
-accepts. Output is byte-for-byte deterministic for the same host files.
+An image is a stack of layers; each layer holds host binaries (with every shared
+library `ldd` reports for them), further host files or directories, generated
+files (scripts, configs) and, in a base layer, a minimal /etc. Images are
+written as docker-archive tarballs (manifest.json + configs + layer.tar files)
+that `ctr images import` accepts; several images can share one archive, and
+layers they share are stored once. Output is byte-for-byte deterministic for the
+same host files.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import re
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,14 +34,31 @@ _ETC_FILES = {
     "etc/passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
     "etc/group": "root:x:0:\nnogroup:x:65534:\n",
 }
-_DIRS = {"tmp": 0o1777, "var/lib": 0o755, "var/run": 0o755, "run": 0o755}
+_DIRS = {"tmp": 0o1777, "var/lib": 0o755, "var/run": 0o755, "run": 0o755, "root": 0o700}
+# merged /usr, as on the host: binaries found in /bin or /sbin are stored under /usr
+_LINKS = {"bin": "usr/bin", "sbin": "usr/sbin"}
 _ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu:/lib64:/lib:/usr/lib"]
 
 
 @dataclass(frozen=True)
+class ImageFile:
+    """A generated file in an image (a script, a config)."""
+
+    path: str  # absolute, in the image
+    data: bytes
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
 class ImageRecipe:
-    """What goes into an image built from host binaries."""
+    """What goes into an image built from host binaries.
+
+    `binaries` and `extra` are host paths copied at the same path (symlinks
+    resolved; /bin and /sbin map to /usr/bin and /usr/sbin); directories in
+    `extra` are copied whole. ELF files bring their shared libraries. With a
+    `base`, the base's layers come first and this recipe adds one layer.
+    """
 
     name: str
     tag: str
@@ -46,6 +66,11 @@ class ImageRecipe:
     entrypoint: tuple[str, ...]
     cmd: tuple[str, ...] = ()
     dirs: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    files: tuple[ImageFile, ...] = ()
+    base: ImageRecipe | None = None
+    stop_signal: str = ""  # e.g. SIGKILL for images whose PID 1 ignores SIGTERM (sleep)
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def ref(self) -> str:
@@ -54,6 +79,10 @@ class ImageRecipe:
     @property
     def filename(self) -> str:
         return f"{self.name}-{self.tag}.tar"
+
+    def chain(self) -> list[ImageRecipe]:
+        """Base first, this recipe last."""
+        return ([] if self.base is None else self.base.chain()) + [self]
 
 
 def _which(binary: str) -> str:
@@ -74,8 +103,8 @@ def _version(argv: list[str], pattern: str) -> str:
     return match.group(1)
 
 
-def default_recipes() -> dict[str, ImageRecipe]:
-    """The lab's images: `pause` (sandbox), `etcd` and `haproxy`, from the host's Debian packages."""
+def base_recipes() -> dict[str, ImageRecipe]:
+    """The lab's own images: `pause` (sandbox), `etcd` and `haproxy`, from the host's Debian packages."""
     etcd = _which("etcd")
     haproxy = _which("haproxy")
     sleep = _which("sleep")
@@ -90,7 +119,10 @@ def default_recipes() -> dict[str, ImageRecipe]:
 
 
 def shared_libraries(binary: str) -> list[str]:
-    """Absolute paths of the shared libraries (and loader) `binary` needs, from ldd."""
+    """Absolute paths of the shared libraries (and loader) `binary` needs, from ldd ([] for non-ELF files)."""
+    with open(binary, "rb") as f:
+        if f.read(4) != b"\x7fELF":
+            return []
     proc = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=30)
     if proc.returncode != 0:
         if "not a dynamic executable" in proc.stdout + proc.stderr:
@@ -107,26 +139,58 @@ def shared_libraries(binary: str) -> list[str]:
     return sorted(set(libs))
 
 
-def _tarinfo(name: str, *, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, size: int = 0) -> tarfile.TarInfo:
+def _tarinfo(name: str, *, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, size: int = 0,
+             link: str = "") -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
-    info.type, info.mode, info.size = kind, mode, size
+    info.type, info.mode, info.size, info.linkname = kind, mode, size, link
     info.mtime = 0
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info
 
 
+def _image_path(path: str) -> str:
+    """Where a host path goes in an image: relative, with /bin and /sbin folded into /usr."""
+    rel = path.lstrip("/")
+    for link, target in _LINKS.items():
+        if rel.startswith(link + "/"):
+            return target + rel[len(link):]
+    return rel
+
+
+def _host_files(path: str) -> list[str]:
+    """`path`, or every file below it if it is a directory (sorted)."""
+    if not os.path.isdir(path):
+        return [path]
+    found = []
+    for root, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        found += [os.path.join(root, name) for name in sorted(filenames)]
+    return found
+
+
 def _layer(recipe: ImageRecipe) -> bytes:
-    """The image's single layer, as an uncompressed deterministic tar."""
+    """The recipe's own layer, as an uncompressed deterministic tar."""
     files: dict[str, tuple[str | None, bytes | None, int]] = {}  # path -> (host source, data, mode)
-    for binary in recipe.binaries:
-        for path in [binary, *shared_libraries(binary)]:
-            real = os.path.realpath(path)
-            files[path.lstrip("/")] = (real, None, os.stat(real).st_mode & 0o7777)
-    for path, text in _ETC_FILES.items():
-        files[path] = (None, text.encode(), 0o644)
-    dirs = dict(_DIRS)
-    dirs.update({d: 0o755 for d in recipe.dirs})
+    sources = [p for b in recipe.binaries for p in [b, *shared_libraries(b)]]
+    for extra in recipe.extra:
+        if not os.path.exists(extra):
+            raise LabError(f"{extra} not found on this machine (run scripts/install-deps.sh)")
+        for path in _host_files(extra):
+            sources += [path, *shared_libraries(os.path.realpath(path))]
+    for path in sources:
+        real = os.path.realpath(path)
+        files[_image_path(path)] = (real, None, os.stat(real).st_mode & 0o7777)
+    for generated in recipe.files:
+        files[generated.path.lstrip("/")] = (None, generated.data, generated.mode)
+    dirs = {d: 0o755 for d in recipe.dirs}
+    links: dict[str, str] = {}
+    if recipe.base is None:
+        for path, text in _ETC_FILES.items():
+            files.setdefault(path, (None, text.encode(), 0o644))
+        dirs.update(_DIRS)
+        links.update(_LINKS)
+        dirs.update({target: 0o755 for target in _LINKS.values()})
     for path in list(files) + list(dirs):
         parent = os.path.dirname(path)
         while parent:
@@ -134,8 +198,10 @@ def _layer(recipe: ImageRecipe) -> bytes:
             parent = os.path.dirname(parent)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(set(dirs) | set(files)):
-            if name in files:
+        for name in sorted(set(dirs) | set(files) | set(links)):
+            if name in links:
+                tar.addfile(_tarinfo(name, kind=tarfile.SYMTYPE, mode=0o777, link=links[name]))
+            elif name in files:
                 src, data, mode = files[name]
                 if data is None:
                     assert src is not None
@@ -155,36 +221,84 @@ def _json(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
-def build_image(recipe: ImageRecipe, out_dir: Path) -> Path:
-    """Write `recipe` as a docker-archive tarball under `out_dir`; returns its path."""
-    layer = _layer(recipe)
-    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
-    config = _json({
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class _Layers:
+    """Layer tarballs by recipe, each built once."""
+
+    def __init__(self) -> None:
+        self._built: dict[ImageRecipe, tuple[str, bytes]] = {}
+
+    def get(self, recipe: ImageRecipe) -> tuple[str, bytes]:
+        """(hex sha256, tar bytes) of the recipe's own layer."""
+        if recipe not in self._built:
+            layer = _layer(recipe)
+            self._built[recipe] = (_sha(layer), layer)
+        return self._built[recipe]
+
+
+def _config(recipe: ImageRecipe, diff_ids: list[str]) -> bytes:
+    config: dict[str, object] = {"Entrypoint": list(recipe.entrypoint), "Cmd": list(recipe.cmd) or None,
+                                 "Env": _ENV, "WorkingDir": "/"}
+    if recipe.stop_signal:
+        config["StopSignal"] = recipe.stop_signal
+    if recipe.labels:
+        config["Labels"] = dict(recipe.labels)
+    return _json({
         "architecture": _arch(),
         "os": "linux",
         "created": "1970-01-01T00:00:00Z",
-        "config": {"Entrypoint": list(recipe.entrypoint), "Cmd": list(recipe.cmd) or None,
-                   "Env": _ENV, "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "gitops lab (host binaries)"}],
+        "config": config,
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{d}" for d in diff_ids]},
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": f"gitops lab: {r.name}:{r.tag}"}
+                    for r in recipe.chain()],
     })
-    config_name = hashlib.sha256(config).hexdigest() + ".json"
-    layer_name = diff_id.removeprefix("sha256:") + "/layer.tar"
-    manifest = _json([{"Config": config_name, "RepoTags": [recipe.ref], "Layers": [layer_name]}])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / recipe.filename
+
+
+def build_archive(images: Sequence[tuple[ImageRecipe, Sequence[str]]], target: Path,
+                  layers: _Layers | None = None) -> Path:
+    """Write several images into one docker-archive tarball at `target`.
+
+    Each entry is (recipe, extra tags): the image is tagged with its lab ref and
+    every extra tag (aliases such as upstream names). Shared layers are stored once.
+    """
+    layers = layers or _Layers()
+    blobs: dict[str, bytes] = {}
+    manifest = []
+    for recipe, extra_tags in images:
+        diff_ids = []
+        for part in recipe.chain():
+            digest, layer = layers.get(part)
+            diff_ids.append(digest)
+            blobs[f"{digest}/layer.tar"] = layer
+        config = _config(recipe, diff_ids)
+        config_name = _sha(config) + ".json"
+        blobs[config_name] = config
+        manifest.append({"Config": config_name, "RepoTags": list(dict.fromkeys([recipe.ref, *extra_tags])),
+                         "Layers": [f"{d}/layer.tar" for d in diff_ids]})
+    blobs["manifest.json"] = _json(manifest)
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp")
     with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in sorted([(config_name, config), (layer_name, layer),
-                                  ("manifest.json", manifest)]):
-            if "/" in name:
+        made: set[str] = set()
+        for name, data in sorted(blobs.items()):
+            if "/" in name and os.path.dirname(name) not in made:
+                made.add(os.path.dirname(name))
                 tar.addfile(_tarinfo(os.path.dirname(name), kind=tarfile.DIRTYPE, mode=0o755))
             tar.addfile(_tarinfo(name, size=len(data)), io.BytesIO(data))
     tmp.replace(target)
-    event(log, logging.INFO, "built image", image=recipe.ref, path=str(target), bytes=target.stat().st_size)
+    event(log, logging.INFO, "built images", images=len(manifest), path=str(target), bytes=target.stat().st_size)
     return target
 
 
+def build_image(recipe: ImageRecipe, out_dir: Path) -> Path:
+    """Write `recipe` as a docker-archive tarball under `out_dir`; returns its path."""
+    return build_archive([(recipe, ())], out_dir / recipe.filename)
+
+
 def build_images(recipes: Iterable[ImageRecipe], out_dir: Path) -> dict[str, Path]:
-    """Build every recipe; returns image ref -> tarball path."""
-    return {r.ref: build_image(r, out_dir) for r in recipes}
+    """Build every recipe into its own tarball; returns image ref -> tarball path."""
+    layers = _Layers()
+    return {r.ref: build_archive([(r, ())], out_dir / r.filename, layers) for r in recipes}

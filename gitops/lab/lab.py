@@ -2,9 +2,17 @@
 
 Layout of a lab directory:
     lab.json                 state: hypervisors, started processes (PID + start time), images
-    images/*.tar             images built from host binaries
+    images/lab-images.tar    images built from host binaries (one archive, shared layers)
     pki/                     lab CA, client certificate, one server certificate per hypervisor
     hv-N/                    one containerd: config, root, state, sockets, logs (+ haproxy)
+    hv-N/data/               the hypervisor's data dir (annotation gitops.infra/data-dir):
+                             node files gitops mounts into pods
+
+Images: pause, etcd and haproxy from the host's Debian packages, the files agent,
+and kube-apiserver / kube-controller-manager / kube-scheduler STAND-INS per
+Kubernetes version (see gitops.lab.standins). They are also tagged under the
+upstream names default Clusters use (registry.k8s.io/kube-apiserver:v1.31.2, ...):
+the alias table is in lab.json and `gitops lab status`.
 """
 from __future__ import annotations
 
@@ -23,14 +31,23 @@ import yaml
 
 from gitops.cri._log import event
 from gitops.cri import CRIClient, CRIError
-from gitops.lab import configs, images, procs
+from gitops.lab import configs, images, procs, standins
 from gitops.lab.errors import LabError
-from gitops.model.resources import Hypervisor, LocalCRIEndpoint, PortRange, RemoteCRIEndpoint
+from gitops.lab.standins import DEFAULT_KUBERNETES_VERSIONS
+from gitops.model.resources import (
+    DATA_DIR_ANNOTATION,
+    DEFAULT_ETCD_VERSION,
+    Hypervisor,
+    LocalCRIEndpoint,
+    PortRange,
+    RemoteCRIEndpoint,
+)
 from gitops.pki import CertKey, create_ca, issue_cert
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "lab.json"
+IMAGES_ARCHIVE = "lab-images.tar"
 DEFAULT_SUBNET = "127.0.10"
 DEFAULT_CRI_PORT = 10250
 DEFAULT_FIRST_PORT = 30000
@@ -56,20 +73,27 @@ class LabHypervisor:
     dir: str
     socket: str
     remote_uri: str = ""
+    #: where gitops keeps node files on this hypervisor (absolute; under the lab directory)
+    data_dir: str = ""
     ca_pem: str = field(default="", repr=False)
     client_cert_pem: str = field(default="", repr=False)
     client_key_pem: str = field(default="", repr=False)
 
+    @property
+    def node_data_dir(self) -> str:
+        return self.data_dir or str(Path(self.dir) / "data")
+
     def local(self) -> Hypervisor:
         """This hypervisor through its unix socket."""
-        return Hypervisor(self.name, self.public, self.ip, self.port_range, LocalCRIEndpoint(self.socket))
+        return Hypervisor(self.name, self.public, self.ip, self.port_range, LocalCRIEndpoint(self.socket),
+                          data_dir=self.node_data_dir)
 
     def remote(self) -> Hypervisor:
         """This hypervisor through its mTLS front (only for --remote labs)."""
         if not self.remote_uri:
             raise LabError(f"lab hypervisor {self.name} has no remote endpoint (lab up --remote)")
         ep = RemoteCRIEndpoint(self.remote_uri, self.ca_pem, self.client_cert_pem, self.client_key_pem)
-        return Hypervisor(self.name, self.public, self.ip, self.port_range, ep)
+        return Hypervisor(self.name, self.public, self.ip, self.port_range, ep, data_dir=self.node_data_dir)
 
     def hypervisor(self) -> Hypervisor:
         """The remote endpoint if there is one, else the local socket."""
@@ -80,8 +104,9 @@ class LabHypervisor:
 class LabInfo:
     dir: Path
     hypervisors: tuple[LabHypervisor, ...]
-    images: dict[str, str]  # role (pause, etcd, haproxy) -> image ref
+    images: dict[str, str]  # role (pause, etcd, haproxy, agent, kube-apiserver/v1.31.2...) -> image ref
     processes: tuple[procs.Proc, ...]
+    aliases: dict[str, str] = field(default_factory=dict)  # alias (upstream name) -> lab image ref
 
     def get(self, name: str) -> LabHypervisor:
         for hv in self.hypervisors:
@@ -102,6 +127,8 @@ class LabStatus:
     hypervisors: tuple[LabHypervisor, ...]
     processes: tuple[ProcStatus, ...]
     mounts: tuple[str, ...]
+    images: dict[str, str] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
 
     @property
     def up(self) -> bool:
@@ -121,14 +148,18 @@ def _state_path(lab_dir: Path) -> Path:
     return lab_dir / STATE_FILE
 
 
-def _save(lab_dir: Path, hvs: list[LabHypervisor], started: list[procs.Proc], imgs: dict[str, str]) -> None:
+def _save(lab_dir: Path, hvs: list[LabHypervisor] | tuple[LabHypervisor, ...],
+          started: list[procs.Proc] | tuple[procs.Proc, ...], imgs: dict[str, str],
+          aliases: dict[str, str]) -> None:
     state = {
         "version": 1,
         "hypervisors": [{"name": h.name, "public": h.public, "ip": h.ip,
                          "portRange": [h.port_range.low, h.port_range.high], "dir": h.dir,
-                         "socket": h.socket, "remoteURI": h.remote_uri} for h in hvs],
+                         "socket": h.socket, "remoteURI": h.remote_uri, "dataDir": h.node_data_dir}
+                        for h in hvs],
         "processes": [p.to_json() for p in started],
         "images": imgs,
+        "aliases": aliases,
     }
     tmp = _state_path(lab_dir).with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
@@ -153,9 +184,10 @@ def _load(lab_dir: Path) -> LabInfo | None:
     for h in state["hypervisors"]:
         extra = pems if h["remoteURI"] else {}
         hvs.append(LabHypervisor(h["name"], h["public"], h["ip"], PortRange(*h["portRange"]), h["dir"],
-                                 h["socket"], h["remoteURI"], **extra))
+                                 h["socket"], h["remoteURI"], data_dir=h.get("dataDir", ""), **extra))
     return LabInfo(lab_dir, tuple(hvs), dict(state["images"]),
-                   tuple(procs.Proc.from_json(p) for p in state["processes"]))
+                   tuple(procs.Proc.from_json(p) for p in state["processes"]),
+                   dict(state.get("aliases") or {}))
 
 
 def info(lab_dir: Path | None = None) -> LabInfo:
@@ -215,6 +247,12 @@ def _ctr_import(socket_path: str, tarball: Path, hv: str) -> None:
          f"importing {tarball.name} into {hv}")
 
 
+def _ctr_tag(socket_path: str, src: str, dst: str, hv: str) -> None:
+    """Tag `src` as `dst` in the k8s.io namespace; containerd's CRI plugin sees it at once."""
+    _run(["ctr", "-a", socket_path, "-n", "k8s.io", "images", "tag", "--force", src, dst],
+         f"tagging {src} as {dst} in {hv}")
+
+
 def _check_host(remote: bool) -> None:
     if os.geteuid() != 0:
         raise LabError("the lab runs containerd and needs root")
@@ -242,9 +280,19 @@ def _lab_pki(pki_dir: Path, ips: Iterable[str]) -> tuple[CertKey, CertKey, dict[
 
 def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, remote: bool = False,
        subnet: str = DEFAULT_SUBNET, cri_port: int = DEFAULT_CRI_PORT,
-       first_port: int = DEFAULT_FIRST_PORT) -> LabInfo:
-    """Start `hypervisors` containerd instances (the first `public` of them public)."""
+       first_port: int = DEFAULT_FIRST_PORT,
+       kubernetes_versions: Iterable[str] = DEFAULT_KUBERNETES_VERSIONS,
+       etcd_version: str = DEFAULT_ETCD_VERSION) -> LabInfo:
+    """Start `hypervisors` containerd instances (the first `public` of them public).
+
+    Every hypervisor gets the lab images, with stand-ins for each of
+    `kubernetes_versions`, also tagged under the upstream names a default Cluster
+    uses (`etcd_version` names the etcd alias).
+    """
     lab_dir = (lab_dir or default_dir()).absolute()
+    versions = tuple(dict.fromkeys(standins.normalize_version(v) for v in kubernetes_versions))
+    if not etcd_version.strip():
+        raise LabError("--etcd-version must not be empty")
     if not 1 <= hypervisors <= 250:
         raise LabError("--hypervisors must be between 1 and 250")
     if not 0 <= public <= hypervisors:
@@ -259,7 +307,7 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
         down(lab_dir)
     lab_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return _up(lab_dir, hypervisors, public, remote, subnet, cri_port, first_port)
+        return _up(lab_dir, hypervisors, public, remote, subnet, cri_port, first_port, versions, etcd_version)
     except BaseException:
         event(log, logging.WARNING, "lab up failed; tearing down what was started", dir=str(lab_dir))
         down(lab_dir)
@@ -267,10 +315,16 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
 
 
 def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port: int,
-        first_port: int) -> LabInfo:
-    recipes = images.default_recipes()
-    tarballs = images.build_images(recipes.values(), lab_dir / "images")
+        first_port: int, versions: tuple[str, ...], etcd_version: str) -> LabInfo:
+    recipes = standins.lab_recipes(versions)
+    aliases = standins.upstream_aliases(recipes, versions, etcd_version)
     image_refs = {role: r.ref for role, r in recipes.items()}
+    by_ref: dict[str, list[str]] = {}
+    for alias, ref in aliases.items():
+        by_ref.setdefault(ref, []).append(alias)
+    # One archive, each layer stored once, the aliases as extra repo tags: one import per hypervisor.
+    archive = images.build_archive([(r, by_ref.get(r.ref, [])) for r in recipes.values()],
+                                   lab_dir / "images" / IMAGES_ARCHIVE)
     ips = [f"{subnet}.{i}" for i in range(1, n + 1)]
     client = ca = None
     servers: dict[str, CertKey] = {}
@@ -281,13 +335,14 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
     for i, ip in enumerate(ips, start=1):
         name = f"lab-hv-{i}"
         hv_dir = lab_dir / f"hv-{i}"
-        for sub in ("cni/bin", "cni/conf", "logs"):
+        for sub in ("cni/bin", "cni/conf", "logs", "data"):
             (hv_dir / sub).mkdir(parents=True, exist_ok=True)
         sock = hv_dir / "containerd.sock"
         low = first_port + (i - 1) * PORTS_PER_HYPERVISOR
         hv = LabHypervisor(
             name=name, public=i <= public, ip=ip, port_range=PortRange(low, low + PORTS_PER_HYPERVISOR - 1),
             dir=str(hv_dir), socket=str(sock), remote_uri=f"tcp://{ip}:{cri_port}" if remote else "",
+            data_dir=str(hv_dir / "data"),
             ca_pem=ca.cert_pem if ca else "", client_cert_pem=client.cert_pem if client else "",
             client_key_pem=client.key_pem if client else "")
         hvs.append(hv)
@@ -296,10 +351,9 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
         ctrd = procs.spawn("containerd", name, ["containerd", "--config", str(config)],
                            hv_dir / "logs" / "containerd.log", hv_dir)
         started.append(ctrd)
-        _save(lab_dir, hvs, started, image_refs)
+        _save(lab_dir, hvs, started, image_refs, aliases)
         _wait(f"containerd for {name}", _cri_ready(hv.local()), READY_TIMEOUT, ctrd)
-        for tarball in tarballs.values():
-            _ctr_import(str(sock), tarball, name)
+        _ctr_import(str(sock), archive, name)
         if remote:
             assert ca is not None
             cfg = hv_dir / "haproxy.cfg"
@@ -308,11 +362,11 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
             front = procs.spawn("haproxy", name, ["haproxy", "-db", "-f", str(cfg)],
                                 hv_dir / "logs" / "haproxy.log", hv_dir)
             started.append(front)
-            _save(lab_dir, hvs, started, image_refs)
+            _save(lab_dir, hvs, started, image_refs, aliases)
             _wait(f"haproxy for {name}", _port_open(ip, cri_port), READY_TIMEOUT, front)
             _wait(f"CRI over mTLS for {name}", _cri_ready(hv.remote()), READY_TIMEOUT, front)
         event(log, logging.INFO, "lab hypervisor ready", hypervisor=name, ip=ip, remote=remote)
-    return LabInfo(lab_dir, tuple(hvs), image_refs, tuple(started))
+    return LabInfo(lab_dir, tuple(hvs), image_refs, tuple(started), aliases)
 
 
 def _drain(hv: LabHypervisor) -> list[str]:
@@ -346,8 +400,9 @@ def _remove_cgroups(lab_dir: Path) -> None:
 def down(lab_dir: Path | None = None) -> DownReport:
     """Stop everything the lab in `lab_dir` started, unmount what is under it, remove its files.
 
-    Only recorded processes (PID and start time must match), processes whose command
-    line names the lab directory (containerd shims) and their descendants are signalled.
+    Only recorded processes (PID and start time must match), containerd/shim/runc/haproxy
+    processes whose command line names the lab directory (containerd shims) and their
+    descendants are signalled; never this process or its ancestors (sudo, time, a shell).
     """
     lab_dir = (lab_dir or default_dir()).absolute()
     if not lab_dir.exists():
@@ -364,9 +419,11 @@ def down(lab_dir: Path | None = None) -> DownReport:
             procs.terminate([(p.pid, p.start_time) for p in recorded])
             stopped += [f"{p.hypervisor}/{p.role}[{p.pid}]" for p in recorded]
     kids = procs.children_map()
-    leftovers = procs.pids_referencing(lab_dir)
+    leftovers = procs.pids_referencing(lab_dir, procs.LAB_PROGRAMS)
     for pid in list(leftovers):
         leftovers += procs.descendants(pid, kids)
+    mine = {os.getpid(), *procs.ancestors(os.getpid())}
+    leftovers = [pid for pid in leftovers if pid not in mine]
     if leftovers:
         sockets = [procs.shim_socket(procs.cmdline(pid)) for pid in leftovers]
         # Orphaned shims and container processes: nothing to shut down gracefully.
@@ -398,7 +455,7 @@ def status(lab_dir: Path | None = None) -> LabStatus:
     lab = info(lab_dir)
     return LabStatus(lab.dir, lab.hypervisors,
                      tuple(ProcStatus(p, p.alive()) for p in lab.processes),
-                     tuple(procs.mounts_under(lab.dir)))
+                     tuple(procs.mounts_under(lab.dir)), dict(lab.images), dict(lab.aliases))
 
 
 def import_image(tarball: Path, lab_dir: Path | None = None) -> list[str]:
@@ -410,6 +467,25 @@ def import_image(tarball: Path, lab_dir: Path | None = None) -> list[str]:
     for hv in lab.hypervisors:
         _ctr_import(hv.socket, tarball.absolute(), hv.name)
         done.append(hv.name)
+    return done
+
+
+def alias_image(src: str, dst: str, lab_dir: Path | None = None) -> list[str]:
+    """Tag image `src` (present in the lab) as `dst` in every lab hypervisor; recorded in lab.json.
+
+    Returns the hypervisors' names. `dst` is replaced if it already names another image.
+    """
+    lab = info(lab_dir)
+    if not src or not dst:
+        raise LabError("alias: both SRC and DST are required")
+    done = []
+    for hv in lab.hypervisors:
+        _ctr_tag(hv.socket, src, dst, hv.name)
+        done.append(hv.name)
+    aliases = dict(lab.aliases)
+    aliases[dst] = src
+    _save(lab.dir, lab.hypervisors, lab.processes, lab.images, aliases)
+    event(log, logging.INFO, "image alias", alias=dst, image=src, hypervisors=len(done))
     return done
 
 
@@ -443,7 +519,7 @@ def hypervisor_document(hv: LabHypervisor) -> dict[str, object]:
     else:
         spec["localCRIEndpoint"] = {"criEndpointPath": hv.socket}
     return {"apiVersion": "gitops.infra/v1alpha1", "kind": "Hypervisor",
-            "metadata": {"name": hv.name}, "spec": spec}
+            "metadata": {"name": hv.name, "annotations": {DATA_DIR_ANNOTATION: hv.node_data_dir}}, "spec": spec}
 
 
 def hypervisors_yaml(lab: LabInfo) -> str:

@@ -111,19 +111,43 @@ def descendants(pid: int, kids: dict[int, list[int]] | None = None) -> list[int]
     return out
 
 
-def pids_referencing(path: Path) -> list[int]:
-    """Live processes whose command line mentions `path` (e.g. containerd shims of a lab)."""
+#: programs a lab starts, directly or through containerd: only these are ever leftovers
+LAB_PROGRAMS = ("containerd", "containerd-shim", "containerd-shim-runc-v1", "containerd-shim-runc-v2",
+                "runc", "haproxy", "ctr")
+
+
+def ancestors(pid: int) -> list[int]:
+    """Parent, grandparent, ... of `pid` (up to init)."""
+    out = []
+    fields = _stat(pid)
+    while fields is not None and int(fields[1]) > 0:
+        parent = int(fields[1])
+        out.append(parent)
+        fields = _stat(parent)
+    return out
+
+
+def pids_referencing(path: Path, programs: tuple[str, ...] | None = None) -> list[int]:
+    """Live processes whose command line mentions `path` (e.g. containerd shims of a lab).
+
+    This process and its ancestors (sudo, time, a shell running `... --dir PATH`) are
+    never listed; with `programs`, only processes whose argv[0] base name is one of them.
+    """
     needle = str(path).encode()
+    mine = {os.getpid(), *ancestors(os.getpid())}
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit() or int(entry) in mine:
             continue
         try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if needle in cmdline and start_time(int(entry)) is not None:
-            found.append(int(entry))
+        if needle not in raw or start_time(int(entry)) is None:
+            continue
+        if programs is not None and os.path.basename(raw.split(b"\0", 1)[0].decode(errors="replace")) not in programs:
+            continue
+        found.append(int(entry))
     return sorted(found)
 
 

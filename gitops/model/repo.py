@@ -45,7 +45,7 @@ def load_repo(root: str | os.PathLike[str]) -> LoadedRepo:
     repo = LoadedRepo(root=root_path, config=config, diagnostics=diagnostics)
     for rel in _yaml_files(root_path, config, diagnostics):
         repo.files.append(rel)
-        for doc in _read_documents(root_path, rel, diagnostics):
+        for doc in read_documents(root_path, rel, diagnostics):
             repo.documents.append(doc)
             errors = schema_errors(doc)
             diagnostics.extend(errors)
@@ -58,7 +58,7 @@ def _load_config(root: Path, diagnostics: list[Diagnostic]) -> RepoConfig:
     path = root / CONFIG_FILE
     if not path.is_file():
         return RepoConfig()
-    docs = _read_documents(root, CONFIG_FILE, diagnostics)
+    docs = read_documents(root, CONFIG_FILE, diagnostics)
     if not docs:
         return RepoConfig()
     if len(docs) > 1:
@@ -98,7 +98,7 @@ def _yaml_files(root: Path, config: RepoConfig, diagnostics: list[Diagnostic]) -
     return sorted(found)
 
 
-def _read_documents(root: Path, rel: str, diagnostics: list[Diagnostic]) -> list[Document]:
+def read_documents(root: Path, rel: str, diagnostics: list[Diagnostic]) -> list[Document]:
     try:
         raw = (root / rel).read_bytes()
     except OSError as err:

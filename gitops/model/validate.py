@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from gitops.errors import GitopsError
 from gitops.model.build import build_model
 from gitops.model.diagnostics import Diagnostic
-from gitops.model.repo import LoadedRepo, load_repo
-from gitops.model.resources import RepoModel
+from gitops.model.repo import LoadedRepo, load_repo, read_documents, schema_errors
+from gitops.model.resources import Hypervisor, RepoModel
 from gitops.model.semantics import check_all
 
 
@@ -51,3 +52,25 @@ def load_model(root: str | os.PathLike[str]) -> RepoModel:
     if result.model is None:
         raise InvalidRepo(result.diagnostics)
     return result.model
+
+
+def load_hypervisors(path: str | os.PathLike[str]) -> dict[str, Hypervisor]:
+    """The validated Hypervisors of a repo directory, or of one YAML file of Hypervisor documents
+    (such as `gitops lab hypervisors` prints). Raises `InvalidRepo` with every error."""
+    target = Path(path)
+    if target.is_dir():
+        return load_model(target).hypervisors
+    if not target.is_file():
+        raise GitopsError(f"{path}: no such file or directory")
+    diagnostics: list[Diagnostic] = []
+    docs = [d for d in read_documents(target.parent.resolve(), target.name, diagnostics)]
+    for doc in docs:
+        if doc.kind != "Hypervisor":
+            diagnostics.append(doc.error(("kind",), "only Hypervisor documents are expected in this file"))
+        else:
+            diagnostics.extend(schema_errors(doc))
+    if not diagnostics:
+        diagnostics = check_all(docs, docs)
+    if diagnostics:
+        raise InvalidRepo(sorted(set(diagnostics)))
+    return build_model(docs).hypervisors
