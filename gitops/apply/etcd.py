@@ -10,6 +10,7 @@ import datetime as dt
 import json
 import ssl
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -20,10 +21,16 @@ from gitops.errors import GitopsError
 from gitops.pki import CertKey, issue_cert
 
 TIMEOUT = 10.0
+#: how long a membership change keeps retrying while etcd is busy (leader
+#: election after a change, or its strict check that members have been
+#: connected for a few seconds: "unhealthy cluster")
+SETTLE = 45.0
 
 
 class EtcdError(GitopsError):
-    pass
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 @dataclass(frozen=True)
@@ -72,10 +79,22 @@ class EtcdAdmin:
                     return json.loads(response.read() or b"{}")
             except urllib.error.HTTPError as err:
                 detail = err.read().decode(errors="replace")
-                raise EtcdError(f"etcd {path} at {url}: HTTP {err.code}: {detail}") from None
+                raise EtcdError(f"etcd {path} at {url}: HTTP {err.code}: {detail}",
+                                retryable=err.code in (503, 504)) from None
             except (urllib.error.URLError, OSError, ValueError) as err:
                 errors.append(f"{url}: {getattr(err, 'reason', err)}")
-        raise EtcdError(f"etcd {path}: no member answered ({'; '.join(errors)})")
+        raise EtcdError(f"etcd {path}: no member answered ({'; '.join(errors)})", retryable=True)
+
+    def _settled(self, change):
+        """Run an idempotent membership change, retrying while etcd settles."""
+        deadline = time.monotonic() + SETTLE
+        while True:
+            try:
+                return change()
+            except EtcdError as err:
+                if not err.retryable or time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     def members(self) -> list[Member]:
         data = self._post("/v3/cluster/member/list", {})
@@ -84,14 +103,17 @@ class EtcdAdmin:
 
     def add(self, peer_url: str) -> None:
         """Add a member by peer URL; a member already holding that URL is success."""
-        if any(peer_url in m.peer_urls for m in self.members()):
-            return
-        self._post("/v3/cluster/member/add", {"peerURLs": [peer_url]})
+        def change() -> None:
+            if not any(peer_url in m.peer_urls for m in self.members()):
+                self._post("/v3/cluster/member/add", {"peerURLs": [peer_url]})
+        self._settled(change)
 
     def remove(self, name: str, peer_url: str | None = None) -> bool:
         """Remove the member called `name` (or holding `peer_url`); False when absent."""
-        for m in self.members():
-            if m.name == name or (peer_url and peer_url in m.peer_urls):
-                self._post("/v3/cluster/member/remove", {"ID": m.id})
-                return True
-        return False
+        def change() -> bool:
+            for m in self.members():
+                if m.name == name or (peer_url and peer_url in m.peer_urls):
+                    self._post("/v3/cluster/member/remove", {"ID": m.id})
+                    return True
+            return False
+        return bool(self._settled(change))
