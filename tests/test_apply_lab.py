@@ -33,9 +33,13 @@ from gitops.model.validate import load_model
 from gitops.pki import issue_cert
 from gitops.state import LocalDirStore
 
-REPO_SRC = Path(__file__).resolve().parents[1] / "example-repo"
-NAMES = ("hv-public-1", "hv-private-1", "hv-private-2")  # as the example repo names them
 GITOPS = str(Path(sys.executable).parent / "gitops")
+
+
+def world_gitops(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([GITOPS, *args], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"gitops {' '.join(args)}: {proc.stdout}{proc.stderr}"
+    return proc
 
 
 @dataclasses.dataclass
@@ -78,13 +82,6 @@ class World:
         path.write_text(yaml.safe_dump_all(kept, sort_keys=False))
 
 
-def hypervisor_yaml(hv, name: str, remote: bool) -> str:
-    from gitops.lab.lab import _Dumper, hypervisor_document
-
-    hv = dataclasses.replace(hv, name=name, remote_uri=hv.remote_uri if remote else "")
-    return yaml.dump(hypervisor_document(hv), Dumper=_Dumper, sort_keys=False)
-
-
 @pytest.fixture(scope="module")
 def world():
     require_root()
@@ -94,11 +91,11 @@ def world():
     try:
         lab = labmod.up(base / "lab", hypervisors=3, public=1, remote=True, subnet="127.0.22")
         repo = base / "repo"
-        shutil.copytree(REPO_SRC, repo)
-        for path in (repo / "hypervisors").iterdir():
-            path.unlink()
-        for hv, name in zip(lab.hypervisors, NAMES):
-            (repo / "hypervisors" / f"{name}.yaml").write_text(hypervisor_yaml(hv, name, remote=name == "hv-private-2"))
+        mapping = world_gitops("lab", "example-repo", "--dir", str(base / "lab"), str(repo)).stderr
+        assert mapping.splitlines()[:2] == [
+            "hv-private-1 -> lab-hv-2 (" + lab.hypervisors[1].socket + ")",
+            "hv-private-2 -> lab-hv-3 (mTLS " + lab.hypervisors[2].remote_uri + ")",
+        ]
         yield World(base, repo, base / "state", lab)
     finally:
         try:

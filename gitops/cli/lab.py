@@ -84,6 +84,18 @@ def down_cmd(lab_dir: Path | None) -> None:
     click.echo(f"unmounted {len(report.unmounted)}, lab directory {'removed' if report.removed else 'kept'}")
 
 
+@lab.command("example-repo")
+@click.argument("target", type=click.Path(file_okay=False, path_type=Path))
+@_DIR
+def example_repo_cmd(target: Path, lab_dir: Path | None) -> None:
+    """Write the example repo to TARGET with its Hypervisors pointing at this lab."""
+    from gitops.lab.example import write_example_repo
+
+    for line in write_example_repo(labmod.info(lab_dir), target):
+        click.echo(line, err=True)
+    click.echo(str(target))
+
+
 @lab.group("images")
 def images_group() -> None:
     """Images in the lab's hypervisors."""
