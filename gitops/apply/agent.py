@@ -10,7 +10,8 @@ How certificates reach the components (CRI has no file API):
   writes the certificate back; public files (CA certificates, kubeconfigs that
   point at certificate files, haproxy.cfg) are written the same way.
 So no private key ever appears in a container's arguments, environment,
-labels or annotations, in a CRI request, or in the controller's memory.
+labels or annotations, or in a CRI request; node keys never even reach the
+controller's memory.
 """
 from __future__ import annotations
 
