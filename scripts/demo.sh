@@ -44,24 +44,25 @@ $G cri pods "$REPO"
 echo "== the team-a API through its ingress, with the admin kubeconfig"
 $G kubeconfig "$REPO" --state-dir "$STATE" --cluster team-a > "$WORK/team-a.kubeconfig"
 .venv/bin/python - "$WORK/team-a.kubeconfig" <<'PY'
-import base64, http.client, ssl, sys, tempfile, time, os, yaml
+import base64, http.client, os, ssl, sys, tempfile, time, yaml
 kc = yaml.safe_load(open(sys.argv[1]))
-d = tempfile.mkdtemp()
-def put(name, data):
-    path = os.path.join(d, name)
-    with open(path, "wb") as f:
-        f.write(base64.b64decode(data))
-    return path
-ctx = ssl.create_default_context(cafile=put("ca", kc["clusters"][0]["cluster"]["certificate-authority-data"]))
-ctx.load_cert_chain(put("crt", kc["users"][0]["user"]["client-certificate-data"]),
-                    put("key", kc["users"][0]["user"]["client-key-data"]))
-host, port = kc["clusters"][0]["cluster"]["server"].removeprefix("https://").rsplit(":", 1)
+server = kc["clusters"][0]["cluster"]["server"]
+with tempfile.TemporaryDirectory() as d:  # the admin key only lives here for the call
+    def put(name, data):
+        path = os.path.join(d, name)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+        return path
+    ctx = ssl.create_default_context(cafile=put("ca", kc["clusters"][0]["cluster"]["certificate-authority-data"]))
+    ctx.load_cert_chain(put("crt", kc["users"][0]["user"]["client-certificate-data"]),
+                        put("key", kc["users"][0]["user"]["client-key-data"]))
+host, port = server.removeprefix("https://").rsplit(":", 1)
 for attempt in range(20):
     try:
         conn = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=5)
         conn.request("GET", "/version")
         r = conn.getresponse()
-        print(f"GET {kc['clusters'][0]['cluster']['server']}/version -> {r.status} {r.read().decode()}")
+        print(f"GET {server}/version -> {r.status} {r.read().decode()}")
         break
     except OSError:
         time.sleep(0.5)
