@@ -275,3 +275,29 @@ def test_unreachable_hypervisor_is_left_alone(world):
     remaining = sorted(n for n in load_model(world.repo).nodes if n.startswith("team-b-cp"))
     assert etcd_members(world, "team-b") == remaining
     assert world.plan("--detailed-exitcode").returncode == 0
+
+
+def test_a_failing_action_stops_apply_with_a_clear_message(world):
+    text = (world.repo / "clusters/team-a/cluster.yaml").read_text().replace("team-a", "team-d")
+    text = text.replace('  etcdVersion: "3.5.16"\n', '  etcdVersion: "3.5.16"\n  images:\n'
+                                                          '    etcd: registry.invalid/etcd:does-not-exist\n')
+    (world.repo / "clusters/team-d").mkdir()
+    (world.repo / "clusters/team-d/cluster.yaml").write_text(text)
+    nodes = (world.repo / "clusters/team-a/nodes.yaml").read_text().replace("team-a", "team-d")
+    (world.repo / "clusters/team-d/nodes.yaml").write_text(nodes)
+    before = world.sandboxes()
+    result = world.gitops("apply", str(world.repo), "--state-dir", str(world.state), check=False)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: action ") and "+ team-d/team-d-cp-1 create-pod:" in error, error
+    assert "CRI PullImage" in error and "registry.invalid/etcd:does-not-exist" in error, error
+    assert "FAILED" in result.stdout
+    after = world.sandboxes()
+    assert not [n for n in after if n.startswith("team-d-cp")], "actions ran after the failure"
+    assert {n: [s.id for _, s in p] for n, p in after.items() if n in before} == \
+           {n: [s.id for _, s in p] for n, p in before.items()}
+    shutil.rmtree(world.repo / "clusters/team-d")
+    world.apply()  # the cluster left the repo again: nothing of it may remain
+    assert not [n for n in world.sandboxes() if n.startswith("team-d")]
+    assert world.plan("--detailed-exitcode").returncode == 0
