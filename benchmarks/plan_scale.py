@@ -1,0 +1,542 @@
+#!/usr/bin/env python3
+"""Plan at scale (issue #3): validate, load the observed snapshot and plan for a large fleet.
+
+Generates a repo of N clusters (3 controlplane + 1 ingress node each) over M
+hypervisors (one in five public) in a temporary directory, validates it, and
+builds the recorded state and the observed state of a fully converged system:
+every pod running with matching spec hashes, every file present with the right
+digest, every leaf certificate issued by its cluster's authority with the
+desired subject and SANs. That state and snapshot are expensive to produce the
+first time (thousands of CAs, ~24 leaf certificates per cluster), so they are
+cached as JSON under a directory keyed by the generator's parameters (and a
+digest of the gitops code that determines spec hashes).
+
+Then it measures, in this process only (the generator runs in a forked child
+so that its memory does not count):
+
+* validate_repo on the generated repo;
+* loading the recorded state and the observed snapshot from JSON;
+* make_plan against the converged observed state (asserts an empty plan);
+* make_plan with one cluster changed (an image override; asserts that only
+  that cluster is touched);
+* peak memory: tracemalloc peak over snapshot load + make_plan, and ru_maxrss.
+
+Run from the repo root:
+
+    /tmp/venvtest/bin/python benchmarks/plan_scale.py            # 1000 clusters / 50 hypervisors
+    /tmp/venvtest/bin/python benchmarks/plan_scale.py --quick    # 50 clusters, a fast sanity run
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import datetime as dt
+import gc
+import hashlib
+import io
+import json
+import multiprocessing
+import os
+import pstats
+import resource
+import shutil
+import sys
+import tempfile
+import time
+import tracemalloc
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from cryptography.hazmat.primitives import serialization  # noqa: E402
+
+from gitops.compile import compile_desired  # noqa: E402
+from gitops.compile.desired import SPEC_ANNOTATION, SPEC_HASH, DesiredState  # noqa: E402
+from gitops.engine import make_plan  # noqa: E402
+from gitops.model.resources import RepoModel  # noqa: E402
+from gitops.model.validate import validate_repo  # noqa: E402
+from gitops.observe import (  # noqa: E402
+    NodeFiles,
+    ObservedContainer,
+    ObservedHypervisor,
+    ObservedPod,
+    ObservedState,
+)
+from gitops.pki import CertKey, cert_to_pem, generate_key, sign_public_key  # noqa: E402
+from gitops.plan.actions import Kind  # noqa: E402
+from gitops.state.records import State  # noqa: E402
+
+#: bump when the generated repo, state or snapshot change shape
+GENERATOR_VERSION = 1
+#: fixed clock: certificates in the cached snapshot stay valid for the plan's `now`
+NOW = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
+#: gitops sources whose changes alter spec hashes, file digests or the JSON forms
+HASHED_SOURCES = ("gitops/compile", "gitops/observe.py", "gitops/state", "gitops/pki", "gitops/cri/types.py")
+CONTROLPLANE_PER_CLUSTER = 3
+PORTS = {"controlplane": 5, "controlplane-ingress": 1}
+PORT_BASE = 20000
+CHANGED_IMAGE = "registry.example.com/etcd:3.5.17-0"
+
+
+# --------------------------------------------------------------------------- the repo
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    clusters: int
+    hypervisors: int
+
+    @property
+    def public(self) -> int:
+        return max(1, self.hypervisors // 5)
+
+    @property
+    def private(self) -> int:
+        return self.hypervisors - self.public
+
+    def port_width(self) -> int:
+        """Ports per hypervisor: twice what the busiest one needs, at least 1000."""
+        cp = -(-self.clusters * CONTROLPLANE_PER_CLUSTER // self.private) * PORTS["controlplane"]
+        ingress = -(-self.clusters // self.public) * PORTS["controlplane-ingress"]
+        return max(1000, 2 * max(cp, ingress))
+
+
+def hypervisor_names(p: Params) -> tuple[list[str], list[str]]:
+    return ([f"hv-private-{i:03d}" for i in range(1, p.private + 1)],
+            [f"hv-public-{i:03d}" for i in range(1, p.public + 1)])
+
+
+def write_repo(root: Path, p: Params) -> None:
+    if p.private < 1:
+        raise SystemExit("need at least 2 hypervisors (one private, one public)")
+    width = p.port_width()
+    if PORT_BASE + width - 1 > 65535:
+        raise SystemExit(f"{p.clusters} clusters need {width} ports per hypervisor: too many for one IP range")
+    (root / "hypervisors").mkdir(parents=True)
+    (root / "clusters").mkdir()
+    (root / "gitops.yaml").write_text(
+        "apiVersion: gitops.infra/v1alpha1\nkind: GitopsConfig\nspec:\n"
+        "  paths: [hypervisors, clusters]\n  prune:\n    enabled: true\n    maxDeletes: 10\n"
+        "  certificates:\n    renewBeforeDays: 30\n")
+    private, public = hypervisor_names(p)
+    for i, name in enumerate(private + public):
+        ip = f"127.0.{20 + i // 250}.{i % 250 + 1}"
+        (root / "hypervisors" / f"{name}.yaml").write_text(
+            "apiVersion: gitops.infra/v1alpha1\nkind: Hypervisor\nmetadata:\n"
+            f"  name: {name}\n  labels:\n    topology.gitops.infra/zone: zone-{i % 3}\nspec:\n"
+            f"  public: {'true' if name in public else 'false'}\n  ipAddress: {ip}\n"
+            f"  portRange:\n    low: {PORT_BASE}\n    high: {PORT_BASE + width - 1}\n"
+            f"  localCRIEndpoint:\n    criEndpointPath: /run/gitops-bench/{name}/containerd.sock\n")
+    for c in range(1, p.clusters + 1):
+        name = f"c{c:05d}"
+        d = root / "clusters" / name
+        d.mkdir()
+        (d / "cluster.yaml").write_text(
+            "apiVersion: gitops.infra/v1alpha1\nkind: Cluster\nmetadata:\n"
+            f"  name: {name}\n  labels:\n    owner: team-{c % 37}\nspec:\n"
+            '  kubernetesVersion: "1.31.2"\n  etcdVersion: "3.5.16"\n'
+            f"  apiServer:\n    endpointHosts:\n      - api.{name}.example.com\n"
+            "  serviceCIDR: 10.96.0.0/12\n  podCIDR: 10.244.0.0/16\n"
+            "  certificates:\n    validityDays: 365\n    renewBeforeDays: 30\n")
+        nodes = []
+        for n in range(1, CONTROLPLANE_PER_CLUSTER + 1):
+            nodes.append(f"apiVersion: gitops.infra/v1alpha1\nkind: Node\nmetadata:\n  name: {name}-cp-{n}\n"
+                         f"spec:\n  cluster: {name}\n  role: controlplane\n")
+        nodes.append(f"apiVersion: gitops.infra/v1alpha1\nkind: Node\nmetadata:\n  name: {name}-ingress\n"
+                     f"spec:\n  cluster: {name}\n  role: controlplane-ingress\n")
+        (d / "nodes.yaml").write_text("---\n" + "---\n".join(nodes))
+
+
+# --------------------------------------------------------------------------- converged state
+
+
+def cache_key(p: Params) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"clusters": p.clusters, "hypervisors": p.hypervisors, "version": GENERATOR_VERSION,
+                         "now": NOW.isoformat()}, sort_keys=True).encode())
+    for rel in HASHED_SOURCES:
+        path = REPO_ROOT / rel
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            h.update(f.relative_to(REPO_ROOT).as_posix().encode())
+            h.update(f.read_bytes())
+    return f"c{p.clusters}-h{p.hypervisors}-{h.hexdigest()[:12]}"
+
+
+def settled_state(model: RepoModel) -> tuple[State, DesiredState]:
+    """What the recorded state holds once apply bootstrapped every cluster (as tests' settle())."""
+    first = compile_desired(model, State(), now=NOW)
+    state = first.state
+    for name, cluster in first.desired.clusters.items():
+        state.clusters[name].etcd_members = [m.node for m in cluster.etcd_members]
+        for m in cluster.etcd_members:  # each node's own service-account key (public half)
+            state.clusters[name].service_account_keys[m.node] = public_pem(generate_key())
+    compiled = compile_desired(model, state, now=NOW)
+    return compiled.state, compiled.desired
+
+
+def public_pem(key) -> str:
+    return key.public_key().public_bytes(serialization.Encoding.PEM,
+                                         serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+def _sign_chunk(job):
+    """Issue the leaf certificates of some pods; runs in a worker process.
+
+    Cheap but valid: each cluster's authorities are parsed once (not per certificate),
+    and one fresh P-256 key per certificate costs ~10 us. Each certificate carries
+    exactly the subject, organisations and SANs the desired spec asks for.
+    """
+    authorities, pods = job
+    cas: dict[tuple[str, str], CertKey] = {}
+    out = {}
+    for node, cluster, specs in pods:
+        certs = {}
+        for spec in specs:
+            ca = cas.get((cluster, spec["signer"]))
+            if ca is None:
+                cert_pem, key_pem = authorities[cluster][spec["signer"]]
+                ca = cas[(cluster, spec["signer"])] = CertKey.from_pem(cert_pem, key_pem)
+            cert = sign_public_key(ca, generate_key().public_key(), spec["common_name"],
+                                   organizations=spec["organizations"], dns_names=spec["dns_names"],
+                                   ip_addresses=spec["ip_addresses"], server=spec["server"],
+                                   client=spec["client"], days=365, now=NOW)
+            certs[spec["name"]] = cert_to_pem(cert)
+        out[node] = certs
+    return out
+
+
+def issue_certificates(desired: DesiredState, state: State, workers: int) -> dict[str, dict[str, str]]:
+    pods = [(p.node, p.cluster, [dataclasses.asdict(c) for c in p.certificates])
+            for p in desired.pods.values() if p.certificates]
+    size = max(1, -(-len(pods) // (workers * 8)))
+    jobs = []
+    for i in range(0, len(pods), size):
+        chunk = pods[i:i + size]
+        clusters = {c for _, c, _ in chunk}
+        auth = {c: {r: (a.cert_pem, a.key_pem) for r, a in state.clusters[c].authorities.items()} for c in clusters}
+        jobs.append((auth, chunk))
+    out: dict[str, dict[str, str]] = {}
+    if workers > 1 and len(jobs) > 1:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            for part in pool.imap_unordered(_sign_chunk, jobs):
+                out.update(part)
+    else:
+        for job in jobs:
+            out.update(_sign_chunk(job))
+    return out
+
+
+def _hexid(*parts: str) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()
+
+
+def converged(desired: DesiredState, state: State, model: RepoModel, certs: dict[str, dict[str, str]]
+              ) -> ObservedState:
+    """What observe() reports once every desired pod runs with all its files (as tests' converged())."""
+    pods: dict[str, list[ObservedPod]] = {n: [] for n in model.hypervisors}
+    base = int(NOW.timestamp() * 1e9)
+    for i, pod in enumerate(desired.pods.values()):
+        mine = certs.get(pod.node, {})
+        sa = state.clusters[pod.cluster].service_account_keys.get(pod.node)
+        files = NodeFiles(digests={f.name: f.digest for f in pod.files}, certificates=dict(sorted(mine.items())),
+                          keys=tuple(sorted([*mine, *(k.name for k in pod.keys)])),
+                          public_keys={"sa": sa} if pod.keys and sa else {})
+        created = base + i * 1_000_000
+        containers = tuple(sorted(
+            (ObservedContainer(_hexid(pod.node, c.spec.name), c.spec.name, "running", c.spec_hash, created + j + 1,
+                               json.loads(c.spec.annotations[SPEC_ANNOTATION]))
+             for j, c in enumerate(pod.containers)),
+            key=lambda c: (c.component, c.created_at, c.id)))
+        pods[pod.hypervisor].append(ObservedPod(_hexid(pod.node), pod.node, pod.cluster, pod.role, pod.hypervisor,
+                                                True, pod.sandbox.labels[SPEC_HASH], created, containers, files))
+    return ObservedState({n: ObservedHypervisor(n, True, "", tuple(sorted(p, key=lambda p: (p.node, p.created_at))))
+                          for n, p in sorted(pods.items())})
+
+
+def dump_observed(observed: ObservedState) -> str:
+    """The snapshot as the status branch stores it: sorted, indented JSON."""
+    return json.dumps(observed.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def generate(model: RepoModel, target: Path, workers: int) -> None:
+    """Build state.json, observed.json and meta.json into `target` (a fresh directory)."""
+    timings = {}
+    t = time.perf_counter()
+    state, desired = settled_state(model)
+    timings["compile (placement, CAs, admin certs)"] = time.perf_counter() - t
+    t = time.perf_counter()
+    certs = issue_certificates(desired, state, workers)
+    timings[f"leaf certificates ({sum(map(len, certs.values()))}, {workers} workers)"] = time.perf_counter() - t
+    t = time.perf_counter()
+    observed = converged(desired, state, model, certs)
+    (target / "state.json").write_text(json.dumps(state.to_dict(), indent=2) + "\n")
+    (target / "observed.json").write_text(dump_observed(observed))
+    timings["build + write JSON"] = time.perf_counter() - t
+    (target / "meta.json").write_text(json.dumps({"timings": timings}, indent=2) + "\n")
+
+
+def _generate_child(model: RepoModel, target: str, workers: int) -> None:
+    try:
+        generate(model, Path(target), workers)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        os._exit(1)
+
+
+def ensure_cache(model: RepoModel, p: Params, cache_dir: Path, rebuild: bool, workers: int) -> tuple[Path, bool]:
+    """The cache entry for `p`, built (in a forked child) when missing. Returns (dir, was cached)."""
+    entry = cache_dir / cache_key(p)
+    if entry.is_dir() and not rebuild and all((entry / f).is_file() for f in ("state.json", "observed.json",
+                                                                              "meta.json")):
+        return entry, True
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".build-"))
+    try:
+        child = multiprocessing.get_context("fork").Process(target=_generate_child, args=(model, str(tmp), workers))
+        child.start()
+        child.join()
+        if child.exitcode != 0:
+            raise SystemExit(f"generating the converged state failed (exit {child.exitcode})")
+        if entry.exists():
+            shutil.rmtree(entry)
+        tmp.rename(entry)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return entry, False
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def maxrss() -> int:
+    """Peak resident set size of this process so far, in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@contextmanager
+def timed(results: dict, label: str):
+    """Record (seconds, ru_maxrss after) of the block under `label`."""
+    gc.collect()
+    t = time.perf_counter()
+    yield
+    results[label] = (time.perf_counter() - t, maxrss())
+
+
+def repeated(results: dict, label: str, times: int, fn):
+    """Run `fn` `times` times; record the best time (and all of them); return the last result."""
+    runs = []
+    out = None
+    for _ in range(times):
+        out = None  # let the previous result go before the next run
+        gc.collect()
+        t = time.perf_counter()
+        out = fn()
+        runs.append(time.perf_counter() - t)
+    results[label] = (min(runs), maxrss())
+    if times > 1:
+        results[label] += (runs,)
+    return out
+
+
+def changed_model(model: RepoModel, cluster: str) -> RepoModel:
+    c = model.clusters[cluster]
+    changed = dataclasses.replace(c, image_overrides={**c.image_overrides, "etcd": CHANGED_IMAGE})
+    return dataclasses.replace(model, clusters={**model.clusters, cluster: changed})
+
+
+def check_changed_plan(plan, cluster: str) -> None:
+    others = sorted({a.cluster for a in plan.actions} - {cluster})
+    assert not others, f"plan touches other clusters: {others[:5]}"
+    etcd = [(a.kind, a.node, a.component) for a in plan.actions]
+    want = [(Kind.RECREATE_CONTAINER, f"{cluster}-cp-{n}", "etcd") for n in range(1, CONTROLPLANE_PER_CLUSTER + 1)]
+    assert etcd == want, f"unexpected plan for {cluster}: {etcd}"
+    assert all(any(CHANGED_IMAGE in d for d in a.details) for a in plan.actions), [a.details for a in plan.actions]
+
+
+def fmt_s(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def fmt_mib(n: float) -> str:
+    mib = n / 2**20
+    return f"{mib:.1f} MiB" if mib < 10 else f"{mib:.0f} MiB"
+
+
+def traced_pass(root: Path, state_path: Path, observed_path: Path) -> dict[str, int]:
+    """Redo validate / load / plan under tracemalloc: what each input holds, and make_plan's peak."""
+    out = {}
+    gc.collect()
+    tracemalloc.start()
+    try:
+        validation = validate_repo(root)
+        model, config = validation.model, validation.repo.config
+        del validation
+        gc.collect()
+        out["model"] = tracemalloc.get_traced_memory()[0]
+        state = State.from_dict(json.loads(state_path.read_text()))
+        gc.collect()
+        out["state"] = tracemalloc.get_traced_memory()[0] - out["model"]
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        observed = ObservedState.from_dict(json.loads(observed_path.read_text()))
+        out["observed load peak"] = tracemalloc.get_traced_memory()[1] - base
+        gc.collect()
+        out["observed"] = tracemalloc.get_traced_memory()[0] - base
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        planned = make_plan(model, config, state, observed, now=NOW)
+        out["plan peak"] = tracemalloc.get_traced_memory()[1]
+        out["plan above inputs"] = out["plan peak"] - base
+        del planned
+    finally:
+        tracemalloc.stop()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clusters", type=int, default=1000)
+    ap.add_argument("--hypervisors", type=int, default=50)
+    ap.add_argument("--quick", action="store_true", help="50 clusters over 10 hypervisors: a fast sanity run")
+    ap.add_argument("--cache-dir", type=Path, default=Path(__file__).resolve().parent / ".cache",
+                    help="where generated state/observed JSON is kept (default: benchmarks/.cache)")
+    ap.add_argument("--rebuild", action="store_true", help="regenerate the cached state and snapshot")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes signing certificates")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each make_plan; the best is shown (default 3)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the unchanged make_plan and print hot spots")
+    ap.add_argument("--no-tracemalloc", action="store_true", help="skip the (slower) traced pass")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.clusters, args.hypervisors = 50, 10
+    p = Params(args.clusters, args.hypervisors)
+    if p.clusters < 1 or p.hypervisors < 2 or args.repeat < 1:
+        ap.error("need at least 1 cluster, 2 hypervisors and 1 repeat")
+
+    wall = time.perf_counter()
+    t: dict[str, tuple] = {}
+    with tempfile.TemporaryDirectory(prefix="gitops-bench-") as tmp:
+        root = Path(tmp) / "repo"
+        with timed(t, "generate repo YAML"):
+            write_repo(root, p)
+        n_files = sum(1 for _ in root.rglob("*.yaml"))
+        with timed(t, "validate_repo"):
+            validation = validate_repo(root)
+        if validation.model is None:
+            for d in validation.diagnostics[:20]:
+                print(d, file=sys.stderr)
+            raise SystemExit("generated repo does not validate")
+        model, config = validation.model, validation.repo.config
+        del validation
+
+        with timed(t, "state + snapshot (generate, or read cache)"):
+            entry, cached = ensure_cache(model, p, args.cache_dir, args.rebuild, args.workers)
+
+        state_path, observed_path = entry / "state.json", entry / "observed.json"
+        with timed(t, "load state JSON (State.from_dict)"):
+            state = State.from_dict(json.loads(state_path.read_text()))
+        with timed(t, "load observed JSON: read + json.loads"):
+            raw = json.loads(observed_path.read_text())
+        with timed(t, "load observed JSON: ObservedState.from_dict"):
+            observed = ObservedState.from_dict(raw)
+        del raw
+
+        planned = repeated(t, "make_plan, converged (no change)", args.repeat,
+                           lambda: make_plan(model, config, state, observed, now=NOW))
+        plan = planned.plan
+        assert plan.actions == (), f"converged system planned {len(plan.actions)} actions, e.g. " \
+            f"{plan.actions[:3]}" + (" (cached snapshot: try --rebuild)" if cached else "")
+        assert plan.warnings == (), plan.warnings[:3]
+        del planned, plan
+
+        target = sorted(model.clusters)[len(model.clusters) // 2]
+        other = changed_model(model, target)
+        planned = repeated(t, f"make_plan, one cluster changed ({target} etcd image)", args.repeat,
+                           lambda: make_plan(other, config, state, observed, now=NOW))
+        check_changed_plan(planned.plan, target)
+        n_changed = len(planned.plan.actions)
+        del planned, other
+
+        # the snapshot as the status branch writes it after each observation
+        with timed(t, "write observed JSON (to_dict + dumps)"):
+            text = dump_observed(observed)
+        del text
+
+        profile_text = ""
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            make_plan(model, config, state, observed, now=NOW)
+            prof.disable()
+            out = io.StringIO()
+            stats = pstats.Stats(prof, stream=out).strip_dirs()
+            stats.sort_stats("tottime").print_stats(20)
+            stats.sort_stats("cumulative").print_stats(30)
+            profile_text = out.getvalue()
+
+        untraced_rss = maxrss()
+        n_pods = len(observed.pods())
+        n_containers = sum(len(x.containers) for x in observed.pods())
+        n_certs = sum(len(pod.files.certificates) for pod in observed.pods() if pod.files)
+        n_nodes = len(model.nodes)
+        traced = None
+        if not args.no_tracemalloc:
+            del observed, state, model, config
+            gc.collect()
+            t0 = time.perf_counter()
+            traced = traced_pass(root, state_path, observed_path)
+            traced["secs"] = time.perf_counter() - t0
+
+    facts = [
+        ("clusters / nodes / hypervisors", f"{p.clusters} / {n_nodes} / {p.hypervisors} "
+                                           f"({p.private} private, {p.public} public)"),
+        ("repo YAML files", str(n_files)),
+        ("observed pods / containers / leaf certs", f"{n_pods} / {n_containers} / {n_certs}"),
+        ("state.json / observed.json size", f"{fmt_mib(state_path.stat().st_size)} / "
+                                            f"{fmt_mib(observed_path.stat().st_size)}"),
+        ("cache", f"{'USED' if cached else 'not found: built now'} ({entry})"),
+    ]
+    if not cached:
+        meta = json.loads((entry / "meta.json").read_text())
+        for label, secs in meta["timings"].items():
+            facts.append((f"  generation: {label}", fmt_s(secs)))
+    rows = []
+    for label, (secs, rss, *runs) in t.items():
+        extra = f"   (runs: {', '.join(f'{r:.2f}' for r in runs[0])} s)" if runs else ""
+        rows.append((label, f"{fmt_s(secs):>9}   rss {fmt_mib(rss):>8}{extra}"))
+    rows.append(("  -> changed plan actions", f"{n_changed} (all in {target})"))
+    mem = [("ru_maxrss (generator child excluded)", fmt_mib(untraced_rss))]
+    if traced:
+        mem += [
+            ("tracemalloc: model held (validate_repo)", fmt_mib(traced["model"])),
+            ("tracemalloc: recorded state held", fmt_mib(traced["state"])),
+            ("tracemalloc: observed state held", fmt_mib(traced["observed"])),
+            ("tracemalloc: observed JSON load, peak", fmt_mib(traced["observed load peak"])),
+            ("tracemalloc: make_plan peak above its inputs", fmt_mib(traced["plan above inputs"])),
+            ("tracemalloc: peak, inputs + make_plan", fmt_mib(traced["plan peak"])),
+            ("  (traced pass time, tracing overhead included)", fmt_s(traced["secs"])),
+            ("ru_maxrss after the traced pass", fmt_mib(maxrss())),
+        ]
+    mem.append(("total wall time", fmt_s(time.perf_counter() - wall)))
+
+    width = max(len(label) for label, _ in facts + rows + mem) + 2
+    rule = min(120, max(width + len(value) for _, value in facts + rows + mem))
+    print(f"\ngitops plan at scale  (python {sys.version.split()[0]}, {os.cpu_count()} cpus)")
+    for title, block in (("setup", facts),
+                         ("timings (make_plan: best of --repeat; rss = ru_maxrss after the step)", rows),
+                         ("memory", mem)):
+        print(f"\n{title}\n" + "-" * rule)
+        for label, value in block:
+            print(f"{label:<{width}}{value}")
+    if profile_text:
+        print("\ncProfile of make_plan (converged):\n" + profile_text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
