@@ -60,6 +60,8 @@ class ApplyResult:
     executed: list[Action] = field(default_factory=list)
     rounds: int = 0
     stopped: bool = False
+    #: the last round's planning pass: when the run converged, its observed state is the live state
+    last: Planned | None = None
 
 
 def apply(model: RepoModel, config: RepoConfig, store: StateStore, *, allow_mass_delete: bool = False,
@@ -75,6 +77,7 @@ def apply(model: RepoModel, config: RepoConfig, store: StateStore, *, allow_mass
         if result is None:
             result = ApplyResult(first_plan=planned.plan)
         result.rounds = round_no
+        result.last = planned
         prunes = planned.plan.prunes
         if len(prunes) > config.prune.max_deletes and not allow_mass_delete:
             raise MassDeleteRefused(planned.plan, config.prune.max_deletes)

@@ -31,9 +31,9 @@ def cli(verbose: int) -> None:
 
 
 def _register() -> None:
-    from gitops.cli import cri, lab, reconcile, validate
+    from gitops.cli import controller, cri, lab, reconcile, validate
 
-    for module in (validate, reconcile, cri, lab):
+    for module in (validate, reconcile, controller, cri, lab):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -1,10 +1,14 @@
 """`gitops plan`, `gitops apply` and `gitops kubeconfig`."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 import click
 from rich.console import Console
@@ -15,10 +19,12 @@ from gitops.engine import make_plan
 from gitops.errors import GitopsError
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.model.validate import InvalidRepo, validate_repo
-from gitops.observe import observe
+from gitops.observe import ObservedState, observe
 from gitops.plan.actions import Action, Plan
 from gitops.plan.render import describe, render_json, render_markdown, render_text
 from gitops.state import LocalDirStore
+from gitops.status.report import OBSERVED, SOURCE
+from gitops.status.state import PUBLIC, merge
 
 STATE_ENV = "GITOPS_STATE_DIR"
 
@@ -52,15 +58,37 @@ state_option = click.option("--state-dir", type=click.Path(file_okay=False, path
               help="markdown: a pull-request comment.")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", help="json: for machines.")
 @click.option("--detailed-exitcode", is_flag=True, help="Exit 0 with no changes, 2 with changes, 1 on error.")
-def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exitcode: bool) -> None:
+@click.option("--against-status", "status_ref", metavar="REF",
+              help="Plan against the observed snapshot and state on this status-branch ref of REPO's git "
+                   "(e.g. origin/gitops/status): no hypervisor is contacted. For pull requests.")
+def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exitcode: bool,
+         status_ref: str | None) -> None:
     """Show what `gitops apply` would change on the hypervisors."""
     result = load(repo)
     model = result.model
-    store = state_store(repo, state_dir)
-    planned = make_plan(model, result.repo.config, store.load(), observe(model.hypervisors.values()))
+    if status_ref:
+        state, observed, source = snapshot_from_status(repo, status_ref)
+    else:
+        state, observed, source = state_store(repo, state_dir).load(), observe(model.hypervisors.values()), ""
+    planned = make_plan(model, result.repo.config, state, observed, source=source)
     show(planned.plan, fmt, output)
     if detailed_exitcode and not planned.plan.empty:
         sys.exit(2)
+
+
+def snapshot_from_status(repo: Path, ref: str):
+    """(public state, observed snapshot, label) from a status-branch ref, read with git."""
+    def show_file(rel: str) -> str:
+        proc = subprocess.run(["git", "show", f"{ref}:{rel}"], cwd=repo, capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise GitopsError(f"cannot read {rel} at {ref} in {repo}: {proc.stderr.strip() or 'git show failed'}")
+        return proc.stdout
+
+    observed = ObservedState.from_dict(yaml.safe_load(show_file(OBSERVED)) or {})
+    public = json.loads(show_file(PUBLIC))
+    public.pop("generation", None)
+    applied = (yaml.safe_load(show_file(SOURCE)) or {}).get("status", {}).get("appliedSHA", "")
+    return merge(public, None), observed, f"snapshot {ref} (applied {str(applied)[:12]})"
 
 
 def show(the_plan: Plan, fmt: str, output: str) -> None:

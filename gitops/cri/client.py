@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -109,10 +108,6 @@ class CRIClient:
         self.slow_timeout = slow_timeout
         self.backoff = backoff
         self._channel = open_channel(hypervisor)
-        self._state = grpc.ChannelConnectivity.IDLE
-        self._ever_ready = False
-        self._lock = threading.Lock()
-        self._channel.subscribe(self._on_state)
         self._runtime = pb_grpc.RuntimeServiceStub(self._channel)
         self._images = pb_grpc.ImageServiceStub(self._channel)
 
@@ -125,19 +120,24 @@ class CRIClient:
         self.close()
 
     def close(self) -> None:
-        self._channel.unsubscribe(self._on_state)
         self._channel.close()
 
-    def _on_state(self, state: grpc.ChannelConnectivity) -> None:
-        with self._lock:
-            self._state = state
-            self._ever_ready |= state == grpc.ChannelConnectivity.READY
+    def _connected(self) -> bool:
+        """Whether the channel is connected right now.
+
+        Asked only when a call failed. (A connectivity subscription would do the same,
+        but grpc's polling thread for it races channel.close() and prints a traceback.)
+        """
+        try:
+            state = self._channel._channel.check_connectivity_state(False)  # noqa: SLF001
+        except Exception:  # noqa: BLE001 - private API: when in doubt, not connected
+            return False
+        return state == 2  # grpc's READY
 
     def _error(self, call: str, err: grpc.RpcError, timeout: float) -> CRIError:
         code: grpc.StatusCode = err.code()  # type: ignore[attr-defined]
         details: str = err.details() or code.name  # type: ignore[attr-defined]
-        with self._lock:
-            connected = self._state == grpc.ChannelConnectivity.READY
+        connected = self._connected()
         if code == grpc.StatusCode.UNAVAILABLE:
             if "Handshake read failed" in details:  # TCP connected, but no TLS answer
                 reason = Reason.UNREACHABLE

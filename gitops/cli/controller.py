@@ -1,0 +1,215 @@
+"""`gitops reconcile`, `gitops watch` and `gitops status`: the controller and its status branch."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import click
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from gitops import logs
+from gitops.controller import Controller, ControllerConfig
+from gitops.errors import GitopsError
+from gitops.metrics import serve
+from gitops.source import SignaturePolicy
+
+log = logging.getLogger("gitops.controller")
+
+
+def parse_duration(text: str) -> float:
+    """`30s`, `5m`, `1h` or plain seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a duration like 30s, 5m or 1h")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def controller_options(f):
+    options = [
+        click.option("--repo", required=True, help="Infra repo: local path, file://, ssh or https URL."),
+        click.option("--branch", default="main", show_default=True, help="Branch to follow."),
+        click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
+                     default=lambda: os.environ.get("GITOPS_WORKDIR", ".gitops-controller"), show_default=True,
+                     help="Where the controller keeps its clones and local state cache ($GITOPS_WORKDIR)."),
+        click.option("--identity", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+                     default=lambda: os.environ.get("GITOPS_IDENTITY"),
+                     help="The controller's age identity (age-keygen output; $GITOPS_IDENTITY): seals its "
+                          "state on the status branch."),
+        click.option("--insecure-plaintext-secrets", is_flag=True,
+                     help="LABS ONLY: write CA keys and kubeconfigs to the status branch unencrypted."),
+        click.option("--allowed-signers", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+                     help="Require commits signed by a key in this ssh allowed-signers file."),
+        click.option("--gpg-home", type=click.Path(file_okay=False, exists=True, path_type=Path),
+                     help="Require commits signed by a key in this GnuPG home."),
+        click.option("--status-branch", help="Override gitops.yaml's statusBranch."),
+        click.option("--allow-mass-delete", is_flag=True, help="Allow removing more pods than prune.maxDeletes."),
+        click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def build(repo: str, branch: str, workdir: Path, identity: Path | None, insecure_plaintext_secrets: bool,
+          allowed_signers: Path | None, gpg_home: Path | None, status_branch: str | None,
+          allow_mass_delete: bool, log_format: str, interval: float = 30.0) -> Controller:
+    logs.setup(log_format)
+    if insecure_plaintext_secrets:
+        log.warning("INSECURE: --insecure-plaintext-secrets writes private keys to git in plaintext; labs only")
+    signatures = SignaturePolicy(allowed_signers, gpg_home) if (allowed_signers or gpg_home) else None
+    if "://" not in repo and ":" not in repo.split("/")[0]:
+        repo = str(Path(repo).absolute())
+    config = ControllerConfig(
+        repo=repo, workdir=workdir.absolute(), branch=branch,
+        identity=identity.read_text() if identity else None,
+        insecure_plaintext_secrets=insecure_plaintext_secrets, signatures=signatures,
+        allow_mass_delete=allow_mass_delete, interval=interval, status_branch=status_branch)
+    return Controller(config)
+
+
+@click.command()
+@controller_options
+@click.option("--once", is_flag=True, default=True, help="Reconcile one time and exit (the default).")
+def reconcile(once: bool, **options) -> None:
+    """Reconcile the branch tip once: verify, validate, apply, publish status. Exit 1 unless applied."""
+    controller = build(**options)
+    try:
+        outcome = controller.reconcile_once()
+    finally:
+        controller.release()
+    click.echo(f"{outcome.result}: {outcome.message}")
+    if outcome.result != "Applied":
+        raise SystemExit(1)
+
+
+@click.command()
+@controller_options
+@click.option("--interval", default="30s", show_default=True, help="Poll interval (30s, 5m, ...).")
+@click.option("--metrics-address", default="127.0.0.1:9100", show_default=True,
+              help="host:port for /metrics and /healthz; empty to disable.")
+@click.option("--watch-local/--no-watch-local", default=True, show_default=True,
+              help="When --repo is a local working copy, reconcile as soon as a commit lands (debounced).")
+def watch(interval: str, metrics_address: str, watch_local: bool, **options) -> None:
+    """Run the controller: reconcile every --interval until SIGTERM (which finishes the current action)."""
+    seconds = parse_duration(interval)
+    controller = build(**options, interval=seconds)
+    if metrics_address:
+        serve(controller.metrics, metrics_address, stale_after=max(3 * seconds, 300))
+        log.info("serving /metrics and /healthz", extra={"address": metrics_address})
+    trigger = threading.Event()
+
+    def stop(signum, _frame) -> None:
+        log.info("signal received: finishing the current action, then stopping", extra={"signal": signum})
+        controller.stop.set()
+        trigger.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    local = Path(controller.config.repo)
+    if watch_local and (local / ".git").is_dir():
+        threading.Thread(target=_watch_local, args=(local, trigger, controller.stop), daemon=True,
+                         name="watch-local").start()
+    try:
+        controller.run(trigger)
+    finally:
+        controller.release()
+
+
+def _watch_local(path: Path, trigger: threading.Event, stop: threading.Event) -> None:
+    """Fire `trigger` when the working copy's git refs change (a commit), debounced."""
+    from watchfiles import watch as watch_files
+
+    for _changes in watch_files(path / ".git", stop_event=stop, debounce=1000, recursive=True,
+                                watch_filter=lambda _change, name: "/refs/" in name or name.endswith("HEAD")):
+        log.info("local commit detected; reconciling now", extra={"path": str(path)})
+        trigger.set()
+
+
+@click.command()
+@click.option("--repo", "repo", default=".", show_default=True, type=click.Path(exists=True, file_okay=False,
+              path_type=Path), help="A clone of the infra repo.")
+@click.option("--ref", default=None, help="Status ref (default: origin/<statusBranch>, else <statusBranch>).")
+@click.option("--cluster", help="Show one cluster and its nodes.")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> None:
+    """Show the controller's status branch: clusters, or one cluster's nodes."""
+    ref = ref or _default_ref(repo)
+    source = yaml.safe_load(_show(repo, ref, "status/source.yaml") or "{}") or {}
+    docs = {kind: _docs(repo, ref, kind) for kind in ("Cluster", "Node", "Hypervisor")}
+    if cluster is not None and cluster not in docs["Cluster"]:
+        raise GitopsError(f"no status for Cluster {cluster!r} on {ref} (known: {', '.join(docs['Cluster']) or 'none'})")
+    if output == "json":
+        data = {"ref": ref, "source": source.get("status", {}),
+                "clusters": {n: d["status"] for n, d in docs["Cluster"].items() if cluster in (None, n)},
+                "nodes": {n: d["status"] for n, d in docs["Node"].items()
+                          if cluster is None or d.get("spec", {}).get("cluster") == cluster}}
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    console = Console(highlight=False, width=None if Console().is_terminal else 160)
+    src = source.get("status", {})
+    console.print(f"source: {src.get('result', '?')}  seen {str(src.get('lastSeenSHA', ''))[:12]}  "
+                  f"in force {str(src.get('appliedSHA', ''))[:12]}")
+    for error in src.get("errors", []):
+        console.print(f"  [red]{error}[/red]")
+    if cluster is None:
+        table = Table("CLUSTER", "PHASE", "REASON", "API", "NODES READY", "SOURCE")
+        for name, doc in docs["Cluster"].items():
+            st = doc["status"]
+            ready = sum(1 for p in st.get("nodes", {}).values() if p == "Ready")
+            table.add_row(name, st["phase"], st["conditions"][0]["reason"], st.get("endpoints", {}).get("api", ""),
+                          f"{ready}/{len(st.get('nodes', {}))}", str(st.get("observedSourceSHA", ""))[:12])
+    else:
+        table = Table("NODE", "PHASE", "HYPERVISOR", "COMPONENTS", "MESSAGE")
+        for name, doc in docs["Node"].items():
+            if doc.get("spec", {}).get("cluster") != cluster:
+                continue
+            st = doc["status"]
+            states = st.get("components", {})
+            bad = [f"{c} {s}" for c, s in states.items() if s != "running"]
+            components = f"{len(states) - len(bad)}/{len(states)} running" + (f" ({', '.join(bad)})" if bad else "")
+            table.add_row(name, st["phase"], st.get("hypervisor", ""), components, st["conditions"][0]["message"])
+    console.print(table)
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=60)
+
+
+def _default_ref(repo: Path) -> str:
+    branch = "gitops/status"
+    config = repo / "gitops.yaml"
+    if config.is_file():
+        try:
+            branch = (yaml.safe_load(config.read_text()) or {}).get("spec", {}).get("statusBranch", branch)
+        except yaml.YAMLError:
+            pass
+    for candidate in (f"origin/{branch}", branch):
+        if _git(repo, "rev-parse", "--verify", "--quiet", candidate).returncode == 0:
+            return candidate
+    raise GitopsError(f"no status branch {branch!r} in {repo} (fetch it, or pass --ref)")
+
+
+def _show(repo: Path, ref: str, rel: str) -> str | None:
+    proc = _git(repo, "show", f"{ref}:{rel}")
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _docs(repo: Path, ref: str, kind: str) -> dict[str, dict]:
+    proc = _git(repo, "ls-tree", "--name-only", f"{ref}:status/{kind}")
+    out = {}
+    for name in sorted(proc.stdout.split()) if proc.returncode == 0 else []:
+        doc = yaml.safe_load(_show(repo, ref, f"status/{kind}/{name}") or "{}")
+        if doc:
+            out[doc["metadata"]["name"]] = doc
+    return out
+
+
+COMMANDS: list[click.Command] = [reconcile, watch, status]

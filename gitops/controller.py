@@ -1,0 +1,210 @@
+"""The controller: poll the infra repo, reconcile one commit at a time, report on the status branch.
+
+One reconcile: fetch the branch tip; verify its signature (when required);
+validate it; a commit that fails either is refused as a whole, and the last
+good commit stays in force (it keeps being reconciled, so drift still heals).
+Then take the apply lease, apply serially, observe, and publish status,
+the observed snapshot, encrypted kubeconfigs and the controller state in one
+commit on the status branch, or none when nothing changed.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gitops.apply import apply
+from gitops.compile import compile_desired
+from gitops.errors import GitopsError
+from gitops.kubeconfig import admin_kubeconfig
+from gitops.metrics import Metrics
+from gitops.model.validate import Validation, validate_repo
+from gitops.observe import observe
+from gitops.source import GitSource, SignatureError, SignaturePolicy
+from gitops.status.branch import StatusBranch, default_holder
+from gitops.status.report import OBSERVED, SOURCE, Outcome, dump, resource_documents, source_document
+from gitops.status.state import ControllerStateStore, Sealer
+
+log = logging.getLogger("gitops.controller")
+
+MANAGED = ("status", OBSERVED, "kubeconfig", "state")
+
+
+@dataclass
+class ControllerConfig:
+    repo: str
+    workdir: Path
+    branch: str = "main"
+    identity: str | None = None  # age identity text
+    insecure_plaintext_secrets: bool = False
+    signatures: SignaturePolicy | None = None
+    allow_mass_delete: bool = False
+    interval: float = 30.0
+    lock_ttl: dt.timedelta = field(default_factory=lambda: dt.timedelta(minutes=10))
+    status_branch: str | None = None  # overrides gitops.yaml's statusBranch
+
+
+class Controller:
+    def __init__(self, config: ControllerConfig, metrics: Metrics | None = None):
+        self.config = config
+        self.source = GitSource(config.repo, config.workdir, config.branch, config.signatures)
+        self.sealer = Sealer(config.identity, config.insecure_plaintext_secrets)
+        self.store = ControllerStateStore(self.sealer, config.workdir / "state-cache")
+        self.holder = default_holder()
+        self.stop = threading.Event()
+        self.metrics = metrics or Metrics()
+        self._status: dict[str, StatusBranch] = {}
+
+    def status_branch(self, name: str) -> StatusBranch:
+        name = self.config.status_branch or name
+        if name not in self._status:
+            self._status[name] = StatusBranch(self.config.repo, self.config.workdir, name)
+        return self._status[name]
+
+    # ------------------------------------------------------------------ one reconcile
+
+    def reconcile_once(self) -> Outcome:
+        started = time.monotonic()
+        try:
+            outcome = self._reconcile()
+        except GitopsError as err:
+            self.metrics.record(time.monotonic() - started, "error")
+            log.error("reconcile failed", extra={"error": str(err)})
+            raise
+        self.metrics.record(time.monotonic() - started, outcome.result.lower())
+        return outcome
+
+    def _reconcile(self) -> Outcome:
+        now = dt.datetime.now(dt.timezone.utc)
+        sha = self.source.fetch()
+        revision = self.source.checkout(sha)
+        log.info("reconcile", extra={"sha": sha, "subject": revision.subject})
+        refusal: list[str] = []
+        validation: Validation | None = None
+        try:
+            signer = self.source.verify(sha)
+            if signer:
+                log.info("signature verified", extra={"sha": sha, "signer": signer})
+        except SignatureError as err:
+            refusal = [str(err)]
+        if not refusal:
+            validation = validate_repo(revision.path)
+            refusal = [str(d) for d in validation.diagnostics]
+        branch_name = (validation.repo.config.status_branch if validation is not None and validation.ok
+                       else self._last_status_branch())
+        status = self.status_branch(branch_name)
+        status.sync()
+        origin = self.store.restore(status.read)
+        applied_before = _applied_sha(status.read(SOURCE))
+        if refusal:
+            log.warning("commit refused", extra={"sha": sha, "errors": len(refusal)})
+            outcome = Outcome(sha=sha, result="Refused", errors=tuple(refusal), applied_sha=applied_before,
+                              message=f"commit {sha[:12]} refused: {refusal[0]}" + (
+                                  f" (and {len(refusal) - 1} more)" if len(refusal) > 1 else "")
+                              + (f"; {applied_before[:12]} stays in force" if applied_before else ""))
+            status.publish(lambda s: s.write_tree({SOURCE: source_document(outcome, s.read, now)}, (SOURCE,)),
+                           f"refuse {sha[:12]}: {len(refusal)} error(s)")
+            if applied_before:  # keep the last good commit in force (heal drift)
+                return self._apply(self.source.checkout(applied_before).path, applied_before, status, now,
+                                   refused=outcome, origin=origin)
+            return outcome
+        assert validation is not None and validation.model is not None
+        return self._apply(revision.path, sha, status, now, origin=origin, validation=validation)
+
+    def _apply(self, path: Path, sha: str, status: StatusBranch, now: dt.datetime, *, origin: str,
+               refused: Outcome | None = None, validation: Validation | None = None) -> Outcome:
+        validation = validation or validate_repo(path)
+        if validation.model is None:
+            raise GitopsError(f"the last good commit {sha[:12]} no longer validates")
+        model, config = validation.model, validation.repo.config
+        status.acquire(self.holder, self.config.lock_ttl)
+        log.info("state restored", extra={"from": origin, "generation": self.store.generation})
+        applied_before = _applied_sha(status.read(SOURCE))
+        result_name, message, actions, last = "Applied", f"commit {sha[:12]} applied", 0, None
+        try:
+            result = apply(model, config, self.store, allow_mass_delete=self.config.allow_mass_delete,
+                           should_stop=self.stop.is_set, source=sha, progress=_log_progress)
+            actions = len(result.executed)
+            if result.stopped:
+                result_name, message = "Failed", "stopped on request before the plan was done"
+            elif result.last is not None and result.last.plan.empty:
+                last = result.last  # converged: its observation is the live state
+        except GitopsError as err:
+            result_name, message = "Failed", str(err)
+            log.error("apply failed", extra={"sha": sha, "error": message})
+        observed = last.observed if last is not None else observe(model.hypervisors.values())
+        compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable)
+        in_force = sha if result_name == "Applied" else applied_before
+        if refused is not None:
+            report = Outcome(sha=refused.sha, result="Refused", message=refused.message, errors=refused.errors,
+                             applied_sha=in_force, actions=actions)
+        else:
+            report = Outcome(sha=sha, result=result_name, message=message, applied_sha=in_force, actions=actions)
+        placements = {n: (r.hypervisor, dict(r.ports)) for n, r in self.store.state.nodes.items()}
+
+        def write(branch: StatusBranch) -> None:
+            files = {SOURCE: source_document(report, branch.read, now), OBSERVED: dump(observed.to_dict())}
+            files.update(resource_documents(model, compiled.desired, observed, report, branch.read, now, placements))
+            files.update(self._kubeconfigs(compiled.desired, config.kubeconfig_recipients, branch))
+            files.update(self.store.files({rel: branch.read(rel) for rel in
+                                           ("state/public.json", self.sealer.path)}))
+            branch.write_tree(files, MANAGED + (SOURCE,))
+
+        summary = f"{report.result.lower()} {sha[:12]}: {actions} action(s)"
+        committed = status.publish(write, summary)
+        log.info("reconciled", extra={"sha": sha, "result": report.result, "actions": actions,
+                                      "status_commit": committed or ""})
+        return report
+
+    def _kubeconfigs(self, desired, recipients: tuple[str, ...], branch: StatusBranch) -> dict[str, bytes]:
+        out = {}
+        for name, cluster in sorted(desired.clusters.items()):
+            record = self.store.state.clusters.get(name)
+            if cluster.api_endpoint is None or record is None or record.admin is None:
+                continue
+            rel = f"kubeconfig/{name}.yaml"
+            text = admin_kubeconfig(name, record, cluster.api_endpoint).encode()
+            out[rel] = self.sealer.seal(text, branch.read(rel), tuple(recipients))
+        return out
+
+    def _last_status_branch(self) -> str:
+        return "gitops/status"
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, trigger: threading.Event | None = None) -> None:
+        """Reconcile every `interval` seconds (or when `trigger` fires) until `stop` is set."""
+        trigger = trigger or threading.Event()
+        while not self.stop.is_set():
+            try:
+                self.reconcile_once()
+            except GitopsError:
+                pass  # logged and counted; try again next time
+            self.metrics.heartbeat()
+            trigger.wait(self.config.interval)
+            trigger.clear()
+        log.info("controller stopped")
+
+    def release(self) -> None:
+        for branch in self._status.values():
+            branch.release(self.holder)
+
+
+def _applied_sha(raw: bytes | None) -> str:
+    if raw is None:
+        return ""
+    try:
+        return str((yaml.safe_load(raw) or {}).get("status", {}).get("appliedSHA") or "")
+    except yaml.YAMLError:
+        return ""
+
+
+def _log_progress(index: int, total: int, action, status: str) -> None:
+    if status != "start":
+        log.info("action " + status, extra={"index": index + 1, "total": total, "kind": action.kind.value,
+                                             "subject": action.subject, "reason": action.reason})

@@ -1,0 +1,171 @@
+"""Status documents: what people read on the status branch (pure).
+
+`status/source.yaml` says which commit is in force and how the last one went;
+`status/<Kind>/<name>.yaml` gives each resource's phase, conditions (with a
+lastTransitionTime kept from the previous commit while nothing changes),
+endpoints and per-component state; `observed.yaml` is the live snapshot.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from gitops.compile.desired import DesiredState
+from gitops.model.resources import RepoModel
+from gitops.observe import ObservedState
+
+API_VERSION = "gitops.infra/v1alpha1"
+SOURCE = "status/source.yaml"
+OBSERVED = "observed.yaml"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one reconcile of one commit ended."""
+
+    sha: str
+    result: str  # Applied | Refused | Failed
+    message: str = ""
+    errors: tuple[str, ...] = ()
+    applied_sha: str = ""  # the commit in force afterwards (the last good one)
+    actions: int = 0
+
+
+def dump(data: Any) -> bytes:
+    return yaml.safe_dump(data, sort_keys=True, default_flow_style=False, width=120).encode()
+
+
+def _previous_conditions(previous: Callable[[str], bytes | None], rel: str) -> dict[str, dict[str, Any]]:
+    raw = previous(rel)
+    if raw is None:
+        return {}
+    try:
+        doc = yaml.safe_load(raw) or {}
+    except yaml.YAMLError:
+        return {}
+    return {c.get("type"): c for c in doc.get("status", {}).get("conditions", []) if isinstance(c, dict)}
+
+
+def condition(kind: str, status: bool | None, reason: str, message: str,
+              before: dict[str, dict[str, Any]], now: dt.datetime) -> dict[str, Any]:
+    value = "Unknown" if status is None else ("True" if status else "False")
+    old = before.get(kind)
+    since = now.isoformat(timespec="seconds")
+    if old and old.get("status") == value and old.get("reason") == reason:
+        since = old.get("lastTransitionTime", since)
+    return {"type": kind, "status": value, "reason": reason, "message": message, "lastTransitionTime": since}
+
+
+def source_document(outcome: Outcome, previous: Callable[[str], bytes | None], now: dt.datetime) -> bytes:
+    before = _previous_conditions(previous, SOURCE)
+    ok = outcome.result == "Applied"
+    reason = {"Applied": "Reconciled", "Refused": "CommitRefused", "Failed": "ApplyFailed"}[outcome.result]
+    status: dict[str, Any] = {
+        "lastSeenSHA": outcome.sha,
+        "appliedSHA": outcome.applied_sha,
+        "result": outcome.result,
+        "conditions": [condition("Ready", ok, reason, outcome.message, before, now)],
+    }
+    if outcome.errors:
+        status["errors"] = list(outcome.errors)
+    return dump({"apiVersion": API_VERSION, "kind": "SourceStatus", "metadata": {"name": "source"},
+                 "status": status})
+
+
+def resource_documents(model: RepoModel, desired: DesiredState, observed: ObservedState, outcome: Outcome,
+                       previous: Callable[[str], bytes | None], now: dt.datetime,
+                       placements: dict[str, tuple[str, dict[str, int]]]) -> dict[str, bytes]:
+    """status/<Kind>/<name>.yaml for every Cluster, Node and Hypervisor of the applied model."""
+    out: dict[str, bytes] = {}
+    pods = {p.node: p for p in observed.pods() if p.node in desired.pods
+            and p.hypervisor == desired.pods[p.node].hypervisor}
+    node_phase: dict[str, str] = {}
+    for name, node in sorted(model.nodes.items()):
+        rel = f"status/Node/{name}.yaml"
+        want = desired.pods.get(name)
+        components: dict[str, str] = {}
+        if want is None:
+            phase, ready, reason, message = "Pending", False, "NotPlaced", "no reachable hypervisor can take it yet"
+        elif not observed.hypervisors.get(want.hypervisor) or not observed.hypervisors[want.hypervisor].reachable:
+            phase, ready, reason, message = "Unknown", None, "HypervisorUnreachable", \
+                f"hypervisor {want.hypervisor} could not be reached"
+        else:
+            have = pods.get(name)
+            missing = []
+            for container in want.containers:
+                running = have.running(container.spec.name) if have else None
+                state = "missing"
+                if running is not None:
+                    state = "running" if running.spec_hash == container.spec_hash else "outdated"
+                elif have is not None and any(c.component == container.spec.name for c in have.containers):
+                    state = next(c.state for c in sorted(have.containers, key=lambda c: -c.created_at)
+                                 if c.component == container.spec.name)
+                components[container.spec.name] = state
+                if state != "running":
+                    missing.append(f"{container.spec.name} {state}")
+            if have is None:
+                phase, ready, reason, message = "Progressing", False, "PodMissing", "the pod does not exist"
+            elif missing:
+                phase, ready, reason, message = "Progressing", False, "ComponentsNotReady", ", ".join(missing)
+            else:
+                phase, ready, reason, message = "Ready", True, "AllComponentsRunning", "all components run"
+        if outcome.result == "Failed" and phase == "Progressing":
+            phase, reason, message = "Failed", "ApplyFailed", f"{message}; {outcome.message}"
+        node_phase[name] = phase
+        placed = placements.get(name)
+        status: dict[str, Any] = {
+            "phase": phase,
+            "observedSourceSHA": outcome.applied_sha,
+            "conditions": [condition("Ready", ready, reason, message, _previous_conditions(previous, rel), now)],
+            "components": components,
+        }
+        if placed:
+            status["hypervisor"], status["ports"] = placed
+        out[rel] = dump({"apiVersion": API_VERSION, "kind": "NodeStatus", "metadata": {"name": name},
+                         "spec": {"cluster": node.cluster, "role": node.role}, "status": status})
+    for name in sorted(model.clusters):
+        rel = f"status/Cluster/{name}.yaml"
+        nodes = sorted(n for n, node in model.nodes.items() if node.cluster == name)
+        phases = {n: node_phase[n] for n in nodes}
+        endpoint = desired.clusters[name].api_endpoint if name in desired.clusters else None
+        not_ready = [f"{n} {p}" for n, p in phases.items() if p != "Ready"]
+        if not nodes:
+            phase, ready, reason, message = "Pending", False, "NoNodes", "the cluster has no Node"
+        elif any(p == "Unknown" for p in phases.values()):
+            phase, ready, reason, message = "Unknown", None, "NodesUnknown", ", ".join(not_ready)
+        elif not_ready:
+            failed = any(p == "Failed" for p in phases.values())
+            phase, ready, reason, message = ("Failed" if failed else "Progressing"), False, "NodesNotReady", \
+                ", ".join(not_ready)
+        elif endpoint is None:
+            phase, ready, reason, message = "Ready", True, "NoIngress", "all nodes ready; no ingress node"
+        else:
+            phase, ready, reason, message = "Ready", True, "AllNodesReady", "all nodes ready"
+        status = {
+            "phase": phase,
+            "observedSourceSHA": outcome.applied_sha,
+            "conditions": [condition("Ready", ready, reason, message, _previous_conditions(previous, rel), now)],
+            "endpoints": {"api": endpoint} if endpoint else {},
+            "nodes": phases,
+            "kubeconfig": f"kubeconfig/{name}.yaml" if endpoint else None,
+        }
+        out[rel] = dump({"apiVersion": API_VERSION, "kind": "ClusterStatus", "metadata": {"name": name},
+                         "status": status})
+    for name in sorted(model.hypervisors):
+        rel = f"status/Hypervisor/{name}.yaml"
+        seen = observed.hypervisors.get(name)
+        reachable = bool(seen and seen.reachable)
+        status = {
+            "phase": "Ready" if reachable else "Unknown",
+            "conditions": [condition("Reachable", reachable, "CRIAnswered" if reachable else "CRIUnreachable",
+                                     "" if reachable else (seen.error if seen else "not observed"),
+                                     _previous_conditions(previous, rel), now)],
+            "pods": sorted(p.node for p in seen.pods) if seen else [],
+        }
+        out[rel] = dump({"apiVersion": API_VERSION, "kind": "HypervisorStatus", "metadata": {"name": name},
+                         "status": status})
+    return out
