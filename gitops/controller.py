@@ -10,7 +10,10 @@ commit on the status branch, or none when nothing changed.
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import logging
+import socket
+import uuid
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,7 +29,7 @@ from gitops.metrics import Metrics
 from gitops.model.validate import Validation, validate_repo
 from gitops.observe import observe
 from gitops.source import GitSource, SignatureError, SignaturePolicy
-from gitops.status.branch import StatusBranch, default_holder
+from gitops.status.branch import StatusBranch
 from gitops.status.report import OBSERVED, SOURCE, Outcome, dump, resource_documents, source_document
 from gitops.status.state import ControllerStateStore, Sealer
 
@@ -55,7 +58,8 @@ class Controller:
         self.source = GitSource(config.repo, config.workdir, config.branch, config.signatures)
         self.sealer = Sealer(config.identity, config.insecure_plaintext_secrets)
         self.store = ControllerStateStore(self.sealer, config.workdir / "state-cache")
-        self.holder = default_holder()
+        self._workdir_lock = _lock_workdir(config.workdir)
+        self.holder = _holder_id(config.workdir)
         self.stop = threading.Event()
         self.metrics = metrics or Metrics()
         self._status: dict[str, StatusBranch] = {}
@@ -193,6 +197,26 @@ class Controller:
     def release(self) -> None:
         for branch in self._status.values():
             branch.release(self.holder)
+
+
+def _lock_workdir(workdir: Path):
+    """One process per workdir (the kernel drops the lock if the process dies)."""
+    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    handle = open(workdir / ".lock", "a+")  # noqa: SIM115 - held for the controller's lifetime
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise GitopsError(f"another gitops process is using {workdir}") from None
+    return handle
+
+
+def _holder_id(workdir: Path) -> str:
+    """The apply-lease holder: stable per workdir, so a restarted controller takes its own lease back."""
+    path = workdir / "controller-id"
+    if not path.is_file():
+        path.write_text(f"{socket.gethostname()}/{uuid.uuid4().hex[:12]}\n")
+    return path.read_text().strip()
 
 
 def _applied_sha(raw: bytes | None) -> str:

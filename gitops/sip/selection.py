@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gitops.model.resources import BareMetalHost, SIPCluster, SIPRole
 
@@ -190,18 +191,32 @@ class SIPPlan:
                 return sel
         raise KeyError(cluster)
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (for `gitops plan -o json` and the status branch)."""
+        return {
+            "selections": [{
+                "cluster": s.cluster,
+                "ready": s.ready,
+                "reason": s.condition.reason,
+                "message": s.condition.message,
+                "roles": {r.role: {"active": list(r.active), "standby": list(r.standby)} for r in s.roles},
+            } for s in self.selections],
+            "changes": [{"host": c.host, "cluster": c.cluster, "set": dict(c.set), "remove": list(c.remove),
+                         "reason": c.reason} for c in self.changes],
+        }
+
 
 # --------------------------------------------------------------------------- planning
 
 
-def plan(clusters: Mapping[str, SIPCluster], hosts: Iterable[BareMetalHost]) -> SIPPlan:
+def select_hosts(clusters: Mapping[str, SIPCluster], hosts: Iterable[BareMetalHost]) -> SIPPlan:
     """Selections and label changes for every SIPCluster over `hosts` (pure, deterministic)."""
     by_key = {host_key(h): h for h in sorted(hosts, key=host_key)}
     original = {k: dict(h.labels) for k, h in by_key.items()}
     labels = {k: dict(v) for k, v in original.items()}
     reasons: dict[str, list[str]] = {}
     selections: tuple[Selection, ...] = ()
-    for _ in range(len(clusters) + 2):
+    for _ in range(len(clusters) + 2):  # converges in a pass or two; the bound only guards
         selections, changed = _one_pass(clusters, by_key, labels, reasons)
         if not changed:
             break
@@ -276,8 +291,9 @@ class _Role:
     def take(self, key: str, labels: Mapping[str, str], name: str) -> None:
         self.picked.append(key)
         self.why_not.pop(key, None)
-        if rack_of(labels):
-            self.racks.add(rack_of(labels))  # type: ignore[arg-type]
+        rack = rack_of(labels)
+        if rack is not None:
+            self.racks.add(rack)
         self.servers.add(server_of(labels, name))
 
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 import shutil
-import socket
 import subprocess
 import uuid
 from collections.abc import Callable
@@ -44,10 +42,6 @@ class Locked(StatusError):
 class Lease:
     holder: str
     expires: dt.datetime
-
-
-def default_holder() -> str:
-    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
 class StatusBranch:

@@ -1,0 +1,328 @@
+"""The GitOps loop end to end: a real bare git repo, `gitops reconcile`/`watch`, a real lab.
+
+Real: git (bare origin, pushes, ssh commit signatures), containerd, etcd, haproxy,
+the standard `age` tool decrypting the kubeconfig artifact, and the `gitops`
+command. The kube-apiserver behind the ingress is the lab's stand-in (see
+test_apply_lab.py and the README): TLS with the generated certificates and a
+required client certificate, not the Kubernetes API. Tests run in file order.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import lab_tempdir, require_root
+
+from gitops.compile.desired import MANAGED, MANAGER, NODE
+from gitops.cri.client import CRIClient
+
+GITOPS = str(Path(sys.executable).parent / "gitops")
+GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
+
+
+@dataclasses.dataclass
+class Loop:
+    base: Path
+    origin: Path
+    work: Path
+    lab: object
+    user_key: Path
+    controller_key: Path
+
+    @property
+    def workdir(self) -> Path:
+        return self.base / "controller"
+
+    def git(self, *args: str, cwd: Path | None = None) -> str:
+        proc = subprocess.run(["git", *GIT_ID, *args], cwd=cwd or self.work, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stderr}"
+        return proc.stdout.strip()
+
+    def push(self, message: str, *extra: str) -> str:
+        self.git("add", "-A")
+        self.git("commit", "-q", *extra, "-m", message)
+        self.git("push", "-q", "origin", "HEAD:main")
+        return self.git("rev-parse", "HEAD")
+
+    def reconcile(self, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([GITOPS, "reconcile", "--repo", str(self.origin), "--workdir", str(self.workdir),
+                               "--identity", str(self.controller_key), *extra],
+                              capture_output=True, text=True, timeout=300)
+        if check:
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    def status_file(self, rel: str) -> str:
+        return self.git("--git-dir", str(self.origin), "show", f"gitops/status:{rel}", cwd=self.base)
+
+    def status_log(self) -> list[str]:
+        out = self.git("--git-dir", str(self.origin), "log", "--format=%s", "gitops/status", cwd=self.base)
+        return out.splitlines()
+
+    def source(self) -> dict:
+        return yaml.safe_load(self.status_file("status/source.yaml"))["status"]
+
+    def sandboxes(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for hv in self.lab.hypervisors:
+            with CRIClient(hv.local()) as client:
+                for s in client.list_sandboxes({MANAGED: MANAGER}):
+                    out.setdefault(s.labels[NODE], []).append(s.id)
+        return out
+
+    def containers(self) -> list[tuple[str, int]]:
+        out = []
+        for hv in self.lab.hypervisors:
+            with CRIClient(hv.local()) as client:
+                out += [(c.id, c.created_at) for c in client.list_containers({MANAGED: MANAGER})]
+        return sorted(out)
+
+
+def keygen(path: Path) -> str:
+    proc = subprocess.run(["age-keygen", "-o", str(path)], capture_output=True, text=True, check=True)
+    return proc.stderr.split("Public key:")[1].strip()
+
+
+@pytest.fixture(scope="module")
+def loop():
+    require_root()
+    from gitops import lab as labmod
+
+    base = lab_tempdir("gitops-loop-")
+    try:
+        lab = labmod.up(base / "lab", hypervisors=3, public=1, remote=True, subnet="127.0.24")
+        work = base / "work"
+        subprocess.run([GITOPS, "lab", "example-repo", "--dir", str(base / "lab"), str(work)], check=True,
+                       capture_output=True)
+        user_key, controller_key = base / "user.key", base / "controller.key"
+        recipient = keygen(user_key)
+        keygen(controller_key)
+        config = work / "gitops.yaml"
+        text = config.read_text()
+        start = text.index("  kubeconfigRecipients:")
+        end = text.index("  prune:")
+        config.write_text(text[:start] + f"  kubeconfigRecipients:\n    - {recipient}\n" + text[end:])
+        shutil.rmtree(work / "clusters" / "team-b")  # added by a later commit
+        origin = base / "origin.git"
+        subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+        world = Loop(base, origin, work, lab, user_key, controller_key)
+        world.git("init", "-q", "-b", "main")
+        world.git("remote", "add", "origin", str(origin))
+        world.push("team-a only")
+        (base / "team-b").mkdir()
+        yield world
+    finally:
+        try:
+            labmod.down(base / "lab")
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def decrypt_kubeconfig(loop: Loop, cluster: str) -> dict:
+    armored = loop.status_file(f"kubeconfig/{cluster}.yaml")
+    assert armored.startswith("-----BEGIN AGE ENCRYPTED FILE-----")
+    proc = subprocess.run(["age", "-d", "-i", str(loop.user_key)], input=armored.encode(), capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)
+
+
+def get_version(loop: Loop, kubeconfig: dict) -> bytes:
+    tls = loop.base / "tls"
+    tls.mkdir(exist_ok=True)
+    for name, data in (("ca", kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]),
+                       ("crt", kubeconfig["users"][0]["user"]["client-certificate-data"]),
+                       ("key", kubeconfig["users"][0]["user"]["client-key-data"])):
+        (tls / name).write_bytes(base64.b64decode(data))
+    context = ssl.create_default_context(cafile=str(tls / "ca"))
+    context.load_cert_chain(str(tls / "crt"), str(tls / "key"))
+    host, port = kubeconfig["clusters"][0]["cluster"]["server"].removeprefix("https://").rsplit(":", 1)
+    for _ in range(40):
+        try:
+            conn = http.client.HTTPSConnection(host, int(port), context=context, timeout=5)
+            conn.request("GET", "/version")
+            return conn.getresponse().read()
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError("the API did not answer through the ingress")
+
+
+def test_first_commit_is_applied_and_reported(loop):
+    result = loop.reconcile()
+    assert result.stdout.startswith("Applied: ")
+    sha = loop.git("rev-parse", "HEAD")
+    assert loop.source()["appliedSHA"] == sha
+    cluster = yaml.safe_load(loop.status_file("status/Cluster/team-a.yaml"))["status"]
+    assert cluster["phase"] == "Ready" and cluster["observedSourceSHA"] == sha
+    assert sorted(loop.sandboxes()) == ["team-a-cp-1", "team-a-cp-2", "team-a-cp-3", "team-a-ingress"]
+    # the controller's private keys are sealed: nothing PEM-private in the clear on the branch
+    files = loop.git("--git-dir", str(loop.origin), "ls-tree", "-r", "--name-only", "gitops/status", cwd=loop.base)
+    for rel in files.splitlines():
+        assert "PRIVATE KEY" not in loop.status_file(rel), rel
+
+
+def test_pushing_a_cluster_gets_it_ready_with_an_encrypted_kubeconfig(loop):
+    shutil.copytree(Path(__file__).resolve().parents[1] / "example-repo/clusters/team-b", loop.work / "clusters/team-b")
+    sha = loop.push("add team-b")
+    loop.reconcile()
+    cluster = yaml.safe_load(loop.status_file("status/Cluster/team-b.yaml"))["status"]
+    assert cluster["phase"] == "Ready", cluster
+    assert cluster["observedSourceSHA"] == sha
+    kubeconfig = decrypt_kubeconfig(loop, "team-b")
+    assert kubeconfig["clusters"][0]["cluster"]["server"] == cluster["endpoints"]["api"]
+    assert b'"gitVersion":"v1.30.6"' in get_version(loop, kubeconfig)
+
+
+def test_no_change_poll_makes_no_cri_write_and_no_commit(loop):
+    commits, containers, sandboxes = loop.status_log(), loop.containers(), loop.sandboxes()
+    result = loop.reconcile()
+    assert '"actions": 0' in result.stderr and '"status_commit": ""' in result.stderr
+    assert loop.status_log() == commits
+    assert loop.containers() == containers and loop.sandboxes() == sandboxes
+
+
+def test_bad_commit_is_refused_and_running_clusters_are_untouched(loop):
+    before = loop.sandboxes()
+    good = loop.source()["appliedSHA"]
+    nodes = loop.work / "clusters/team-a/nodes.yaml"
+    nodes.write_text(nodes.read_text().replace("role: controlplane\n", "role: controlplan\n", 1))
+    bad = loop.push("typo")
+    result = loop.reconcile(check=False)
+    assert result.returncode == 1 and result.stdout.startswith("Refused: ")
+    source = loop.source()
+    assert source["result"] == "Refused" and source["lastSeenSHA"] == bad and source["appliedSHA"] == good
+    assert any(e.startswith("clusters/team-a/nodes.yaml:10: Node/team-a-cp-1: spec.role: must be one of")
+               for e in source["errors"]), source["errors"]
+    assert loop.sandboxes() == before
+    assert loop.status_log()[0] == f"refuse {bad[:12]}: 1 error(s)"
+    nodes.write_text(nodes.read_text().replace("role: controlplan\n", "role: controlplane\n", 1))
+    loop.push("fix the typo")
+    loop.reconcile()
+    assert loop.source()["result"] == "Applied"
+
+
+def test_removing_a_node_is_applied_and_history_shows_each_outcome(loop):
+    docs = [d for d in yaml.safe_load_all((loop.work / "clusters/team-b/nodes.yaml").read_text())
+            if d and d["metadata"]["name"] != "team-b-cp-3"]
+    (loop.work / "clusters/team-b/nodes.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    sha = loop.push("remove team-b-cp-3")
+    loop.reconcile()
+    assert "team-b-cp-3" not in loop.sandboxes()
+    assert loop.status_log()[0].startswith(f"applied {sha[:12]}: ")
+    history = loop.status_log()
+    assert any(s.startswith("refuse ") for s in history) and sum(s.startswith("applied ") for s in history) >= 4
+
+
+def test_killed_mid_reconcile_then_restarted_converges(loop):
+    shutil.copytree(loop.work / "clusters/team-a", loop.work / "clusters/team-c")
+    for path in (loop.work / "clusters/team-c").iterdir():
+        path.write_text(path.read_text().replace("team-a", "team-c"))
+    sha = loop.push("add team-c")
+    commits = loop.status_log()
+    proc = subprocess.Popen([GITOPS, "reconcile", "--repo", str(loop.origin), "--workdir", str(loop.workdir),
+                             "--identity", str(loop.controller_key)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if '"action done"' in line and "team-c-cp-2" in line and "create-pod" in line:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert loop.status_log() == commits  # killed before publishing anything
+    loop.reconcile()
+    pods = loop.sandboxes()
+    assert all(len(ids) == 1 for ids in pods.values()), pods
+    assert {"team-c-cp-1", "team-c-cp-2", "team-c-cp-3", "team-c-ingress"} <= set(pods)
+    new = loop.status_log()[: len(loop.status_log()) - len(commits)]
+    assert new == [next(s for s in new if s.startswith(f"applied {sha[:12]}"))]  # exactly one commit
+    assert yaml.safe_load(loop.status_file("status/Cluster/team-c.yaml"))["status"]["phase"] == "Ready"
+
+
+def test_pull_request_plan_against_the_status_branch(loop):
+    pr = loop.base / "pr"
+    subprocess.run(["git", "clone", "-q", str(loop.origin), str(pr)], check=True)
+    subprocess.run(["git", "fetch", "-q", "origin", "gitops/status:refs/remotes/origin/gitops/status"], cwd=pr,
+                   check=True)
+    # the PR checkout cannot reach any hypervisor: break every endpoint
+    for path in (pr / "hypervisors").iterdir():
+        text = path.read_text()
+        path.write_text(text.replace("containerd.sock", "nowhere.sock").replace(":10250", ":1"))
+    unchanged = subprocess.run([GITOPS, "plan", str(pr), "--against-status", "origin/gitops/status",
+                                "--detailed-exitcode"], capture_output=True, text=True)
+    assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr
+    docs = [d for d in yaml.safe_load_all((pr / "clusters/team-c/nodes.yaml").read_text())
+            if d and d["metadata"]["name"] != "team-c-cp-1"]
+    (pr / "clusters/team-c/nodes.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    changed = subprocess.run([GITOPS, "plan", str(pr), "--against-status", "origin/gitops/status",
+                              "--format", "markdown", "--detailed-exitcode"], capture_output=True, text=True)
+    assert changed.returncode == 2, changed.stdout + changed.stderr
+    assert "- team-c-cp-1 on " in changed.stdout and "remove pod: Node team-c-cp-1 left the repo" in changed.stdout
+    status = subprocess.run([GITOPS, "status", "--repo", str(pr), "-o", "json"], capture_output=True, text=True)
+    data = json.loads(status.stdout)
+    assert data["clusters"]["team-c"]["phase"] == "Ready"
+
+
+def test_signed_commits_are_required_when_configured(loop):
+    key = loop.base / "signing"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "infra", "-f", str(key)], check=True)
+    signers = loop.base / "allowed_signers"
+    signers.write_text(f"infra@example.com {(key.with_suffix('.pub')).read_text()}")
+    (loop.work / "README.md").write_text("signed from now on\n")
+    unsigned = loop.push("unsigned change")
+    refused = loop.reconcile("--allowed-signers", str(signers), check=False)
+    assert refused.returncode == 1
+    assert loop.source()["errors"] == [f"commit {unsigned[:12]} is not signed"]
+    (loop.work / "README.md").write_text("signed\n")
+    signed = _signed_push(loop, key)
+    loop.reconcile("--allowed-signers", str(signers))
+    assert loop.source()["appliedSHA"] == signed
+
+
+def _signed_push(loop: Loop, key: Path) -> str:
+    loop.git("add", "-A")
+    loop.git("-c", "gpg.format=ssh", "-c", f"user.signingkey={key}", "commit", "-q", "-S", "-m", "signed change")
+    loop.git("push", "-q", "origin", "HEAD:main")
+    return loop.git("rev-parse", "HEAD")
+
+
+def test_watch_serves_health_and_metrics_and_stops_on_sigterm(loop):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([GITOPS, "watch", "--repo", str(loop.origin), "--workdir", str(loop.workdir),
+                             "--identity", str(loop.controller_key), "--interval", "1s",
+                             "--metrics-address", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        metrics = ""
+        while time.monotonic() < deadline and "gitops_reconcile_total{result=\"applied\"}" not in metrics:
+            time.sleep(0.5)
+            try:
+                metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                continue
+        assert 'gitops_reconcile_total{result="applied"}' in metrics
+        assert "gitops_reconcile_duration_seconds_bucket" in metrics
+        health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read())
+        assert health["ok"] is True
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert "finishing the current action" in err and "controller stopped" in err

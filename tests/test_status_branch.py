@@ -1,0 +1,104 @@
+"""The status branch on a real bare git repo: commits only on change, racing writers, the apply
+lease, and age sealing that the standard `age` tool opens."""
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gitops.secrets import decrypt, encrypt
+from gitops.state import CertRecord, ClusterRecord, NodeRecord, State
+from gitops.status.branch import Locked, StatusBranch
+from gitops.status.state import PUBLIC, SEALED, ControllerStateStore, Sealer, merge, split
+
+TTL = dt.timedelta(minutes=10)
+
+
+@pytest.fixture
+def origin(tmp_path: Path) -> str:
+    bare = tmp_path / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(bare)], check=True)
+    work = tmp_path / "seed"
+    subprocess.run(["git", "clone", "-q", str(bare), str(work)], check=True, capture_output=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-q", "--allow-empty", "-m", "init"],
+                   cwd=work, check=True)
+    subprocess.run(["git", "push", "-q", "origin", "HEAD:main"], cwd=work, check=True)
+    return str(bare)
+
+
+def files(tree: dict[str, bytes]):
+    return lambda branch: branch.write_tree(tree, ("status",))
+
+
+def log(origin: str) -> list[str]:
+    out = subprocess.run(["git", "--git-dir", origin, "log", "--format=%s", "gitops/status"], capture_output=True,
+                         text=True, check=True).stdout
+    return out.splitlines()
+
+
+def test_commit_only_when_something_changed(origin, tmp_path):
+    branch = StatusBranch(origin, tmp_path / "a")
+    assert branch.publish(files({"status/x.yaml": b"x: 1\n"}), "first") is not None
+    assert branch.publish(files({"status/x.yaml": b"x: 1\n"}), "same again") is None
+    assert branch.publish(files({"status/x.yaml": b"x: 2\n"}), "second") is not None
+    assert log(origin) == ["second", "first"]
+
+
+def test_racing_writers_lose_nothing(origin, tmp_path):
+    a, b = StatusBranch(origin, tmp_path / "a"), StatusBranch(origin, tmp_path / "b")
+    a.publish(files({"status/a.yaml": b"1\n"}), "a1")
+    b.sync()  # b is now at a1
+    a.publish(files({"status/a.yaml": b"2\n"}), "a2")  # a moves the tip; b's push will be rejected
+    assert b.publish(files({"status/a.yaml": b"2\n", "status/b.yaml": b"1\n"}), "b1") is not None
+    assert log(origin) == ["b1", "a2", "a1"]
+
+
+def test_apply_lease(origin, tmp_path):
+    a, b = StatusBranch(origin, tmp_path / "a"), StatusBranch(origin, tmp_path / "b")
+    now = dt.datetime.now(dt.timezone.utc)
+    a.acquire("A", TTL, now)
+    with pytest.raises(Locked, match="another controller \\(A\\) holds the apply lock"):
+        b.acquire("B", TTL, now)
+    assert a.acquire("A", TTL, now).holder == "A"  # renewal by its holder
+    assert b.acquire("B", TTL, now + TTL + dt.timedelta(seconds=1)).holder == "B"  # A crashed: the lease expired
+    b.release("B")
+    assert a.acquire("A", TTL, now + TTL * 2).holder == "A"
+
+
+def test_sealed_state_keeps_private_keys_off_the_public_file(tmp_path):
+    identity = subprocess.run(["age-keygen"], capture_output=True, text=True, check=True).stdout
+    state = State(clusters={"c": ClusterRecord(authorities={"etcd": CertRecord("CERT", "SECRET-KEY")},
+                                               admin=CertRecord("ADMIN-CERT", "ADMIN-KEY"))},
+                  nodes={"n": NodeRecord("c", "hv", {"etcd-client": 30000})})
+    public, secrets = split(state)
+    assert "SECRET-KEY" not in str(public) and "ADMIN-KEY" not in str(public)
+    assert merge(public, secrets) == state
+    store = ControllerStateStore(Sealer(identity), tmp_path / "cache")
+    store.save(state)
+    out = store.files({})
+    again = store.files(out)
+    assert again[SEALED] == out[SEALED]  # unchanged secrets reuse their ciphertext: no spurious commit
+    key = tmp_path / "key"
+    key.write_text(identity)
+    opened = subprocess.run(["age", "-d", "-i", str(key)], input=out[SEALED], capture_output=True, check=True)
+    assert b"SECRET-KEY" in opened.stdout and b"SECRET-KEY" not in out[PUBLIC]
+    fresh = ControllerStateStore(Sealer(identity), tmp_path / "cache")
+    assert fresh.restore(lambda rel: None) == "local cache" and fresh.load() == state
+    with pytest.raises(Exception, match="needs an age identity"):
+        Sealer(None)
+
+
+def test_armored_age_round_trip_with_the_age_tool(tmp_path):
+    identity = subprocess.run(["age-keygen"], capture_output=True, text=True, check=True)
+    recipient = identity.stderr.split("Public key:")[1].strip()
+    (tmp_path / "key").write_text(identity.stdout)
+    for size in (0, 1, 47, 48, 49, 4096):
+        data = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
+        armored = encrypt(data, [recipient])
+        assert subprocess.run(["age", "-d", "-i", str(tmp_path / "key")], input=armored.encode(),
+                              capture_output=True, check=True).stdout == data
+    from gitops.secrets import load_identity
+
+    assert decrypt(armored, load_identity(identity.stdout)) == data
