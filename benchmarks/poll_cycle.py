@@ -1,0 +1,89 @@
+"""Cost of the controller's quiet work: a no-change poll cycle, and one status commit.
+
+Runs against a real lab (3 containerd hypervisors, needs root) with the example
+repo in a real bare git repo: the first reconcile applies it, then each measured
+poll fetches, validates, observes every hypervisor (CRI reads and one ExecSync
+per pod), plans nothing, writes nothing and commits nothing (checked). The status
+commit figure is `StatusBranch.publish` of the full status tree with one file
+changed: write, `git add`, commit, push.
+
+    python benchmarks/poll_cycle.py [--polls 10]
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from gitops import lab as labmod
+from gitops.controller import Controller, ControllerConfig
+from gitops.lab.example import write_example_repo
+from gitops.status.branch import StatusBranch
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", "-c", "user.name=bench", "-c", "user.email=bench@x", *args], cwd=cwd,
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def figures(samples: list[float]) -> str:
+    return (f"mean {statistics.mean(samples) * 1000:7.0f} ms   min {min(samples) * 1000:7.0f} ms   "
+            f"max {max(samples) * 1000:7.0f} ms   (n={len(samples)})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--polls", type=int, default=10)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="gitops-bench-poll-", dir="/tmp"))
+    try:
+        lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet="127.0.26")
+        work = base / "work"
+        write_example_repo(lab, work)
+        origin = base / "origin.git"
+        subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+        git("init", "-q", "-b", "main", cwd=work)
+        git("add", "-A", cwd=work)
+        git("commit", "-q", "-m", "example", cwd=work)
+        git("push", "-q", str(origin), "HEAD:main", cwd=work)
+        identity = subprocess.run(["age-keygen"], capture_output=True, text=True, check=True).stdout
+        controller = Controller(ControllerConfig(repo=str(origin), workdir=base / "controller", identity=identity))
+        started = time.monotonic()
+        first = controller.reconcile_once()
+        print(f"first reconcile (apply 8 pods, 34 containers)   {time.monotonic() - started:6.2f} s   "
+              f"{first.result}, {first.actions} actions")
+        head = git("rev-parse", "gitops/status", cwd=origin)
+        polls = []
+        for _ in range(args.polls):
+            started = time.monotonic()
+            outcome = controller.reconcile_once()
+            polls.append(time.monotonic() - started)
+            assert outcome.actions == 0, "a quiet poll must not act"
+        assert git("rev-parse", "gitops/status", cwd=origin) == head, "a quiet poll must not commit"
+        print(f"no-change poll cycle                             {figures(polls)}")
+        branch = StatusBranch(str(origin), base / "bench-writer")
+        branch.sync()
+        tree = {p.relative_to(branch.dir).as_posix(): p.read_bytes() for p in branch.dir.rglob("*")
+                if p.is_file() and ".git" not in p.parts}
+        commits = []
+        for i in range(args.polls):
+            changed = dict(tree)
+            changed["status/benchmark.yaml"] = f"run: {i}\n".encode()
+            started = time.monotonic()
+            sha = branch.publish(lambda b: b.write_tree(changed, ("status", "observed.yaml", "kubeconfig", "state")),
+                                 f"benchmark {i}")
+            commits.append(time.monotonic() - started)
+            assert sha is not None
+        size = sum(len(v) for v in tree.values())
+        print(f"one status commit ({len(tree)} files, {size / 1024:.0f} KiB)          {figures(commits)}")
+    finally:
+        labmod.down(base / "lab")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
