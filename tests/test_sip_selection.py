@@ -1,7 +1,8 @@
 """Host selection for SIPClusters over the example inventory (pure, no I/O beyond loading the repo).
 
-The example inventory has two racks, so tenant-1's ControlPlane (2 active + 1 standby,
-PerRack) cannot be met as shipped; scenarios add hosts with `dataclasses.replace`.
+The shipped tenant-1 fits the example's two racks (see the first test). The other scenarios
+ask for more (ControlPlane 2 active + 1 standby PerRack, Worker 3 + 1 PerHost), which two racks
+cannot give, and add hosts with `dataclasses.replace` where they need them.
 """
 from __future__ import annotations
 
@@ -31,9 +32,27 @@ EXAMPLE_REPO = Path(__file__).resolve().parents[1] / "example-repo"
 CP, W = "ControlPlane", "Worker"
 
 
+def demanding(shipped):
+    """tenant-1 wanting ControlPlane 2+1 and Worker 3+1."""
+    tenant = shipped.sip_clusters["tenant-1"]
+    roles = {CP: replace(tenant.roles[CP], active=2, standby=1), W: replace(tenant.roles[W], active=3, standby=1)}
+    return replace(shipped, sip_clusters={"tenant-1": replace(tenant, roles=roles)})
+
+
 @pytest.fixture(scope="module")
 def model():
-    return load_model(EXAMPLE_REPO)
+    return demanding(load_model(EXAMPLE_REPO))
+
+
+def test_shipped_example_is_satisfied():
+    shipped = load_model(EXAMPLE_REPO)
+    result = select_hosts(shipped.sip_clusters, shipped.baremetal_hosts.values())
+    selection = result.selection("tenant-1")
+    assert selection.ready
+    assert selection.role(CP).active == ("metal3/r01-node-01",) and selection.role(CP).standby == ("metal3/r02-node-01",)
+    assert selection.role(W).active == ("metal3/r01-node-02", "metal3/r02-node-02")
+    assert selection.role(W).standby == ("metal3/r02-node-03",)
+    assert len(result.changes) == 5
 
 
 def hosts_of(model) -> dict[str, BareMetalHost]:
