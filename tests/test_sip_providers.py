@@ -29,6 +29,7 @@ from gitops.pki import CertKey, create_ca, issue_cert
 from gitops.sip import SIPError
 from gitops.sip.providers import FileProvider, KubernetesProvider, hosts_from_yaml, load_kubeconfig
 from gitops.sip.selection import CLUSTER_LABEL, LabelChange, select_hosts
+from test_sip_selection import demanding
 
 EXAMPLE_REPO = Path(__file__).resolve().parents[1] / "example-repo"
 INVENTORY = EXAMPLE_REPO / "inventory" / "baremetalhosts.yaml"
@@ -221,7 +222,7 @@ def kubeconfig(tmp_path: Path, server: str, pki, *, user: dict | None = None) ->
 
 
 def test_file_provider_overlay_round_trip():
-    model = load_model(EXAMPLE_REPO)
+    model = demanding(load_model(EXAMPLE_REPO))  # wants the r03 hosts too
     extra = hosts_from_yaml(yaml.safe_dump({"kind": "List", "items": inventory_objects()[-2:]}), "extra.yaml")
     hosts = list(model.baremetal_hosts.values()) + extra
     provider = FileProvider(hosts)
@@ -281,7 +282,7 @@ def test_kubernetes_list_one_namespace_with_a_token(api, pki, tmp_path):
 
 def test_kubernetes_label_with_a_conflict_then_converge(api, pki, tmp_path):
     provider = KubernetesProvider.from_kubeconfig(kubeconfig(tmp_path, api.url, pki))
-    model = load_model(EXAMPLE_REPO)
+    model = demanding(load_model(EXAMPLE_REPO))  # wants the r03 hosts too
     result = select_hosts(model.sip_clusters, provider.list_hosts())
     assert result.selection("tenant-1").ready
     api.race["metal3/r02-node-01"] = 1  # someone else updates that host once, between our list and patch
