@@ -27,10 +27,19 @@ from gitops.errors import GitopsError
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.metrics import Metrics
 from gitops.model.validate import Validation, validate_repo
-from gitops.observe import observe
+from gitops.engine import bare_metal_hosts, observe_all
+from gitops.sip.selection import SIPPlan, select_hosts
 from gitops.source import GitSource, SignatureError, SignaturePolicy
 from gitops.status.branch import StatusBranch
-from gitops.status.report import OBSERVED, SOURCE, Outcome, dump, resource_documents, source_document
+from gitops.status.report import (
+    OBSERVED,
+    SOURCE,
+    Outcome,
+    dump,
+    resource_documents,
+    sip_documents,
+    source_document,
+)
 from gitops.status.state import ControllerStateStore, Sealer
 
 log = logging.getLogger("gitops.controller")
@@ -141,8 +150,10 @@ class Controller:
         except GitopsError as err:
             result_name, message = "Failed", str(err)
             log.error("apply failed", extra={"sha": sha, "error": message})
-        observed = last.observed if last is not None else observe(model.hypervisors.values())
+        observed = last.observed if last is not None else observe_all(model, config)
         compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable)
+        hosts = bare_metal_hosts(model, config, self.store.load(), observed)
+        sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else SIPPlan((), ())
         in_force = sha if result_name == "Applied" else applied_before
         if refused is not None:
             report = Outcome(sha=refused.sha, result="Refused", message=refused.message, errors=refused.errors,
@@ -154,6 +165,7 @@ class Controller:
         def write(branch: StatusBranch) -> None:
             files = {SOURCE: source_document(report, branch.read, now), OBSERVED: dump(observed.to_dict())}
             files.update(resource_documents(model, compiled.desired, observed, report, branch.read, now, placements))
+            files.update(sip_documents(model, sip, report, branch.read, now))
             files.update(self._kubeconfigs(compiled.desired, config.kubeconfig_recipients, branch))
             files.update(self.store.files({rel: branch.read(rel) for rel in
                                            ("state/public.json", self.sealer.path)}))

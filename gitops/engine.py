@@ -5,16 +5,24 @@ rounds until nothing is left) and by the controller loop.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 from gitops.compile import Compiled, compile_desired
+from gitops.errors import GitopsError
 from gitops.model.config import RepoConfig
-from gitops.model.resources import RepoModel
-from gitops.observe import ObservedState
-from gitops.plan.actions import Plan
+from gitops.model.resources import BareMetalHost, RepoModel
+from gitops.observe import ObservedState, observe
+from gitops.plan.actions import Plan, ordered
+from gitops.sip.reconcile import file_hosts, label_actions, provider_for
+from gitops.sip.reconcile import warnings as sip_warnings
+from gitops.sip.selection import SIPPlan, select_hosts
 from gitops.plan.diff import DiffOptions, diff, learn
 from gitops.state.records import State
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -22,6 +30,8 @@ class Planned:
     compiled: Compiled
     observed: ObservedState
     plan: Plan
+    #: SIP host selection and the label changes it needs
+    sip: SIPPlan = field(default_factory=lambda: SIPPlan((), ()))
 
     @property
     def state(self) -> State:
@@ -36,8 +46,38 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     options = DiffOptions(prune=config.prune.enabled, renew_before_days=config.renew_before_days)
     plan = diff(compiled.desired, observed, compiled.state, options, now=now)
     warnings = list(plan.warnings) + list(compiled.deferred) + _orphan_warnings(model, compiled.state)
-    plan = Plan(actions=plan.actions, warnings=tuple(warnings), source=source)
-    return Planned(compiled=compiled, observed=observed, plan=plan)
+    hosts = bare_metal_hosts(model, config, compiled.state, observed)
+    if hosts is None:
+        sip = SIPPlan((), ())
+        if model.sip_clusters:
+            warnings.append("BareMetalHosts could not be listed; SIPClusters are not planned")
+    else:
+        sip = select_hosts(model.sip_clusters, hosts)
+        warnings += sip_warnings(sip)
+    actions = ordered(list(plan.actions) + label_actions(sip))
+    plan = Plan(actions=actions, warnings=tuple(warnings), source=source)
+    return Planned(compiled=compiled, observed=observed, plan=plan, sip=sip)
+
+
+def bare_metal_hosts(model: RepoModel, config: RepoConfig, state: State,
+                     observed: ObservedState) -> list[BareMetalHost] | None:
+    """File provider: the repo's hosts with recorded labels. Kubernetes: what observation listed."""
+    if config.bare_metal.provider == "file":
+        return file_hosts(model, state)
+    return list(observed.hosts) if observed.hosts is not None else None
+
+
+def observe_all(model: RepoModel, config: RepoConfig) -> ObservedState:
+    """Observe the hypervisors, and a kubernetes BareMetalHost provider's hosts."""
+    observed = observe(model.hypervisors.values())
+    if config.bare_metal.provider != "kubernetes" or not model.sip_clusters:
+        return observed
+    try:
+        hosts = provider_for(model, config, State()).list_hosts()
+    except GitopsError as err:
+        log.warning("cannot list BareMetalHosts: %s", err)
+        return observed
+    return dataclasses.replace(observed, hosts=tuple(hosts))
 
 
 def _orphan_warnings(model: RepoModel, state: State) -> list[str]:

@@ -16,7 +16,7 @@ from gitops.compile.desired import CLUSTER, COMPONENT, MANAGED, MANAGER, NODE, R
 from gitops.cri.client import CRIClient, read_all
 from gitops.cri.errors import CRIError
 from gitops.cri.types import ContainerState, SandboxState
-from gitops.model.resources import Hypervisor
+from gitops.model.resources import BareMetalHost, Hypervisor
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,8 @@ class ObservedHypervisor:
 @dataclass(frozen=True)
 class ObservedState:
     hypervisors: dict[str, ObservedHypervisor]
+    #: BareMetalHosts listed from a kubernetes provider (None when not observed)
+    hosts: tuple[BareMetalHost, ...] | None = None
 
     def pods(self) -> list[ObservedPod]:
         return [p for hv in self.hypervisors.values() for p in hv.pods]
@@ -104,7 +106,10 @@ class ObservedState:
         return sorted(n for n, hv in self.hypervisors.items() if not hv.reachable)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hypervisors": {n: asdict(hv) for n, hv in sorted(self.hypervisors.items())}}
+        data: dict[str, Any] = {"hypervisors": {n: asdict(hv) for n, hv in sorted(self.hypervisors.items())}}
+        if self.hosts is not None:
+            data["bareMetalHosts"] = [asdict(h) for h in self.hosts]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ObservedState":
@@ -120,7 +125,8 @@ class ObservedState:
                                     files["public_keys"]) if files is not None else None,
                 ))
             hvs[name] = ObservedHypervisor(raw["name"], raw["reachable"], raw.get("error", ""), tuple(pods))
-        return cls(hvs)
+        hosts = data.get("bareMetalHosts")
+        return cls(hvs, tuple(BareMetalHost(**h) for h in hosts) if hosts is not None else None)
 
 
 def parse_files_listing(text: str) -> NodeFiles:

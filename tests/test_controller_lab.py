@@ -169,6 +169,11 @@ def test_first_commit_is_applied_and_reported(loop):
     cluster = yaml.safe_load(loop.status_file("status/Cluster/team-a.yaml"))["status"]
     assert cluster["phase"] == "Ready" and cluster["observedSourceSHA"] == sha
     assert sorted(loop.sandboxes()) == ["team-a-cp-1", "team-a-cp-2", "team-a-cp-3", "team-a-ingress"]
+    sip = yaml.safe_load(loop.status_file("status/SIPCluster/tenant-1.yaml"))["status"]
+    assert sip["phase"] == "Ready"
+    assert sip["hosts"]["ControlPlane"] == {"active": ["metal3/r01-node-01"], "standby": ["metal3/r02-node-01"]}
+    labels = json.loads(loop.status_file("state/public.json"))["sip_labels"]  # the file provider's labels
+    assert labels["metal3/r01-node-01"]["sip.airshipit.org/cluster-name"] == "tenant-1"
     # the controller's private keys are sealed: nothing PEM-private in the clear on the branch
     files = loop.git("--git-dir", str(loop.origin), "ls-tree", "-r", "--name-only", "gitops/status", cwd=loop.base)
     for rel in files.splitlines():

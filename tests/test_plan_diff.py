@@ -32,9 +32,10 @@ SA_KEY = "-----BEGIN PUBLIC KEY-----\nMFkw\n-----END PUBLIC KEY-----\n"
 
 @pytest.fixture(scope="module")
 def repo():
+    """The example repo without its SIPCluster: these tests are about pods (SIP has its own test below)."""
     result = validate_repo(EXAMPLE_REPO)
     assert result.model is not None
-    return result
+    return dataclasses.replace(result, model=dataclasses.replace(result.model, sip_clusters={}))
 
 
 def nothing_observed(model) -> ObservedState:
@@ -193,3 +194,33 @@ def test_renderers(repo):
     data = json.loads(render_json(plan))
     assert data["summary"] == {"add": 40, "change": 8, "remove": 0}
     assert data["actions"][0]["kind"] == "create-pod"
+
+
+def test_sip_host_labels_are_planned_and_applying_them_settles():
+    from gitops.sip.reconcile import apply_change, provider_for
+
+    result = validate_repo(EXAMPLE_REPO)
+    model, config = result.model, result.repo.config
+    state, observed = settle(dataclasses.replace(model, sip_clusters={}))
+    planned = make_plan(model, config, state, observed, now=NOW)
+    labels = [a for a in planned.plan.actions if a.kind == Kind.LABEL_HOST]
+    assert [(a.node, a.reason) for a in labels] == [
+        ("metal3/r01-node-01", "tenant-1/ControlPlane: selected as active"),
+        ("metal3/r01-node-02", "tenant-1/Worker: selected as active"),
+        ("metal3/r02-node-01", "tenant-1/ControlPlane: selected as standby"),
+        ("metal3/r02-node-02", "tenant-1/Worker: selected as active"),
+        ("metal3/r02-node-03", "tenant-1/Worker: selected as standby"),
+    ]
+    assert labels == list(planned.plan.actions)  # the pods are converged; only labels remain
+    assert "set sip.airshipit.org/cluster-name=tenant-1" in labels[0].details
+    state = planned.state.copy()
+    for change in planned.sip.changes:
+        apply_change(provider_for(model, config, state), change, state)
+    again = make_plan(model, config, state, observed, now=NOW)
+    assert again.plan.actions == ()
+    assert state.sip_labels["metal3/r02-node-01"]["sip.airshipit.org/standby"] == "true"
+    # the SIPCluster leaves the repo: every label it set is removed
+    gone = make_plan(dataclasses.replace(model, sip_clusters={}), config, state, observed, now=NOW)
+    assert len(gone.plan.actions) == 5
+    assert all(a.kind == Kind.LABEL_HOST and a.details and all(d.startswith("remove ") for d in a.details)
+               for a in gone.plan.actions)

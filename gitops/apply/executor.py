@@ -25,15 +25,16 @@ from gitops.compile.desired import COMPONENT, MANAGED, MANAGER, NODE, SPEC_HASH,
 from gitops.cri.client import CRIClient
 from gitops.cri.errors import CRIError, Reason
 from gitops.cri.types import ContainerState, SandboxState
-from gitops.engine import Planned, make_plan
+from gitops.engine import Planned, make_plan, observe_all
 from gitops.errors import GitopsError
 from gitops.model.config import RepoConfig
 from gitops.model.resources import CONTROLPLANE, RepoModel
-from gitops.observe import AGENT, ObservedState, observe, read_node_files
+from gitops.observe import AGENT, ObservedState, read_node_files
 from gitops.pki import load_csr_pem, sign_public_key
 from gitops.pki.x509 import cert_to_pem
 from gitops.plan.actions import Action, Kind, Plan
 from gitops.plan.diff import certificate_problem
+from gitops.sip.reconcile import apply_change, provider_for
 from gitops.state.records import State
 from gitops.state.store import StateStore
 
@@ -69,7 +70,7 @@ def apply(model: RepoModel, config: RepoConfig, store: StateStore, *, allow_mass
           should_stop: Callable[[], bool] = lambda: False,
           observe_fn: Callable[[RepoModel], ObservedState] | None = None) -> ApplyResult:
     """Reconcile the hypervisors with `model` until nothing is left to do."""
-    watch = observe_fn or (lambda m: observe(m.hypervisors.values()))
+    watch = observe_fn or (lambda m: observe_all(m, config))
     result: ApplyResult | None = None
     for round_no in range(1, max_rounds + 1):
         planned = make_plan(model, config, store.load(), watch(model), source=source)
@@ -83,7 +84,7 @@ def apply(model: RepoModel, config: RepoConfig, store: StateStore, *, allow_mass
             raise MassDeleteRefused(planned.plan, config.prune.max_deletes)
         if planned.plan.empty:
             return result
-        runner = Runner(model, planned, store, progress)
+        runner = Runner(model, config, planned, store, progress)
         try:
             finished = runner.run(should_stop)
         finally:
@@ -98,8 +99,10 @@ def apply(model: RepoModel, config: RepoConfig, store: StateStore, *, allow_mass
 class Runner:
     """Executes one round's actions with the state and desired pods of that round."""
 
-    def __init__(self, model: RepoModel, planned: Planned, store: StateStore, progress: Progress | None):
+    def __init__(self, model: RepoModel, config: RepoConfig, planned: Planned, store: StateStore,
+                 progress: Progress | None):
         self.model = model
+        self.config = config
         self.planned = planned
         self.desired = planned.compiled.desired
         self.state: State = planned.state.copy()
@@ -279,6 +282,14 @@ class Runner:
         if want is None:
             self._forget(action)
 
+    def label_host(self, action: Action) -> None:
+        change = next(c for c in self.planned.sip.changes if c.host == action.node)
+        provider = provider_for(self.model, self.config, self.state)
+        if self.config.bare_metal.provider == "kubernetes":
+            provider.list_hosts()  # the current resourceVersion to patch against
+        apply_change(provider, change, self.state)
+        self.save()
+
     def _forget(self, action: Action) -> None:
         """The node left the repo and its pod is gone: free its ports and records."""
         self.state.nodes.pop(action.node, None)
@@ -302,4 +313,5 @@ HANDLERS: dict[Kind, Callable[[Runner, Action], None]] = {
     Kind.RECREATE_CONTAINER: Runner.recreate_container,
     Kind.REMOVE_CONTAINER: Runner.remove_container,
     Kind.REMOVE_POD: Runner.remove_pod,
+    Kind.LABEL_HOST: Runner.label_host,
 }

@@ -143,14 +143,15 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> Non
     """Show the controller's status branch: clusters, or one cluster's nodes."""
     ref = ref or _default_ref(repo)
     source = yaml.safe_load(_show(repo, ref, "status/source.yaml") or "{}") or {}
-    docs = {kind: _docs(repo, ref, kind) for kind in ("Cluster", "Node", "Hypervisor")}
+    docs = {kind: _docs(repo, ref, kind) for kind in ("Cluster", "Node", "Hypervisor", "SIPCluster")}
     if cluster is not None and cluster not in docs["Cluster"]:
         raise GitopsError(f"no status for Cluster {cluster!r} on {ref} (known: {', '.join(docs['Cluster']) or 'none'})")
     if output == "json":
         data = {"ref": ref, "source": source.get("status", {}),
                 "clusters": {n: d["status"] for n, d in docs["Cluster"].items() if cluster in (None, n)},
                 "nodes": {n: d["status"] for n, d in docs["Node"].items()
-                          if cluster is None or d.get("spec", {}).get("cluster") == cluster}}
+                          if cluster is None or d.get("spec", {}).get("cluster") == cluster},
+                "sipClusters": {n: d["status"] for n, d in docs["SIPCluster"].items() if cluster is None}}
         click.echo(json.dumps(data, indent=2, sort_keys=True))
         return
     console = Console(highlight=False, width=None if Console().is_terminal else 160)
@@ -177,6 +178,13 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> Non
             components = f"{len(states) - len(bad)}/{len(states)} running" + (f" ({', '.join(bad)})" if bad else "")
             table.add_row(name, st["phase"], st.get("hypervisor", ""), components, st["conditions"][0]["message"])
     console.print(table)
+    if cluster is None and docs["SIPCluster"]:
+        sip = Table("SIPCLUSTER", "PHASE", "HOSTS (active / standby)", "MESSAGE")
+        for name, doc in docs["SIPCluster"].items():
+            st = doc["status"]
+            hosts = "; ".join(f"{role}: {len(h['active'])}/{len(h['standby'])}" for role, h in st["hosts"].items())
+            sip.add_row(name, st["phase"], hosts, st["conditions"][0]["message"])
+        console.print(sip)
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:

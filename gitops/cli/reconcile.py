@@ -15,11 +15,11 @@ from rich.console import Console
 
 from gitops.apply import apply as apply_repo
 from gitops.compile import compile_desired
-from gitops.engine import make_plan
+from gitops.engine import make_plan, observe_all
 from gitops.errors import GitopsError
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.model.validate import InvalidRepo, validate_repo
-from gitops.observe import ObservedState, observe
+from gitops.observe import ObservedState
 from gitops.plan.actions import Action, Plan
 from gitops.plan.render import describe, render_json, render_markdown, render_text
 from gitops.state import LocalDirStore
@@ -69,7 +69,7 @@ def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exi
     if status_ref:
         state, observed, source = snapshot_from_status(repo, status_ref)
     else:
-        state, observed, source = state_store(repo, state_dir).load(), observe(model.hypervisors.values()), ""
+        state, observed, source = state_store(repo, state_dir).load(), observe_all(model, result.repo.config), ""
     planned = make_plan(model, result.repo.config, state, observed, source=source)
     show(planned.plan, fmt, output)
     if detailed_exitcode and not planned.plan.empty:

@@ -13,12 +13,22 @@ class PrunePolicy:
 
 
 @dataclass(frozen=True)
+class BareMetalSource:
+    """Where BareMetalHosts come from: the repo (`file`) or a management cluster (`kubernetes`)."""
+
+    provider: str = "file"
+    kubeconfig: str | None = None  # path on the controller's machine
+    namespace: str | None = None  # None: all namespaces
+
+
+@dataclass(frozen=True)
 class RepoConfig:
     paths: tuple[str, ...] = (".",)
     status_branch: str = "gitops/status"
     kubeconfig_recipients: tuple[str, ...] = ()
     prune: PrunePolicy = field(default_factory=PrunePolicy)
     renew_before_days: int = 30
+    bare_metal: BareMetalSource = field(default_factory=BareMetalSource)
 
     @classmethod
     def from_spec(cls, spec: dict) -> "RepoConfig":
@@ -34,4 +44,9 @@ class RepoConfig:
                 max_deletes=prune.get("maxDeletes", PrunePolicy.max_deletes),
             ),
             renew_before_days=spec.get("certificates", {}).get("renewBeforeDays", defaults.renew_before_days),
+            bare_metal=BareMetalSource(
+                provider=spec.get("bareMetal", {}).get("provider", "file"),
+                kubeconfig=spec.get("bareMetal", {}).get("kubeconfig"),
+                namespace=spec.get("bareMetal", {}).get("namespace"),
+            ),
         )

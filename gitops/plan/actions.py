@@ -17,6 +17,7 @@ class Kind(str, Enum):
     ETCD_MEMBER_ADD = "etcd-member-add"
     CREATE_CONTAINER = "create-container"
     RECREATE_CONTAINER = "recreate-container"
+    LABEL_HOST = "label-host"
 
 
 #: execution order of the kinds; within the last phase a node's etcd member add
@@ -31,6 +32,7 @@ PHASE = {
     Kind.ETCD_MEMBER_ADD: 6,
     Kind.CREATE_CONTAINER: 6,
     Kind.RECREATE_CONTAINER: 6,
+    Kind.LABEL_HOST: 7,
 }
 
 SYMBOL = {
@@ -43,6 +45,7 @@ SYMBOL = {
     Kind.ETCD_MEMBER_ADD: "+",
     Kind.CREATE_CONTAINER: "+",
     Kind.RECREATE_CONTAINER: "~",
+    Kind.LABEL_HOST: "~",
 }
 
 

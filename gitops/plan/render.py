@@ -19,6 +19,7 @@ VERB = {
     Kind.ETCD_MEMBER_ADD: "add etcd member",
     Kind.CREATE_CONTAINER: "create container",
     Kind.RECREATE_CONTAINER: "recreate container",
+    Kind.LABEL_HOST: "label host",
 }
 COLOUR = {"+": "green", "~": "yellow", "-": "red"}
 
@@ -56,7 +57,8 @@ def render_text(plan: Plan, console: Console) -> None:
             cluster = cluster_name
             console.print(f"\n[bold]Cluster {escape(cluster_name)}[/bold]")
         hv = next((a.hypervisor for a in actions if a.hypervisor), "")
-        console.print(f"  Node {escape(node)}" + (f" [dim]on {escape(hv)}[/dim]" if hv else ""))
+        what = "Host" if any(a.kind == Kind.LABEL_HOST for a in actions) else "Node"
+        console.print(f"  {what} {escape(node)}" + (f" [dim]on {escape(hv)}[/dim]" if hv else ""))
         for action in actions:
             colour = COLOUR[action.symbol]
             console.print(f"    [{colour}]{action.symbol} {escape(describe(action))}[/{colour}]")

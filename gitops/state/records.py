@@ -43,6 +43,8 @@ class NodeRecord:
 class State:
     clusters: dict[str, ClusterRecord] = field(default_factory=dict)
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    #: labels gitops set on file-provider BareMetalHosts ("namespace/name" -> label -> value, None = removed)
+    sip_labels: dict[str, dict[str, str | None]] = field(default_factory=dict)
 
     def copy(self) -> "State":
         return copy.deepcopy(self)
@@ -63,7 +65,8 @@ class State:
                 etcd_members=list(raw.get("etcd_members", [])),
             )
         nodes = {name: NodeRecord(**raw) for name, raw in data.get("nodes", {}).items()}
-        return cls(clusters=clusters, nodes=nodes)
+        sip_labels = {host: dict(labels) for host, labels in data.get("sip_labels", {}).items()}
+        return cls(clusters=clusters, nodes=nodes, sip_labels=sip_labels)
 
 
 def _sorted(value: Any) -> Any:

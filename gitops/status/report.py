@@ -17,6 +17,7 @@ import yaml
 from gitops.compile.desired import DesiredState
 from gitops.model.resources import RepoModel
 from gitops.observe import ObservedState
+from gitops.sip.selection import SIPPlan
 
 API_VERSION = "gitops.infra/v1alpha1"
 SOURCE = "status/source.yaml"
@@ -167,5 +168,40 @@ def resource_documents(model: RepoModel, desired: DesiredState, observed: Observ
             "pods": sorted(p.node for p in seen.pods) if seen else [],
         }
         out[rel] = dump({"apiVersion": API_VERSION, "kind": "HypervisorStatus", "metadata": {"name": name},
+                         "status": status})
+    return out
+
+
+def sip_documents(model: RepoModel, sip: SIPPlan, outcome: Outcome, previous: Callable[[str], bytes | None],
+                  now: dt.datetime) -> dict[str, bytes]:
+    """status/SIPCluster/<name>.yaml: the chosen hosts by role, and whether there were enough."""
+    out: dict[str, bytes] = {}
+    selections = {s.cluster: s for s in sip.selections}
+    pending = {c.host for c in sip.changes}
+    for name in sorted(model.sip_clusters):
+        rel = f"status/SIPCluster/{name}.yaml"
+        selection = selections.get(name)
+        if selection is None:
+            phase, ready, reason, message, roles = "Unknown", None, "HostsNotListed", \
+                "BareMetalHosts could not be listed", {}
+        else:
+            roles = {r.role: {"active": list(r.active), "standby": list(r.standby)} for r in selection.roles}
+            unlabeled = sorted(h for r in selection.roles for h in r.hosts if h in pending)
+            if not selection.ready:
+                phase, ready = "InsufficientHosts", False
+            elif unlabeled:
+                phase, ready = "Progressing", False
+            else:
+                phase, ready = "Ready", True
+            reason, message = selection.condition.reason, selection.condition.message
+            if ready is False and unlabeled and selection.ready:
+                reason, message = "LabelsPending", "not yet labeled: " + ", ".join(unlabeled)
+        status = {
+            "phase": phase,
+            "observedSourceSHA": outcome.applied_sha,
+            "conditions": [condition("Ready", ready, reason, message, _previous_conditions(previous, rel), now)],
+            "hosts": roles,
+        }
+        out[rel] = dump({"apiVersion": API_VERSION, "kind": "SIPClusterStatus", "metadata": {"name": name},
                          "status": status})
     return out
