@@ -15,6 +15,7 @@ from pathlib import Path
 import git
 
 from gitops.errors import GitopsError
+from gitops.gitclone import open_clone
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +62,7 @@ class GitSource:
     def repo(self) -> git.Repo:
         if self._repo is None:
             try:
-                if (self.dir / ".git").is_dir():
-                    self._repo = git.Repo(self.dir)
-                    self._repo.remote("origin").set_url(self.url)
-                else:
-                    self.dir.parent.mkdir(parents=True, exist_ok=True)
-                    self._repo = git.Repo.clone_from(self.url, self.dir, no_checkout=True)
+                self._repo = open_clone(self.url, self.dir)
             except (git.GitCommandError, ValueError) as err:
                 raise SourceError(f"cannot clone {self.url}: {_git_message(err)}") from None
         return self._repo

@@ -34,6 +34,7 @@ from gitops.compile.desired import (
 )
 from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
 from gitops.model.resources import CONTROLPLANE, Cluster, Hypervisor, Node
+from gitops.model.semantics import is_ip
 from gitops.state.records import ClusterRecord, NodeRecord
 
 FILES = "/etc/gitops"
@@ -139,8 +140,8 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
     files_mount = _files_mount(base)
     ingress_ips = sorted({p_hv.ip_address for name, (p_hv, _) in peers.items()
                           if p_hv.public})
-    host_ips = [h for h in cluster.endpoint_hosts if _is_ip(h)]
-    host_names = [h for h in cluster.endpoint_hosts if not _is_ip(h)]
+    host_ips = [h for h in cluster.endpoint_hosts if is_ip(h)]
+    host_names = [h for h in cluster.endpoint_hosts if not is_ip(h)]
     certs = [
         CertificateSpec("etcd-server", "etcd", node.name, dns_names=("localhost", node.name),
                         ip_addresses=(ip, "127.0.0.1"), server=True, client=True),
@@ -317,14 +318,6 @@ def kubeconfig_with_files(cluster: str, server: str, user: str) -> str:
         f"contexts:\n- name: {user}@{cluster}\n  context:\n    cluster: {cluster}\n    user: {user}\n"
         f"current-context: {user}@{cluster}\n"
     )
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-        return True
-    except ValueError:
-        return False
 
 
 def _unique(items: list[str]) -> list[str]:

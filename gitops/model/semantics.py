@@ -165,7 +165,7 @@ def cluster_networks(docs: list[Document], _everything: list[Document]) -> Itera
             if svc.version == pod.version and svc.overlaps(pod):
                 yield cluster.error(("spec", "podCIDR"), f"pod network {pod} overlaps service network {svc}")
         for i, host in enumerate(cluster.get(("spec", "apiServer", "endpointHosts"), [])):
-            if not (HOSTNAME.match(host) or _is_ip(host)):
+            if not (HOSTNAME.match(host) or is_ip(host)):
                 yield cluster.error(("spec", "apiServer", "endpointHosts", i), f"{host!r} is neither a DNS name nor an IP")
         validity = cluster.get(("spec", "certificates", "validityDays"), 365)
         renew = cluster.get(("spec", "certificates", "renewBeforeDays"), 30)
@@ -184,7 +184,7 @@ def _network(doc: Document, path: tuple[str, ...]):
         return doc.error(path, f"{raw!r} is not a CIDR: {err}")
 
 
-def _is_ip(text: str) -> bool:
+def is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(text)
         return True
