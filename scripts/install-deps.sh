@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(containerd runc haproxy etcd-server etcd-client openssh-server age iproute2)
+APT_PACKAGES=(containerd runc haproxy etcd-server etcd-client openssh-server openssh-client openssl git age iproute2)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

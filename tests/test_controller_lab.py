@@ -331,3 +331,37 @@ def test_watch_serves_health_and_metrics_and_stops_on_sigterm(loop):
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-2000:]
     assert "finishing the current action" in err and "controller stopped" in err
+
+
+def test_watch_reconciles_a_local_working_copy_as_soon_as_a_commit_lands(loop):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def reconciles() -> float:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+        except OSError:
+            return 0.0
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("gitops_reconcile_total{"))
+
+    proc = subprocess.Popen([GITOPS, "watch", "--repo", str(loop.work), "--workdir", str(loop.workdir),
+                             "--identity", str(loop.controller_key), "--interval", "10m",
+                             "--metrics-address", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while reconciles() < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert reconciles() == 1
+        (loop.work / "README.md").write_text("edited locally\n")
+        loop.git("commit", "-qam", "local edit")  # no push: the working copy itself is the source
+        deadline = time.monotonic() + 30  # far sooner than the 10 minute interval
+        while reconciles() < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert reconciles() == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert "local commit detected" in err

@@ -334,7 +334,7 @@ def test_upstream_aliases(lab, tmp_path: Path) -> None:  # type: ignore[no-untyp
     assert lab.aliases["registry.k8s.io/kube-apiserver:v1.31.2"] == "gitops.lab/kube-apiserver-standin:v1.31.2"
     assert lab.aliases["registry.k8s.io/etcd:3.5.16-0"] == lab.images["etcd"]
     assert lab.aliases[DEFAULT_AGENT_IMAGE] == lab.images["agent"]
-    assert len(lab.aliases) == 9
+    assert len(lab.aliases) == 10
     for hv in lab.hypervisors:
         with CRIClient(hv.remote()) as client:
             for alias, ref in lab.aliases.items():

@@ -9,8 +9,9 @@ Layout of a lab directory:
                              node files gitops mounts into pods
 
 Images: pause, etcd and haproxy from the host's Debian packages, the files agent,
-and kube-apiserver / kube-controller-manager / kube-scheduler STAND-INS per
-Kubernetes version (see gitops.lab.standins). They are also tagged under the
+the jump host (the host's sshd, see gitops.sip.jumphost), and kube-apiserver /
+kube-controller-manager / kube-scheduler STAND-INS per Kubernetes version (see
+gitops.lab.standins). They are also tagged under the
 upstream names default Clusters use (registry.k8s.io/kube-apiserver:v1.31.2, ...):
 the alias table is in lab.json and `gitops lab status`.
 """

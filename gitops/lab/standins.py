@@ -6,23 +6,28 @@
   certificate, requiring a client certificate signed by --client-ca-file; it answers
   /healthz, /livez, /readyz ("ok") and /version (JSON), everything else 404;
 * `kube-controller-manager` and `kube-scheduler` STAND-INS: sh scripts that check
-  their kubeconfig and the files it names, say what they would do, and sleep.
+  their kubeconfig and the files it names, say what they would do, and sleep;
+* the `jumphost`: Debian's real sshd with ssh-keygen, sh and the entrypoint of
+  `gitops.sip.jumphost` (not a stand-in: the real daemon, configured by gitops).
 
 Every stand-in fails loudly (exit 1, message on stderr) when a file a flag names
 (`--*-file`, `--*file`, `--*kubeconfig`, `--*-certificate`, `--*-key`) is missing.
 
 `upstream_aliases` maps the image names gitops's clusters use by default
-(registry.k8s.io/..., docker.io/library/haproxy, the agent) to these lab images.
+(registry.k8s.io/..., docker.io/library/haproxy, the agent, the jump host) to these lab images.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
+from pathlib import Path
 
 from gitops.lab.errors import LabError
 from gitops.lab.images import ImageFile, ImageRecipe, _which, base_recipes
 from gitops.model.resources import DEFAULT_AGENT_IMAGE, DEFAULT_ETCD_VERSION
+from gitops.sip import jumphost
 
 DEFAULT_KUBERNETES_VERSIONS = ("1.31.2", "1.30.6")
 UPSTREAM_HAPROXY = "docker.io/library/haproxy:2.8"
@@ -64,6 +69,42 @@ def agent_recipe() -> ImageRecipe:
     return ImageRecipe("agent", tag, tuple(_which(b) for b in AGENT_TOOLS), ("sleep", "infinity"),
                        extra=_openssl_extras(), dirs=("node",), stop_signal="SIGKILL",
                        labels=(("org.opencontainers.image.description", "gitops lab files agent"),))
+
+
+#: what the jump host's entrypoint runs (besides sshd itself)
+JUMPHOST_TOOLS = ("sh", "ssh-keygen", "sha256sum", "mkdir", "cp", "mv", "rm", "chmod", "chown")
+
+
+def sshd_version(sshd: str) -> str:
+    """OpenSSH's version (e.g. 9.2p1), from the banner compiled into `sshd`."""
+    try:
+        data = Path(sshd).read_bytes()
+    except OSError as err:
+        raise LabError(f"cannot read {sshd}: {err}") from err
+    # the banner (OpenSSH_9.2p1) carries the portable release; sshd -V says only 9.2
+    match = re.search(rb"OpenSSH_(\d+\.\d+p\d+)", data) or re.search(rb"OpenSSH_(\d+\.\d+)", data)
+    if not match:
+        raise LabError(f"cannot find OpenSSH's version in {sshd}")
+    return match.group(1).decode()
+
+
+def jumphost_recipe() -> ImageRecipe:
+    """`gitops.lab/jumphost:<openssh version>`: the host's sshd, run by gitops.sip.jumphost's entrypoint.
+
+    Besides the binaries (and their libraries): /etc/passwd with sshd's privilege-separation
+    user and the login user, their home and /run/sshd (root, 0755), /etc/ssh/moduli.
+    """
+    sshd = _which(jumphost.SSHD)
+    moduli = "/etc/ssh/moduli"
+    return ImageRecipe(
+        "jumphost", sshd_version(sshd), (sshd, *(_which(t) for t in JUMPHOST_TOOLS)), (jumphost.ENTRYPOINT,),
+        dirs=(jumphost.PRIVSEP_DIR.lstrip("/"), jumphost.LOGIN_HOME.lstrip("/"), jumphost.STATE_DIR.lstrip("/"),
+              jumphost.FILES_DIR.lstrip("/"), "etc/ssh"),
+        extra=(moduli,) if os.path.exists(moduli) else (),
+        files=(ImageFile(jumphost.ENTRYPOINT, jumphost.entrypoint_script().encode(), 0o755),
+               ImageFile("/etc/passwd", jumphost.passwd_text().encode()),
+               ImageFile("/etc/group", jumphost.group_text().encode())),
+        labels=(("org.opencontainers.image.description", "gitops jump host (lab build of the host's sshd)"),))
 
 
 # ---------------------------------------------------------------------------- scripts
@@ -228,9 +269,10 @@ def standin_recipe(component: str, version: str, base: ImageRecipe) -> ImageReci
 
 
 def lab_recipes(kubernetes_versions: Iterable[str] = DEFAULT_KUBERNETES_VERSIONS) -> dict[str, ImageRecipe]:
-    """role -> recipe: pause, etcd, haproxy, agent and `<component>/v<version>` stand-ins."""
+    """role -> recipe: pause, etcd, haproxy, agent, jumphost and `<component>/v<version>` stand-ins."""
     recipes = base_recipes()
     recipes["agent"] = agent_recipe()
+    recipes["jumphost"] = jumphost_recipe()
     for version in dict.fromkeys(normalize_version(v) for v in kubernetes_versions):
         for component in COMPONENTS:
             base = recipes["haproxy"] if component == "kube-apiserver" else recipes["agent"]
@@ -245,6 +287,7 @@ def upstream_aliases(recipes: dict[str, ImageRecipe], kubernetes_versions: Itera
         f"registry.k8s.io/etcd:{etcd_version.strip().removeprefix('v')}-0": recipes["etcd"].ref,
         UPSTREAM_HAPROXY: recipes["haproxy"].ref,
         DEFAULT_AGENT_IMAGE: recipes["agent"].ref,
+        jumphost.DEFAULT_JUMPHOST_IMAGE: recipes["jumphost"].ref,
     }
     for version in dict.fromkeys(normalize_version(v) for v in kubernetes_versions):
         for component in COMPONENTS:
