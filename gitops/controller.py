@@ -151,8 +151,8 @@ class Controller:
             result_name, message = "Failed", str(err)
             log.error("apply failed", extra={"sha": sha, "error": message})
         observed = last.observed if last is not None else observe_all(model, config)
-        compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable)
         hosts = bare_metal_hosts(model, config, self.store.load(), observed)
+        compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable, hosts=hosts or ())
         sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else SIPPlan((), ())
         in_force = sha if result_name == "Applied" else applied_before
         if refused is not None:
@@ -165,7 +165,7 @@ class Controller:
         def write(branch: StatusBranch) -> None:
             files = {SOURCE: source_document(report, branch.read, now), OBSERVED: dump(observed.to_dict())}
             files.update(resource_documents(model, compiled.desired, observed, report, branch.read, now, placements))
-            files.update(sip_documents(model, sip, report, branch.read, now))
+            files.update(sip_documents(model, sip, report, branch.read, now, compiled.desired, placements))
             files.update(self._kubeconfigs(compiled.desired, config.kubeconfig_recipients, branch))
             files.update(self.store.files({rel: branch.read(rel) for rel in
                                            ("state/public.json", self.sealer.path)}))

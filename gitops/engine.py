@@ -42,11 +42,11 @@ class Planned:
 def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: ObservedState,
               *, now: dt.datetime | None = None, source: str = "") -> Planned:
     learned = learn(state, observed, {name: node.cluster for name, node in model.nodes.items()})
-    compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable)
+    hosts = bare_metal_hosts(model, config, learned, observed)
+    compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable, hosts=hosts or ())
     options = DiffOptions(prune=config.prune.enabled, renew_before_days=config.renew_before_days)
     plan = diff(compiled.desired, observed, compiled.state, options, now=now)
     warnings = list(plan.warnings) + list(compiled.deferred) + _orphan_warnings(model, compiled.state)
-    hosts = bare_metal_hosts(model, config, compiled.state, observed)
     if hosts is None:
         sip = SIPPlan((), ())
         if model.sip_clusters:

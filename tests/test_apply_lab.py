@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import http.client
+import socket
 from collections import Counter
 from pathlib import Path
 
@@ -166,10 +167,11 @@ def api_get(world: World, cluster: str, path: str, with_credentials: bool = True
 
 def test_apply_creates_the_example_clusters(world):
     before = world.plan()
-    assert "Plan: 40 to add, 13 to change, 0 to remove." in before.stdout  # 5 of the changes: SIP host labels
+    # 40 + 13 for the clusters (5 of the changes: SIP host labels), 4 + 2 for tenant-1's two service pods
+    assert "Plan: 44 to add, 15 to change, 0 to remove." in before.stdout
     world.apply()
     pods = world.sandboxes()
-    assert sorted(pods) == sorted(load_model(world.repo).nodes)
+    assert sorted(pods) == sorted([*load_model(world.repo).nodes, "tenant-1-jump", "tenant-1-lb"])
     assert all(len(p) == 1 for p in pods.values()), pods
     where = {node: hv for node, [(hv, _)] in pods.items()}
     assert where["team-a-ingress"] == where["team-b-ingress"] == "lab-hv-1"  # the public one
@@ -301,3 +303,59 @@ def test_a_failing_action_stops_apply_with_a_clear_message(world):
     world.apply()  # the cluster left the repo again: nothing of it may remain
     assert not [n for n in world.sandboxes() if n.startswith("team-d")]
     assert world.plan("--detailed-exitcode").returncode == 0
+
+
+def test_sip_services_load_balancer_and_jump_host(world):
+    """The tenant API load balancer forwards to the active ControlPlane host (a test listener on its
+    networkData address stands in for the bare-metal host), and the jump host is real sshd."""
+    import socketserver
+    import threading
+
+    key = world.dir / "jump-key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "e2e", "-f", str(key)], check=True)
+    sip = world.repo / "sip/tenant-1.yaml"
+    text = sip.read_text()
+    old = next(line for line in text.splitlines() if line.strip().startswith("- ssh-ed25519"))
+    sip.write_text(text.replace(old, "        - " + key.with_suffix(".pub").read_text().strip()))
+
+    class Hello(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.sendall(b"hello from r01-node-01\n")
+
+    server = socketserver.ThreadingTCPServer(("127.0.20.11", 6443), Hello)  # r01-node-01's networkData address
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        world.apply()
+        assert world.plan("--detailed-exitcode").returncode == 0
+        pods = world.sandboxes()
+        assert pods["tenant-1-lb"][0][0] == pods["tenant-1-jump"][0][0] == "lab-hv-1"  # the public hypervisor
+        public_ip = world.hypervisors()["hv-public-1"].ip_address
+        deadline = time.monotonic() + 45
+        while True:
+            try:
+                with socket.create_connection((public_ip, 30443), timeout=3) as conn:
+                    data = conn.recv(100)
+                if data:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the load balancer never forwarded"
+            time.sleep(0.5)
+        assert data == b"hello from r01-node-01\n"
+    finally:
+        server.shutdown()
+        server.server_close()
+    state = LocalDirStore(world.state).load()
+    port = state.nodes["tenant-1-jump"].ports["ssh"]
+    ssh = ["ssh", "-p", str(port), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+           "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+    for _ in range(90):
+        ok = subprocess.run([*ssh, "-i", str(key), f"jump@{public_ip}", "echo", "ok"], capture_output=True, text=True)
+        if ok.returncode == 0:
+            break
+        time.sleep(0.5)
+    assert ok.returncode == 0 and ok.stdout.strip() == "ok", ok.stderr
+    other = world.dir / "other-key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    refused = subprocess.run([*ssh, "-i", str(other), f"jump@{public_ip}", "true"], capture_output=True, text=True)
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr

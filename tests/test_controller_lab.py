@@ -168,7 +168,8 @@ def test_first_commit_is_applied_and_reported(loop):
     assert loop.source()["appliedSHA"] == sha
     cluster = yaml.safe_load(loop.status_file("status/Cluster/team-a.yaml"))["status"]
     assert cluster["phase"] == "Ready" and cluster["observedSourceSHA"] == sha
-    assert sorted(loop.sandboxes()) == ["team-a-cp-1", "team-a-cp-2", "team-a-cp-3", "team-a-ingress"]
+    assert sorted(loop.sandboxes()) == ["team-a-cp-1", "team-a-cp-2", "team-a-cp-3", "team-a-ingress",
+                                        "tenant-1-jump", "tenant-1-lb"]
     sip = yaml.safe_load(loop.status_file("status/SIPCluster/tenant-1.yaml"))["status"]
     assert sip["phase"] == "Ready"
     assert sip["hosts"]["ControlPlane"] == {"active": ["metal3/r01-node-01"], "standby": ["metal3/r02-node-01"]}

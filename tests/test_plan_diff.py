@@ -201,6 +201,9 @@ def test_sip_host_labels_are_planned_and_applying_them_settles():
 
     result = validate_repo(EXAMPLE_REPO)
     model, config = result.model, result.repo.config
+    # the example's services need hosts; here only the labels matter
+    tenant = dataclasses.replace(model.sip_clusters["tenant-1"], load_balancer=None, jump_host=None)
+    model = dataclasses.replace(model, sip_clusters={"tenant-1": tenant})
     state, observed = settle(dataclasses.replace(model, sip_clusters={}))
     planned = make_plan(model, config, state, observed, now=NOW)
     labels = [a for a in planned.plan.actions if a.kind == Kind.LABEL_HOST]
@@ -224,3 +227,27 @@ def test_sip_host_labels_are_planned_and_applying_them_settles():
     assert len(gone.plan.actions) == 5
     assert all(a.kind == Kind.LABEL_HOST and a.details and all(d.startswith("remove ") for d in a.details)
                for a in gone.plan.actions)
+
+
+def test_sip_services_are_pods_on_the_public_hypervisor_behind_the_host_labels():
+    result = validate_repo(EXAMPLE_REPO)
+    model, config = result.model, result.repo.config
+    state, observed = settle(dataclasses.replace(model, sip_clusters={}))
+    planned = make_plan(model, config, state, observed, now=NOW)
+    services = {a.node for a in planned.plan.actions if a.cluster == "sip-tenant-1"}
+    assert services == {"tenant-1-lb", "tenant-1-jump"}
+    lb = planned.compiled.desired.pods["tenant-1-lb"]
+    assert lb.hypervisor == "hv-public-1" and [c.spec.name for c in lb.containers] == ["files", "haproxy"]
+    assert "  server " not in lb.files[0].content  # no host is labeled yet: no backend
+    state = planned.state.copy()
+    from gitops.sip.reconcile import apply_change, provider_for
+
+    for change in planned.sip.changes:
+        apply_change(provider_for(model, config, state), change, state)
+    after = make_plan(model, config, state, observed, now=NOW).compiled.desired.pods["tenant-1-lb"]
+    assert "bind 127.0.10.1:30443" in after.files[0].content
+    assert "  server r01-node-01 127.0.20.11:6443 check" in after.files[0].content  # the active ControlPlane host
+    assert "r02-node-01" not in after.files[0].content  # the standby is not a backend
+    jump = planned.compiled.desired.pods["tenant-1-jump"]
+    keys = next(f for f in jump.files if f.name == "authorized_keys").content
+    assert keys.startswith("ssh-ed25519 ") and keys.strip().endswith("ops@example.com")

@@ -194,7 +194,8 @@ def test_node_and_kind_errors(repo):
     assert errors(repo) == [
         "n.yaml:1: Node/c1-cp-9: apiVersion: must be 'gitops.infra/v1alpha1', got 'gitops.infra/v1'",
         "n.yaml:5: Node/c1-cp-9: spec: missing required field 'cluster'",
-        "n.yaml:9: Nodes/x: kind: unknown kind 'Nodes' (one of: Hypervisor, Cluster, Node, SIPCluster, BareMetalHost)",
+        "n.yaml:9: Nodes/x: kind: unknown kind 'Nodes' (one of: Hypervisor, Cluster, Node, SIPCluster, BareMetalHost, "
+        "Secret)",
     ]
 
 

@@ -206,9 +206,9 @@ class Runner:
         files = read_node_files(client, agent_id)
         if files is None:
             raise ApplyError(f"cannot list the files of Node {pod.node}")
-        cluster = self.model.clusters[pod.cluster]
-        authorities = self.state.clusters[pod.cluster].authorities
-        for spec in pod.certificates:
+        for spec in pod.certificates:  # only control-plane pods have certificates
+            cluster = self.model.clusters[pod.cluster]
+            authorities = self.state.clusters[pod.cluster].authorities
             ca_pem = authorities[spec.signer].cert_pem
             if certificate_problem(spec, files, ca_pem, cluster.renew_before_days, self.now) is None:
                 continue

@@ -6,6 +6,7 @@ and reused from then on. It performs no I/O.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -14,7 +15,8 @@ from gitops.compile.authorities import ensure_authorities
 from gitops.compile.components import etcd_member, pod_for
 from gitops.compile.desired import DesiredCluster, DesiredState
 from gitops.compile.placement import PlacementError, place
-from gitops.model.resources import CONTROLPLANE, Hypervisor, RepoModel
+from gitops.model.resources import CONTROLPLANE, BareMetalHost, Hypervisor, RepoModel
+from gitops.sip.services import pinned_ports, service_nodes, service_pods
 from gitops.state.records import NodeRecord, State
 
 __all__ = ["Compiled", "PlacementError", "compile_desired"]
@@ -30,10 +32,13 @@ class Compiled:
 
 
 def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None = None,
-                    unavailable: Iterable[str] = ()) -> Compiled:
+                    unavailable: Iterable[str] = (), hosts: Iterable[BareMetalHost] = ()) -> Compiled:
+    """`hosts`: the BareMetalHosts with their current labels (SIP load balancers point at them)."""
     now = now or dt.datetime.now(dt.timezone.utc)
     deferred: list[str] = []
-    new = place(model, state, unavailable, deferred)
+    services = service_nodes(model)
+    placement_model = dataclasses.replace(model, nodes={**model.nodes, **services}) if services else model
+    new = place(placement_model, state, unavailable, deferred, fixed=pinned_ports(model))
     for name, cluster in model.clusters.items():
         new.clusters[name] = ensure_authorities(cluster, new.clusters.get(name), now)
     pods = {}
@@ -60,6 +65,9 @@ def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None =
             _, hv, rec = ingress[0]
             endpoint = f"https://{hv.ip_address}:{rec.ports['apiserver']}"
         clusters[name] = DesiredCluster(name=name, etcd_members=members, api_endpoint=endpoint)
+    if services:
+        placed = {n: (model.hypervisors[new.nodes[n].hypervisor], new.nodes[n]) for n in services if n in new.nodes}
+        pods.update(service_pods(model, placed, hosts, deferred))
     return Compiled(desired=DesiredState(pods=dict(sorted(pods.items())), clusters=clusters), state=new,
                     deferred=tuple(deferred))
 

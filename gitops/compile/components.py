@@ -98,7 +98,7 @@ def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cl
         command=("sleep", "infinity"),
         mounts=(Mount(AGENT_ROOT, base),),
     )
-    containers = tuple(_desired(spec, labels, files, certs) for spec in (agent, *components))
+    containers = tuple(finish_container(spec, labels, files, certs) for spec in (agent, *components))
     return DesiredPod(
         node=node.name, cluster=node.cluster, role=node.role, hypervisor=hv.name, sandbox=sandbox,
         files_dir=f"{base}/files", files=tuple(sorted(files, key=lambda f: f.name)),
@@ -106,7 +106,7 @@ def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cl
     )
 
 
-def _desired(spec: ContainerSpec, pod_labels: dict[str, str], files: tuple[FileSpec, ...],
+def finish_container(spec: ContainerSpec, pod_labels: dict[str, str], files: tuple[FileSpec, ...],
              certs: list[CertificateSpec]) -> DesiredContainer:
     """Attach identity labels and a hash covering the spec and every file it reads."""
     text = " ".join(spec.args)

@@ -24,6 +24,9 @@ from gitops.state.records import NodeRecord, State
 PORTS_BY_ROLE: dict[str, tuple[str, ...]] = {
     CONTROLPLANE: ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler"),
     "controlplane-ingress": ("apiserver",),
+    # SIP support services: pods on public hypervisors, like ingresses
+    "sip-loadbalancer": ("loadbalancer",),
+    "sip-jumphost": ("ssh",),
 }
 
 
@@ -36,13 +39,14 @@ class Deferred(PlacementError):
 
 
 def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
-          deferred: list[str] | None = None) -> State:
+          deferred: list[str] | None = None, fixed: dict[str, tuple[str, int]] | None = None) -> State:
     """Return a copy of `state` where every node of `model` has a hypervisor and ports.
 
     `unavailable` names hypervisors that could not be reached: nodes already
     there stay recorded there, new nodes are not placed on them. A node that
     only an unreachable hypervisor could take is left unplaced, with a note
     appended to `deferred`; any other impossibility raises PlacementError.
+    `fixed` pins a node's port for a purpose (node -> (purpose, port)).
     """
     down = frozenset(unavailable)
     new = state.copy()
@@ -66,7 +70,7 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
         if record is None:
             continue
         try:
-            _allocate_ports(model, new, node, record)
+            _allocate_ports(model, new, node, record, (fixed or {}).get(node.name))
         except PlacementError as err:
             errors.append(str(err))
     if errors:
@@ -103,7 +107,8 @@ def _choose(model: RepoModel, state: State, node: Node, down: frozenset[str]) ->
     return min(candidates, key=lambda hv: (same_cluster[hv.name], overall[hv.name], hv.name))
 
 
-def _allocate_ports(model: RepoModel, state: State, node: Node, record: NodeRecord) -> None:
+def _allocate_ports(model: RepoModel, state: State, node: Node, record: NodeRecord,
+                    pinned: tuple[str, int] | None = None) -> None:
     hv = model.hypervisors[record.hypervisor]
     wanted = PORTS_BY_ROLE[node.role]
     record.ports = {k: v for k, v in record.ports.items() if k in wanted and v in hv.port_range}
@@ -111,14 +116,16 @@ def _allocate_ports(model: RepoModel, state: State, node: Node, record: NodeReco
             for port in r.ports.values()}
     used |= set(record.ports.values())
     cluster = model.clusters.get(node.cluster)
-    fixed = cluster.api_port if cluster is not None and node.role != CONTROLPLANE else None
-    if fixed is not None and record.ports.get("apiserver") != fixed:
+    if pinned is None and cluster is not None and cluster.api_port is not None and node.role != CONTROLPLANE:
+        pinned = ("apiserver", cluster.api_port)
+    if pinned is not None and record.ports.get(pinned[0]) != pinned[1]:
+        purpose, fixed = pinned
         if fixed not in hv.port_range:
-            raise PlacementError(f"Node {node.name}: Cluster {node.cluster} asks for API port {fixed}, outside "
+            raise PlacementError(f"Node {node.name}: {purpose} port {fixed} is outside "
                                  f"Hypervisor {hv.name}'s range {hv.port_range.low}-{hv.port_range.high}")
         if fixed in used:
-            raise PlacementError(f"Node {node.name}: API port {fixed} on Hypervisor {hv.name} is already taken")
-        record.ports["apiserver"] = fixed
+            raise PlacementError(f"Node {node.name}: {purpose} port {fixed} on Hypervisor {hv.name} is already taken")
+        record.ports[purpose] = fixed
         used.add(fixed)
     free = (p for p in range(hv.port_range.low, hv.port_range.high + 1) if p not in used)
     for purpose in wanted:

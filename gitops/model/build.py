@@ -41,6 +41,7 @@ def build_model(docs: list[Document]) -> RepoModel:
         nodes=each("Node", lambda d: (d.name, node(d))),
         sip_clusters=each("SIPCluster", lambda d: (d.name, sip_cluster(d))),
         baremetal_hosts=each("BareMetalHost", lambda d: (_bmh_key(d), baremetal_host(d))),
+        secrets=each("Secret", lambda d: (_bmh_key(d), d.data)),
     )
 
 

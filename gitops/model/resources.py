@@ -202,6 +202,8 @@ class RepoModel:
     nodes: dict[str, Node]
     sip_clusters: dict[str, SIPCluster]
     baremetal_hosts: dict[str, BareMetalHost]  # keyed "namespace/name"
+    #: raw v1 Secret documents (networkData for BareMetalHosts), keyed "namespace/name"
+    secrets: dict[str, dict] = field(default_factory=dict, hash=False)
 
     def nodes_of(self, cluster: str) -> list[Node]:
         return [n for n in self.nodes.values() if n.cluster == cluster]

@@ -15,6 +15,7 @@ KINDS: dict[str, str] = {
     "Node": "node.schema.json",
     "SIPCluster": "sipcluster.schema.json",
     "BareMetalHost": "baremetalhost.schema.json",
+    "Secret": "secret.schema.json",
     "GitopsConfig": "gitopsconfig.schema.json",
 }
 

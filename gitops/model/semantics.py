@@ -209,6 +209,27 @@ def sip_selectors(docs: list[Document], _everything: list[Document]) -> Iterable
                             f"start ({ports['start']}) is greater than end ({ports['end']})")
 
 
+def network_data(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
+    """A networkData Secret in the repo must give its host an IPv4 address.
+
+    A host whose Secret is not in the repo is fine here (an inventory export often
+    comes without Secrets); the plan says so if the address is needed.
+    """
+    from gitops.sip.networkdata import NetworkDataError, first_ipv4, network_data_from_secret
+
+    secrets = {(d.get(("metadata", "namespace"), "default"), d.name): d for d in _of_kind(docs, "Secret")}
+    for host in _of_kind(docs, "BareMetalHost"):
+        name = host.get(("spec", "networkData", "name"))
+        namespace = host.get(("metadata", "namespace"), "default")
+        secret = secrets.get((namespace, name)) if name else None
+        if secret is None:
+            continue
+        try:
+            first_ipv4(network_data_from_secret(secret.data, host=host.name), host=host.name, secret=name)
+        except NetworkDataError as err:
+            yield secret.error(("stringData" if "stringData" in secret.data else "data", "networkData"), str(err))
+
+
 CHECKS: tuple[Check, ...] = (
     unique_names,
     node_references,
@@ -216,4 +237,5 @@ CHECKS: tuple[Check, ...] = (
     hypervisor_tls,
     cluster_networks,
     sip_selectors,
+    network_data,
 )

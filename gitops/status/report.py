@@ -173,7 +173,8 @@ def resource_documents(model: RepoModel, desired: DesiredState, observed: Observ
 
 
 def sip_documents(model: RepoModel, sip: SIPPlan, outcome: Outcome, previous: Callable[[str], bytes | None],
-                  now: dt.datetime) -> dict[str, bytes]:
+                  now: dt.datetime, desired: DesiredState | None = None,
+                  placements: dict[str, tuple[str, dict[str, int]]] | None = None) -> dict[str, bytes]:
     """status/SIPCluster/<name>.yaml: the chosen hosts by role, and whether there were enough."""
     out: dict[str, bytes] = {}
     selections = {s.cluster: s for s in sip.selections}
@@ -201,7 +202,22 @@ def sip_documents(model: RepoModel, sip: SIPPlan, outcome: Outcome, previous: Ca
             "observedSourceSHA": outcome.applied_sha,
             "conditions": [condition("Ready", ready, reason, message, _previous_conditions(previous, rel), now)],
             "hosts": roles,
+            "services": _service_endpoints(model, name, desired, placements or {}),
         }
         out[rel] = dump({"apiVersion": API_VERSION, "kind": "SIPClusterStatus", "metadata": {"name": name},
                          "status": status})
+    return out
+
+
+def _service_endpoints(model: RepoModel, name: str, desired: DesiredState | None,
+                       placements: dict[str, tuple[str, dict[str, int]]]) -> dict[str, Any]:
+    sip = model.sip_clusters[name]
+    out: dict[str, Any] = {}
+    for key, node, purpose in (("loadBalancer", f"{name}-lb", "loadbalancer"), ("jumpHost", f"{name}-jump", "ssh")):
+        if node in placements and desired is not None and node in desired.pods:
+            hv, ports = placements[node]
+            out[key] = f"{model.hypervisors[hv].ip_address}:{ports[purpose]}"
+    if sip.auth is not None:
+        out["auth"] = {"oidcIssuerURL": sip.auth.oidc_issuer_url,
+                       "note": "no OIDC server runs for it: none is installable here (see README)"}
     return out

@@ -1,0 +1,122 @@
+"""SIP support services as pods on public hypervisors (pure): the tenant API load balancer and the jump host.
+
+Each service is a pseudo-node `<sipcluster>-lb` / `<sipcluster>-jump` that the
+placement stage puts on a public hypervisor like an ingress node, so the plan,
+apply, drift healing and pruning machinery of control planes serves them as is.
+* load balancer: haproxy, TCP, `spec.services.loadBalancer.port` on the
+  hypervisor's IP, over the `targetPort` of every active ControlPlane host, whose
+  addresses come from their networkData;
+* jump host: Debian's sshd on an allocated port, keys only, the declared
+  `sshAuthorizedKeys` (see `gitops.sip.jumphost`);
+* OIDC auth: no OIDC server is installable on these machines, so `auth` is
+  recorded in status but no pod is run for it.
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+from gitops.compile.components import AGENT, AGENT_ROOT, FILES, finish_container, haproxy_config, node_dir
+from gitops.compile.desired import CLUSTER, MANAGED, MANAGER, NODE, ROLE, SPEC_HASH, DesiredPod, FileSpec, \
+    canonical_json, digest
+from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
+from gitops.model.resources import DEFAULT_AGENT_IMAGE, BareMetalHost, Hypervisor, Node, RepoModel, SIPCluster
+from gitops.sip.jumphost import jumphost_container, jumphost_files
+from gitops.sip.networkdata import NetworkDataError, host_ipv4
+from gitops.sip.selection import CLUSTER_LABEL, NODE_TYPE_LABEL, STANDBY_LABEL
+from gitops.state.records import NodeRecord
+
+LB_ROLE = "sip-loadbalancer"
+JUMP_ROLE = "sip-jumphost"
+HAPROXY_IMAGE = "docker.io/library/haproxy:2.8"
+
+
+def service_cluster(sip: str) -> str:
+    return f"sip-{sip}"
+
+
+def service_nodes(model: RepoModel) -> dict[str, Node]:
+    """The pseudo-nodes of every SIPCluster's services, by name."""
+    out = {}
+    for name, sip in sorted(model.sip_clusters.items()):
+        if sip.load_balancer is not None:
+            out[f"{name}-lb"] = Node(f"{name}-lb", service_cluster(name), LB_ROLE)
+        if sip.jump_host is not None:
+            out[f"{name}-jump"] = Node(f"{name}-jump", service_cluster(name), JUMP_ROLE)
+    return out
+
+
+def pinned_ports(model: RepoModel) -> dict[str, tuple[str, int]]:
+    return {f"{name}-lb": ("loadbalancer", sip.load_balancer.port)
+            for name, sip in model.sip_clusters.items() if sip.load_balancer is not None}
+
+
+def control_plane_backends(sip: str, hosts: Iterable[BareMetalHost], model: RepoModel,
+                           notes: list[str]) -> list[tuple[str, str]]:
+    """(host name, IP) of the active ControlPlane hosts labeled for `sip`, sorted."""
+    out = []
+    for host in sorted(hosts, key=lambda h: (h.namespace, h.name)):
+        labels = host.labels
+        if labels.get(CLUSTER_LABEL) != sip or labels.get(NODE_TYPE_LABEL) != "ControlPlane" \
+                or labels.get(STANDBY_LABEL) == "true":
+            continue
+        try:
+            out.append((host.name, host_ipv4(host, model.secrets.values())))
+        except NetworkDataError as err:
+            notes.append(f"SIPCluster {sip}: {err}; the host is left out of the load balancer")
+    return out
+
+
+def service_pods(model: RepoModel, placed: dict[str, tuple[Hypervisor, NodeRecord]],
+                 hosts: Iterable[BareMetalHost], notes: list[str]) -> dict[str, DesiredPod]:
+    hosts = list(hosts)
+    pods = {}
+    for node in service_nodes(model).values():
+        if node.name not in placed:
+            continue
+        hv, record = placed[node.name]
+        sip_name = node.cluster.removeprefix("sip-")
+        sip = model.sip_clusters[sip_name]
+        if node.role == LB_ROLE:
+            pods[node.name] = _load_balancer(node, sip, hv, record, control_plane_backends(sip_name, hosts, model,
+                                                                                         notes))
+        else:
+            pods[node.name] = _jump_host(node, sip, hv, record)
+    return pods
+
+
+def _pod(node: Node, hv: Hypervisor, files: tuple[FileSpec, ...], component: ContainerSpec) -> DesiredPod:
+    base = node_dir(hv, node)
+    labels = {MANAGED: MANAGER, CLUSTER: node.cluster, NODE: node.name, ROLE: node.role}
+    identity = {"cluster": node.cluster, "node": node.name, "hypervisor": hv.name, "dir": base}
+    sandbox = SandboxSpec(
+        name=node.name, namespace=node.cluster,
+        uid=str(uuid.uuid5(uuid.NAMESPACE_URL, "gitops:" + canonical_json(identity))),
+        labels={**labels, SPEC_HASH: digest(identity)}, log_directory=f"{base}/logs")
+    agent = ContainerSpec(name=AGENT, image=DEFAULT_AGENT_IMAGE, command=("sleep", "infinity"),
+                          mounts=(Mount(AGENT_ROOT, base),))
+    containers = tuple(finish_container(spec, labels, files, []) for spec in (agent, component))
+    return DesiredPod(node=node.name, cluster=node.cluster, role=node.role, hypervisor=hv.name, sandbox=sandbox,
+                      files_dir=f"{base}/files", files=tuple(sorted(files, key=lambda f: f.name)), certificates=(),
+                      keys=(), containers=containers)
+
+
+def _load_balancer(node: Node, sip: SIPCluster, hv: Hypervisor, record: NodeRecord,
+                   backends: list[tuple[str, str]]) -> DesiredPod:
+    assert sip.load_balancer is not None
+    servers = [(name, f"{ip}:{sip.load_balancer.target_port}") for name, ip in backends]
+    files = (FileSpec("haproxy.cfg", haproxy_config(hv.ip_address, record.ports["loadbalancer"], servers)),)
+    haproxy = ContainerSpec(name="haproxy", image=HAPROXY_IMAGE, command=("haproxy",),
+                            args=("-W", "-db", "-f", f"{FILES}/haproxy.cfg"),
+                            mounts=(Mount(FILES, f"{node_dir(hv, node)}/files", readonly=True),))
+    return _pod(node, hv, files, haproxy)
+
+
+def _jump_host(node: Node, sip: SIPCluster, hv: Hypervisor, record: NodeRecord) -> DesiredPod:
+    assert sip.jump_host is not None
+    keys = tuple(sip.jump_host.authorized_keys)
+    base = node_dir(hv, node)
+    files = tuple(FileSpec(name, content) for name, content in sorted(jumphost_files(keys).items()))
+    sshd = jumphost_container("jumphost", hv.ip_address, record.ports["ssh"], keys, f"{base}/files",
+                              state_dir_host=f"{base}/host-keys")
+    return _pod(node, hv, files, sshd)
