@@ -35,3 +35,27 @@ def lab() -> Iterator["gitops.lab.LabInfo"]:  # type: ignore[name-defined]  # no
             labmod.down(lab_dir)
         finally:
             shutil.rmtree(lab_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def pod(lab, request):  # type: ignore[no-untyped-def]
+    """A fresh sandbox on the first (public) lab hypervisor, over its unix socket.
+
+    Yields (client, sandbox id, spec, dir): `dir` is a not-yet-existing directory under the
+    hypervisor's data dir for the test's host files. The sandbox is removed afterwards.
+    """
+    from gitops.cri import CRIClient
+    from gitops.cri.types import SandboxSpec
+
+    hv = lab.hypervisors[0].local()
+    name = request.node.name.replace("_", "-")[:50]
+    base = Path(hv.data_dir) / "tests" / name
+    namespace = request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
+    spec = SandboxSpec(name, namespace=namespace, log_directory=str(base / "logs"))
+    with CRIClient(hv, slow_timeout=60) as client:
+        sandbox_id = client.run_sandbox(spec)
+        try:
+            yield client, sandbox_id, spec, base
+        finally:
+            client.stop_sandbox(sandbox_id)
+            client.remove_sandbox(sandbox_id)

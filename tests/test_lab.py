@@ -143,25 +143,6 @@ def test_up_and_down_leave_nothing_behind(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------- control-plane images
 
-@pytest.fixture
-def pod(lab, request):  # type: ignore[no-untyped-def]
-    """A fresh sandbox on the first lab hypervisor (unix socket); yields (client, sandbox id, spec, dir).
-
-    `dir` is a not-yet-existing directory under the hypervisor's data dir.
-    """
-    hv = lab.hypervisors[0].local()
-    name = request.node.name.replace("_", "-")[:50]
-    base = Path(hv.data_dir) / "tests" / name
-    spec = SandboxSpec(name, namespace="lab-tests", log_directory=str(base / "logs"))
-    with CRIClient(hv, slow_timeout=60) as client:
-        sandbox_id = client.run_sandbox(spec)
-        try:
-            yield client, sandbox_id, spec, base
-        finally:
-            client.stop_sandbox(sandbox_id)
-            client.remove_sandbox(sandbox_id)
-
-
 def _start(pod, name: str, image: str, command: tuple[str, ...], args: tuple[str, ...] = (),  # type: ignore[no-untyped-def]
            mounts: tuple[Mount, ...] = ()) -> str:
     client, sandbox_id, spec, _ = pod

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import tarfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -111,23 +110,6 @@ def test_image_contents() -> None:
 
 
 # ---------------------------------------------------------------------------- live, on a lab hypervisor
-
-
-@pytest.fixture
-def pod(lab, request) -> Iterator[Pod]:  # type: ignore[no-untyped-def]
-    """A sandbox on the public lab hypervisor; yields (client, sandbox id, spec, base dir)."""
-    hv = lab.hypervisors[0].local()
-    assert hv.public
-    name = request.node.name.replace("_", "-")[:50]
-    base = Path(hv.data_dir) / "tests" / name
-    spec = SandboxSpec(name, namespace="jumphost-tests", log_directory=str(base / "logs"))
-    with CRIClient(hv, slow_timeout=60) as client:
-        sandbox_id = client.run_sandbox(spec)
-        try:
-            yield client, sandbox_id, spec, base
-        finally:
-            client.stop_sandbox(sandbox_id)
-            client.remove_sandbox(sandbox_id)
 
 
 def _free_port(ip: str, low: int, high: int) -> int:
