@@ -124,20 +124,21 @@ class Controller:
                            f"refuse {sha[:12]}: {len(refusal)} error(s)")
             if applied_before:  # keep the last good commit in force (heal drift)
                 return self._apply(self.source.checkout(applied_before).path, applied_before, status, now,
-                                   refused=outcome, origin=origin)
+                                   refused=outcome, origin=origin, applied_before=applied_before)
             return outcome
         assert validation is not None and validation.model is not None
-        return self._apply(revision.path, sha, status, now, origin=origin, validation=validation)
+        return self._apply(revision.path, sha, status, now, origin=origin, validation=validation,
+                           applied_before=applied_before)
 
     def _apply(self, path: Path, sha: str, status: StatusBranch, now: dt.datetime, *, origin: str,
-               refused: Outcome | None = None, validation: Validation | None = None) -> Outcome:
+               refused: Outcome | None = None, validation: Validation | None = None,
+               applied_before: str = "") -> Outcome:
         validation = validation or validate_repo(path)
         if validation.model is None:
             raise GitopsError(f"the last good commit {sha[:12]} no longer validates")
         model, config = validation.model, validation.repo.config
         status.acquire(self.holder, self.config.lock_ttl)
         log.info("state restored", extra={"from": origin, "generation": self.store.generation})
-        applied_before = _applied_sha(status.read(SOURCE))
         result_name, message, actions, last = "Applied", f"commit {sha[:12]} applied", 0, None
         try:
             result = apply(model, config, self.store, allow_mass_delete=self.config.allow_mass_delete,

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gitops.compile.components import AGENT
 from gitops.compile.desired import CLUSTER, COMPONENT, MANAGED, MANAGER, NODE, ROLE, SPEC_ANNOTATION, SPEC_HASH
 from gitops.cri.client import CRIClient, read_all
 from gitops.cri.errors import CRIError
@@ -20,8 +21,6 @@ from gitops.model.resources import BareMetalHost, Hypervisor
 
 log = logging.getLogger(__name__)
 
-AGENT = "files"
-FILES_DIR = "/node/files"
 
 #: lists the node's files: digests of public ones, names of keys, certificate PEMs,
 #: and the public half of the service-account key. Private keys are never printed.

@@ -20,8 +20,6 @@ import re
 from gitops.cri.client import CRIClient
 from gitops.errors import GitopsError
 
-FILES = "/node/files"
-
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 _KEY = r"""

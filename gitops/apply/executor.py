@@ -29,7 +29,8 @@ from gitops.engine import Planned, make_plan, observe_all
 from gitops.errors import GitopsError
 from gitops.model.config import RepoConfig
 from gitops.model.resources import CONTROLPLANE, RepoModel
-from gitops.observe import AGENT, ObservedState, read_node_files
+from gitops.compile.components import AGENT
+from gitops.observe import ObservedState, read_node_files
 from gitops.pki import load_csr_pem, sign_public_key
 from gitops.pki.x509 import cert_to_pem
 from gitops.plan.actions import Action, Kind, Plan

@@ -70,7 +70,6 @@ def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cl
     its hypervisor and record: controlplane nodes feed the ingress backends,
     ingress hypervisors go into the API serving certificate.
     """
-    base = node_dir(hv, node)
     if node.role == CONTROLPLANE:
         files, certs, keys, components = _controlplane(node, cluster, hv, record, cluster_record, peers)
     else:
@@ -83,6 +82,14 @@ def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cl
         )),
         *files,
     )
+    return assemble_pod(node, hv, cluster.image("agent"), files, certs, keys, components)
+
+
+def assemble_pod(node: Node, hv: Hypervisor, agent_image: str, files: tuple[FileSpec, ...],
+                 certs: list[CertificateSpec], keys: tuple[KeySpec, ...],
+                 components: tuple[ContainerSpec, ...]) -> DesiredPod:
+    """A node's pod: its sandbox identity, the files agent first, then `components` in start order."""
+    base = node_dir(hv, node)
     labels = {MANAGED: MANAGER, CLUSTER: node.cluster, NODE: node.name, ROLE: node.role}
     identity = {"cluster": node.cluster, "node": node.name, "hypervisor": hv.name, "dir": base}
     sandbox = SandboxSpec(
@@ -94,7 +101,7 @@ def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cl
     )
     agent = ContainerSpec(
         name=AGENT,
-        image=cluster.image("agent"),
+        image=agent_image,
         command=("sleep", "infinity"),
         mounts=(Mount(AGENT_ROOT, base),),
     )
@@ -276,14 +283,18 @@ def _ingress(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
         if not p_hv.public and "apiserver" in p_rec.ports
     )
     files = (FileSpec("haproxy.cfg", haproxy_config(hv.ip_address, record.ports["apiserver"], backends)),)
-    haproxy = ContainerSpec(
+    return files, [], (), (haproxy_container(cluster.image("haproxy"), node_dir(hv, node)),)
+
+
+def haproxy_container(image: str, base: str) -> ContainerSpec:
+    """haproxy in the foreground on the `haproxy.cfg` the files agent wrote under `base`."""
+    return ContainerSpec(
         name="haproxy",
-        image=cluster.image("haproxy"),
+        image=image,
         command=("haproxy",),
         args=("-W", "-db", "-f", f"{FILES}/haproxy.cfg"),
-        mounts=(_files_mount(node_dir(hv, node)),),
+        mounts=(_files_mount(base),),
     )
-    return files, [], (), (haproxy,)
 
 
 def haproxy_config(ip: str, port: int, backends: list[tuple[str, str]]) -> str:

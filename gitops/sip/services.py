@@ -13,13 +13,11 @@ apply, drift healing and pruning machinery of control planes serves them as is.
 """
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 
-from gitops.compile.components import AGENT, AGENT_ROOT, FILES, finish_container, haproxy_config, node_dir
-from gitops.compile.desired import CLUSTER, MANAGED, MANAGER, NODE, ROLE, SPEC_HASH, DesiredPod, FileSpec, \
-    canonical_json, digest
-from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
+from gitops.compile.components import assemble_pod, haproxy_config, haproxy_container, node_dir
+from gitops.compile.desired import DesiredPod, FileSpec
+from gitops.cri.types import ContainerSpec
 from gitops.model.resources import DEFAULT_AGENT_IMAGE, BareMetalHost, Hypervisor, Node, RepoModel, SIPCluster
 from gitops.sip.jumphost import jumphost_container, jumphost_files
 from gitops.sip.networkdata import NetworkDataError, host_ipv4
@@ -86,19 +84,7 @@ def service_pods(model: RepoModel, placed: dict[str, tuple[Hypervisor, NodeRecor
 
 
 def _pod(node: Node, hv: Hypervisor, files: tuple[FileSpec, ...], component: ContainerSpec) -> DesiredPod:
-    base = node_dir(hv, node)
-    labels = {MANAGED: MANAGER, CLUSTER: node.cluster, NODE: node.name, ROLE: node.role}
-    identity = {"cluster": node.cluster, "node": node.name, "hypervisor": hv.name, "dir": base}
-    sandbox = SandboxSpec(
-        name=node.name, namespace=node.cluster,
-        uid=str(uuid.uuid5(uuid.NAMESPACE_URL, "gitops:" + canonical_json(identity))),
-        labels={**labels, SPEC_HASH: digest(identity)}, log_directory=f"{base}/logs")
-    agent = ContainerSpec(name=AGENT, image=DEFAULT_AGENT_IMAGE, command=("sleep", "infinity"),
-                          mounts=(Mount(AGENT_ROOT, base),))
-    containers = tuple(finish_container(spec, labels, files, []) for spec in (agent, component))
-    return DesiredPod(node=node.name, cluster=node.cluster, role=node.role, hypervisor=hv.name, sandbox=sandbox,
-                      files_dir=f"{base}/files", files=tuple(sorted(files, key=lambda f: f.name)), certificates=(),
-                      keys=(), containers=containers)
+    return assemble_pod(node, hv, DEFAULT_AGENT_IMAGE, files, [], (), (component,))
 
 
 def _load_balancer(node: Node, sip: SIPCluster, hv: Hypervisor, record: NodeRecord,
@@ -106,10 +92,7 @@ def _load_balancer(node: Node, sip: SIPCluster, hv: Hypervisor, record: NodeReco
     assert sip.load_balancer is not None
     servers = [(name, f"{ip}:{sip.load_balancer.target_port}") for name, ip in backends]
     files = (FileSpec("haproxy.cfg", haproxy_config(hv.ip_address, record.ports["loadbalancer"], servers)),)
-    haproxy = ContainerSpec(name="haproxy", image=HAPROXY_IMAGE, command=("haproxy",),
-                            args=("-W", "-db", "-f", f"{FILES}/haproxy.cfg"),
-                            mounts=(Mount(FILES, f"{node_dir(hv, node)}/files", readonly=True),))
-    return _pod(node, hv, files, haproxy)
+    return _pod(node, hv, files, haproxy_container(HAPROXY_IMAGE, node_dir(hv, node)))
 
 
 def _jump_host(node: Node, sip: SIPCluster, hv: Hypervisor, record: NodeRecord) -> DesiredPod:
