@@ -12,14 +12,13 @@ from __future__ import annotations
 import datetime as dt
 import fcntl
 import logging
+import os
 import socket
 import uuid
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import yaml
 
 from gitops.apply import apply
 from gitops.compile import compile_desired
@@ -31,20 +30,15 @@ from gitops.engine import bare_metal_hosts, observe_all
 from gitops.sip.selection import SIPPlan, select_hosts
 from gitops.source import GitSource, SignatureError, SignaturePolicy
 from gitops.status.branch import StatusBranch
-from gitops.status.report import (
-    OBSERVED,
-    SOURCE,
-    Outcome,
-    dump,
-    resource_documents,
-    sip_documents,
-    source_document,
-)
+from gitops.status.lease import ApplyLease
+from gitops.status.reader import DEFAULT_BRANCH, MANAGED, OBSERVED, PUBLIC, SOURCE, kubeconfig_path
+from gitops.status.report import Outcome, dump, resource_documents, sip_documents, source_document
 from gitops.status.state import ControllerStateStore, Sealer
 
 log = logging.getLogger("gitops.controller")
 
-MANAGED = ("status", OBSERVED, "kubeconfig", "state")
+#: In the workdir: the statusBranch of the commit in force, for reporting a refused commit there.
+IN_FORCE_BRANCH = "status-branch"
 
 
 @dataclass
@@ -113,7 +107,7 @@ class Controller:
         status = self.status_branch(branch_name)
         status.sync()
         origin = self.store.restore(status.read)
-        applied_before = _applied_sha(status.read(SOURCE))
+        applied_before = status.reader.applied_sha()
         if refusal:
             log.warning("commit refused", extra={"sha": sha, "errors": len(refusal)})
             outcome = Outcome(sha=sha, result="Refused", errors=tuple(refusal), applied_sha=applied_before,
@@ -137,7 +131,7 @@ class Controller:
         if validation.model is None:
             raise GitopsError(f"the last good commit {sha[:12]} no longer validates")
         model, config = validation.model, validation.repo.config
-        status.acquire(self.holder, self.config.lock_ttl)
+        ApplyLease(status.repo).acquire(self.holder, self.config.lock_ttl)
         log.info("state restored", extra={"from": origin, "generation": self.store.generation})
         result_name, message, actions, last = "Applied", f"commit {sha[:12]} applied", 0, None
         try:
@@ -156,6 +150,8 @@ class Controller:
         compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable, hosts=hosts or ())
         sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else SIPPlan((), ())
         in_force = sha if result_name == "Applied" else applied_before
+        if in_force == sha:
+            self._record_status_branch(config.status_branch)
         if refused is not None:
             report = Outcome(sha=refused.sha, result="Refused", message=refused.message, errors=refused.errors,
                              applied_sha=in_force, actions=actions)
@@ -169,7 +165,7 @@ class Controller:
             files.update(sip_documents(model, sip, report, branch.read, now, compiled.desired, placements))
             files.update(self._kubeconfigs(compiled.desired, config.kubeconfig_recipients, branch))
             files.update(self.store.files({rel: branch.read(rel) for rel in
-                                           ("state/public.json", self.sealer.path)}))
+                                           (PUBLIC, self.sealer.path)}))
             branch.write_tree(files, MANAGED + (SOURCE,))
 
         summary = f"{report.result.lower()} {sha[:12]}: {actions} action(s)"
@@ -184,13 +180,24 @@ class Controller:
             record = self.store.state.clusters.get(name)
             if cluster.api_endpoint is None or record is None or record.admin is None:
                 continue
-            rel = f"kubeconfig/{name}.yaml"
+            rel = kubeconfig_path(name)
             text = admin_kubeconfig(name, record, cluster.api_endpoint).encode()
             out[rel] = self.sealer.seal(text, branch.read(rel), tuple(recipients))
         return out
 
     def _last_status_branch(self) -> str:
-        return "gitops/status"
+        """The statusBranch of the commit in force (the last one applied), as recorded in the workdir."""
+        path = self.config.workdir / IN_FORCE_BRANCH
+        recorded = path.read_text().strip() if path.is_file() else ""
+        return recorded or DEFAULT_BRANCH
+
+    def _record_status_branch(self, name: str) -> None:
+        path = self.config.workdir / IN_FORCE_BRANCH
+        if path.is_file() and path.read_text().strip() == name:
+            return
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(name + "\n")
+        os.replace(tmp, path)
 
     # ------------------------------------------------------------------ the loop
 
@@ -209,7 +216,7 @@ class Controller:
 
     def release(self) -> None:
         for branch in self._status.values():
-            branch.release(self.holder)
+            ApplyLease(branch.repo).release(self.holder)
 
 
 def _lock_workdir(workdir: Path):
@@ -230,15 +237,6 @@ def _holder_id(workdir: Path) -> str:
     if not path.is_file():
         path.write_text(f"{socket.gethostname()}/{uuid.uuid4().hex[:12]}\n")
     return path.read_text().strip()
-
-
-def _applied_sha(raw: bytes | None) -> str:
-    if raw is None:
-        return ""
-    try:
-        return str((yaml.safe_load(raw) or {}).get("status", {}).get("appliedSHA") or "")
-    except yaml.YAMLError:
-        return ""
 
 
 def _log_progress(index: int, total: int, action, status: str) -> None:

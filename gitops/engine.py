@@ -15,7 +15,7 @@ from gitops.errors import GitopsError
 from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
 from gitops.observe import ObservedState, observe
-from gitops.plan.actions import Plan, ordered
+from gitops.plan.actions import Plan, Unknown, UnknownKind, ordered
 from gitops.sip.reconcile import file_hosts, label_actions, provider_for
 from gitops.sip.reconcile import warnings as sip_warnings
 from gitops.sip.selection import SIPPlan, select_hosts
@@ -46,16 +46,18 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable, hosts=hosts or ())
     options = DiffOptions(prune=config.prune.enabled, renew_before_days=config.renew_before_days)
     plan = diff(compiled.desired, observed, compiled.state, options, now=now)
-    warnings = list(plan.warnings) + list(compiled.deferred) + _orphan_warnings(model, compiled.state)
+    warnings = list(plan.warnings) + list(compiled.deferred)
+    unknowns = list(plan.unknowns) + _orphans(model, compiled.state)
     if hosts is None:
         sip = SIPPlan((), ())
         if model.sip_clusters:
-            warnings.append("BareMetalHosts could not be listed; SIPClusters are not planned")
+            unknowns.append(Unknown(UnknownKind.BARE_METAL_HOSTS, config.bare_metal.provider,
+                                    sip_clusters=tuple(sorted(model.sip_clusters))))
     else:
         sip = select_hosts(model.sip_clusters, hosts)
         warnings += sip_warnings(sip)
     actions = ordered(list(plan.actions) + label_actions(sip))
-    plan = Plan(actions=actions, warnings=tuple(warnings), source=source)
+    plan = Plan(actions=actions, warnings=tuple(warnings), source=source, unknowns=tuple(unknowns))
     return Planned(compiled=compiled, observed=observed, plan=plan, sip=sip)
 
 
@@ -80,11 +82,11 @@ def observe_all(model: RepoModel, config: RepoConfig) -> ObservedState:
     return dataclasses.replace(observed, hosts=tuple(hosts))
 
 
-def _orphan_warnings(model: RepoModel, state: State) -> list[str]:
-    """Nodes recorded on hypervisors that left the repo cannot be reached any more."""
-    out = []
+def _orphans(model: RepoModel, state: State) -> list[Unknown]:
+    """Nodes recorded on hypervisors that left the repo: their pods cannot be observed nor removed."""
+    gone: dict[str, list[str]] = {}
     for name, record in sorted(state.nodes.items()):
         if record.hypervisor not in model.hypervisors:
-            out.append(f"Node {name} was placed on Hypervisor {record.hypervisor}, which left the repo; its pod "
-                       "cannot be reached and is not removed (put the Hypervisor back to clean it up)")
-    return out
+            gone.setdefault(record.hypervisor, []).append(name)
+    return [Unknown(UnknownKind.HYPERVISOR, hv, "it left the repo; put the Hypervisor back to clean up its pods",
+                    tuple(nodes)) for hv, nodes in sorted(gone.items())]

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: install gitops, start a local lab of 3
-# real containerd hypervisors (one public; one reached over mutual TLS through
-# haproxy), write the example repo wired to it, then plan and apply it.
+# The main job on the embedded default: install gitops (and build the real
+# Kubernetes v1.20.2 binaries once), start a local lab of 3 real containerd
+# hypervisors (one public; one reached over mutual TLS through haproxy), write
+# the example repo wired to it, plan and apply it: two real control planes
+# (3 etcd, 3 kube-apiserver, 3 controller-managers and schedulers each, behind an
+# haproxy ingress), then kubectl through the ingress.
 # The lab stays up afterwards so you can look around; the last lines say how
 # to inspect it and tear it down.
 set -euo pipefail
@@ -41,34 +44,20 @@ $G plan "$REPO" --state-dir "$STATE" --detailed-exitcode
 echo "== what runs where"
 $G cri pods "$REPO"
 
-echo "== the team-a API through its ingress, with the admin kubeconfig"
-$G kubeconfig "$REPO" --state-dir "$STATE" --cluster team-a > "$WORK/team-a.kubeconfig"
-.venv/bin/python - "$WORK/team-a.kubeconfig" <<'PY'
-import base64, http.client, os, ssl, sys, tempfile, time, yaml
-kc = yaml.safe_load(open(sys.argv[1]))
-server = kc["clusters"][0]["cluster"]["server"]
-with tempfile.TemporaryDirectory() as d:  # the admin key only lives here for the call
-    def put(name, data):
-        path = os.path.join(d, name)
-        with open(path, "wb") as f:
-            f.write(base64.b64decode(data))
-        return path
-    ctx = ssl.create_default_context(cafile=put("ca", kc["clusters"][0]["cluster"]["certificate-authority-data"]))
-    ctx.load_cert_chain(put("crt", kc["users"][0]["user"]["client-certificate-data"]),
-                        put("key", kc["users"][0]["user"]["client-key-data"]))
-host, port = server.removeprefix("https://").rsplit(":", 1)
-for attempt in range(20):
-    try:
-        conn = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=5)
-        conn.request("GET", "/version")
-        r = conn.getresponse()
-        print(f"GET {server}/version -> {r.status} {r.read().decode()}")
-        break
-    except OSError:
-        time.sleep(0.5)
-else:
-    sys.exit("the API did not answer through the ingress")
-PY
+echo "== kubectl through the team-a ingress, with the admin kubeconfig gitops prints"
+KUBECTL=$(.venv/bin/python -c 'from gitops.lab import kubebin; print(kubebin.kubectl())')
+(umask 077 && $G kubeconfig "$REPO" --state-dir "$STATE" --cluster team-a > "$WORK/team-a.kubeconfig")
+k() { echo "\$ kubectl $*"; "$KUBECTL" --kubeconfig "$WORK/team-a.kubeconfig" "$@"; }
+for _ in $(seq 1 60); do
+    k get --raw /readyz >/dev/null 2>&1 && break
+    sleep 1
+done
+k version
+k get --raw /readyz; echo
+k get ns
+k -n kube-system get leases
+k -n default create configmap gitops-demo --from-literal=hello=world
+k -n default get configmap gitops-demo -o jsonpath='{.data.hello}{"\n"}'
 
 cat <<MSG
 
@@ -76,6 +65,7 @@ Done. The lab is still running:
   $G lab status --dir $LAB
   $G cri ps $REPO
   $G plan $REPO --state-dir $STATE
+  $KUBECTL --kubeconfig $WORK/team-a.kubeconfig get --raw /readyz
 Edit $REPO (e.g. delete a Node), then plan and apply again.
 Tear it all down with:
   $G lab down --dir $LAB

@@ -28,3 +28,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[test]'
+
+# The real Kubernetes control-plane binaries (v1.20.2), built once from Debian's
+# source package into ~/.cache/gitops/kubernetes (minutes the first time, then free).
+bash scripts/build-kubernetes.sh

@@ -1,5 +1,6 @@
 """`gitops lab`: images from host binaries, up/status/down with real containerd and haproxy,
-the files agent and the control-plane stand-ins, upstream-name aliases."""
+the files agent, the real v1.20.2 control-plane images, the stand-ins for the Kubernetes
+versions that cannot be built here (1.31.2, 1.30.6: not control planes), upstream-name aliases."""
 from __future__ import annotations
 
 import dataclasses
@@ -311,11 +312,32 @@ def test_standin_scripts(tmp_path: Path) -> None:
         standins.normalize_version("1.31")
 
 
+def test_real_kubernetes_images_run_the_cached_binaries(lab) -> None:  # type: ignore[no-untyped-def]
+    """The v1.20.2 images hold the real binaries built by scripts/build-kubernetes.sh, byte for byte."""
+    import hashlib
+    import tarfile
+
+    from gitops.lab import kubebin
+
+    archive = lab.dir / "images" / "lab-images.tar"
+    with tarfile.open(archive) as outer:
+        manifest = json.load(outer.extractfile("manifest.json"))
+        for component in kubebin.CONTROL_PLANE:
+            [entry] = [m for m in manifest if f"registry.k8s.io/{component}:v1.20.2" in m["RepoTags"]]
+            assert entry["RepoTags"][0] == f"gitops.lab/{component}:v1.20.2"
+            [layer] = entry["Layers"]
+            with tarfile.open(fileobj=outer.extractfile(layer)) as inner:
+                data = inner.extractfile(f"usr/local/bin/{component}").read()
+            assert hashlib.sha256(data).digest() == hashlib.sha256(kubebin.binary(component).read_bytes()).digest()
+
+
 def test_upstream_aliases(lab, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     assert lab.aliases["registry.k8s.io/kube-apiserver:v1.31.2"] == "gitops.lab/kube-apiserver-standin:v1.31.2"
     assert lab.aliases["registry.k8s.io/etcd:3.5.16-0"] == lab.images["etcd"]
     assert lab.aliases[DEFAULT_AGENT_IMAGE] == lab.images["agent"]
-    assert len(lab.aliases) == 10
+    assert lab.aliases["registry.k8s.io/kube-apiserver:v1.20.2"] == "gitops.lab/kube-apiserver:v1.20.2"
+    assert lab.kubernetes == {"v1.20.2": "real", "v1.31.2": "stand-in", "v1.30.6": "stand-in"}
+    assert len(lab.aliases) == 13
     for hv in lab.hypervisors:
         with CRIClient(hv.remote()) as client:
             for alias, ref in lab.aliases.items():
@@ -323,6 +345,8 @@ def test_upstream_aliases(lab, tmp_path: Path) -> None:  # type: ignore[no-untyp
                 assert image is not None and image.id == client.image_status(ref).id, alias
     status = _gitops("lab", "status", "--dir", str(lab.dir)).stdout
     assert ("registry.k8s.io/kube-scheduler:v1.30.6 -> gitops.lab/kube-scheduler-standin:v1.30.6" in status)
+    assert "  kubernetes v1.20.2: real binaries\n" in status
+    assert "  kubernetes v1.31.2: STAND-IN (cannot be built here; not a control plane)\n" in status
 
     # An image of its own: a second tag changes what ContainerStatus reports as the image of
     # containers made from it (containerd reports the image's first repo tag, not the requested one).

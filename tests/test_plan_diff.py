@@ -8,22 +8,24 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import io
 import json
 
 import pytest
 from repo_helpers import EXAMPLE_REPO
+from rich.console import Console
 
 from gitops.apply import MassDeleteRefused, apply
 from gitops.compile import compile_desired
 from gitops.compile.authorities import authority
 from gitops.compile.desired import DesiredState
 from gitops.engine import make_plan
-from gitops.model.config import RepoConfig
+from gitops.model.config import BareMetalSource, RepoConfig
 from gitops.model.validate import validate_repo
 from gitops.observe import NodeFiles, ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
 from gitops.pki import cert_to_pem, generate_key, sign_public_key
-from gitops.plan.actions import Kind
-from gitops.plan.render import render_json, render_markdown
+from gitops.plan.actions import Kind, Plan, Unknown, UnknownKind
+from gitops.plan.render import headline, render_json, render_markdown, render_text
 from gitops.state import LocalDirStore, State
 
 NOW = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
@@ -66,16 +68,16 @@ def converged(desired: DesiredState, state: State, model, now=NOW) -> ObservedSt
     return ObservedState({n: ObservedHypervisor(n, True, "", tuple(p)) for n, p in pods.items()})
 
 
-def settle(model, config=RepoConfig()):
+def settle(model, config=RepoConfig(), now=NOW):
     """Plan from nothing, then record what apply would: bootstrap members and service-account keys."""
-    first = make_plan(model, config, State(), nothing_observed(model), now=NOW)
+    first = make_plan(model, config, State(), nothing_observed(model), now=now)
     state = first.state.copy()
     for name, cluster in first.compiled.desired.clusters.items():
         state.clusters[name].etcd_members = [m.node for m in cluster.etcd_members]
         for m in cluster.etcd_members:
             state.clusters[name].service_account_keys[m.node] = SA_KEY
-    compiled = compile_desired(model, state, now=NOW)
-    return compiled.state, converged(compiled.desired, compiled.state, model)
+    compiled = compile_desired(model, state, now=now)
+    return compiled.state, converged(compiled.desired, compiled.state, model, now=now)
 
 
 def test_empty_hypervisors_plan_every_pod_in_order(repo):
@@ -163,7 +165,119 @@ def test_unreachable_hypervisor_is_left_alone(repo):
     plan = make_plan(dataclasses.replace(repo.model, nodes=nodes), repo.repo.config, state, observed, now=NOW).plan
     assert not [a for a in plan.actions if a.hypervisor == "hv-private-2"]
     assert not [a for a in plan.actions if a.kind == Kind.ETCD_MEMBER_REMOVE]
-    assert any(w.startswith("hypervisor hv-private-2 is unreachable") for w in plan.warnings)
+    # the nodes that left the repo are still recorded there: the plan says they were not checked
+    gone = tuple(sorted(set(repo.model.nodes) - set(nodes)))
+    assert gone and all(n.startswith("team-") for n in gone)
+    assert plan.unknowns == (Unknown(UnknownKind.HYPERVISOR, "hv-private-2", "CRI Version: unreachable", gone),)
+    assert not plan.complete
+    assert not [w for w in plan.warnings if "hv-private-2" in w]  # said once, as an unknown
+
+
+def private_2_down(observed: ObservedState) -> ObservedState:
+    error = "CRI ListPodSandbox: unreachable: failed to connect to all addresses [unix:/run/hv-2.sock]"
+    hypervisors = {**observed.hypervisors, "hv-private-2": ObservedHypervisor("hv-private-2", False, error)}
+    return dataclasses.replace(observed, hypervisors=hypervisors)
+
+
+def text_of(plan: Plan) -> str:
+    out = io.StringIO()
+    render_text(plan, Console(file=out, highlight=False, soft_wrap=True, color_system=None))
+    return out.getvalue()
+
+
+def test_incomplete_plan_without_changes_says_what_is_unknown_in_every_rendering(repo):
+    state, observed = settle(repo.model)
+    there = sorted(n for n, r in state.nodes.items() if r.hypervisor == "hv-private-2")
+    assert len(there) >= 3
+    plan = make_plan(repo.model, repo.repo.config, state, private_2_down(observed), now=NOW).plan
+    assert plan.actions == () and plan.empty and not plan.complete
+    [unknown] = plan.unknowns
+    assert (unknown.kind, unknown.name, unknown.nodes) == (UnknownKind.HYPERVISOR, "hv-private-2", tuple(there))
+    assert unknown.error.startswith("CRI ListPodSandbox: unreachable")
+    assert plan.warnings == ()  # the hypervisor is an unknown, not a warning as well
+
+    summary = "No changes in what could be checked. Incomplete: 1 hypervisor could not be observed."
+    assert headline(plan) == summary
+    line = (f"Unknown: hypervisor hv-private-2 is unreachable ({unknown.error}); nothing on it is planned; "
+            f"its {len(there)} node(s) were not checked: {', '.join(there)}")
+    text = text_of(plan)
+    assert text.splitlines()[:2] == [summary, f"? {line}"]  # brackets in the error survive rich markup
+    assert "No changes." not in text
+
+    md = render_markdown(plan)
+    assert f"**{summary}**" in md
+    assert "**Unknown** (could not be observed: not checked, nothing planned there)" in md
+    assert f"- :question: {line.removeprefix('Unknown: ')}" in md
+
+    data = json.loads(render_json(plan))
+    assert data["complete"] is False
+    assert data["summary"] == {"add": 0, "change": 0, "remove": 0} and data["actions"] == []
+    assert data["unknown"] == [{"kind": "hypervisor", "name": "hv-private-2", "error": unknown.error,
+                                "nodes": there, "sip_clusters": []}]
+    assert Unknown.from_dict(data["unknown"][0]) == unknown  # a saved plan can carry it back
+
+
+def test_incomplete_plan_with_changes_keeps_its_counts_and_says_incomplete(repo):
+    state, observed = settle(repo.model)
+    hv = observed.hypervisors["hv-public-1"]
+    ingress = next(p for p in hv.pods if p.node == "team-a-ingress")
+    drifted = dataclasses.replace(ingress, containers=tuple(c for c in ingress.containers if c.component != "haproxy"))
+    observed.hypervisors["hv-public-1"] = dataclasses.replace(
+        hv, pods=tuple(drifted if p is ingress else p for p in hv.pods))
+    plan = make_plan(repo.model, repo.repo.config, state, private_2_down(observed), now=NOW).plan
+    assert [(a.kind, a.node, a.component) for a in plan.actions] == [
+        (Kind.CREATE_CONTAINER, "team-a-ingress", "haproxy")]
+    summary = "Plan: 1 to add, 0 to change, 0 to remove. Incomplete: 1 hypervisor could not be observed."
+    assert headline(plan) == summary
+    text = text_of(plan)
+    assert text.startswith(summary + "\n? Unknown: hypervisor hv-private-2 is unreachable (")
+    assert "+ create container haproxy: container is missing" in text
+    assert f"**{summary}**" in render_markdown(plan)
+    data = json.loads(render_json(plan))
+    assert data["complete"] is False and [u["name"] for u in data["unknown"]] == ["hv-private-2"]
+    # a complete plan says so
+    complete = make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan
+    assert complete.complete and complete.unknowns == ()
+    assert headline(complete) == "Plan: 1 to add, 0 to change, 0 to remove."
+    assert json.loads(render_json(complete))["complete"] is True
+    assert "Unknown" not in text_of(complete) and "Unknown" not in render_markdown(complete)
+
+
+def test_nodes_on_a_hypervisor_that_left_the_repo_are_unknown(repo):
+    state, observed = settle(repo.model)
+    orphan = dataclasses.replace(state.nodes["team-b-cp-3"], hypervisor="hv-retired")
+    state.nodes["team-b-old"] = orphan
+    plan = make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan
+    assert plan.unknowns == (Unknown(UnknownKind.HYPERVISOR, "hv-retired",
+                                     "it left the repo; put the Hypervisor back to clean up its pods",
+                                     ("team-b-old",)),)
+    assert not [a for a in plan.actions if a.node == "team-b-old" and a.kind == Kind.REMOVE_POD]
+    assert headline(plan).endswith("Incomplete: 1 hypervisor could not be observed.")
+
+
+def test_unlisted_bare_metal_hosts_are_unknown(repo):
+    result = validate_repo(EXAMPLE_REPO)
+    model = result.model
+    config = dataclasses.replace(result.repo.config, bare_metal=BareMetalSource(provider="kubernetes"))
+    state, observed = settle(dataclasses.replace(model, sip_clusters={}))
+    assert observed.hosts is None  # the provider could not be listed
+    plan = make_plan(model, config, state, observed, now=NOW).plan
+    assert plan.unknowns == (Unknown(UnknownKind.BARE_METAL_HOSTS, "kubernetes", sip_clusters=("tenant-1",)),)
+    assert headline(plan).endswith(" Incomplete: the BareMetalHosts could not be observed.")
+    assert "? Unknown: BareMetalHosts could not be listed from the kubernetes provider; SIPCluster(s) not " \
+           "planned: tenant-1" in text_of(plan)
+    assert json.loads(render_json(plan))["unknown"] == [
+        {"kind": "bare-metal-hosts", "name": "kubernetes", "error": "", "nodes": [], "sip_clusters": ["tenant-1"]}]
+    both = make_plan(model, config, state, private_2_down(observed), now=NOW).plan
+    assert [u.kind for u in both.unknowns] == [UnknownKind.HYPERVISOR, UnknownKind.BARE_METAL_HOSTS]
+    assert "Incomplete: 1 hypervisor and the BareMetalHosts could not be observed." in headline(both)
+
+
+def test_plan_without_unknowns_is_still_built_the_old_way():
+    plan = Plan((), ("pruning is disabled",), "abc")
+    assert plan.complete and plan.unknowns == ()
+    assert headline(plan) == "No changes planned, with warnings (see below)."
+    assert headline(Plan()) == "No changes. The live state matches the repo."
 
 
 def test_expiring_certificate_is_renewed(repo):

@@ -1,45 +1,47 @@
 """BareMetalHost providers: the repo files with a label overlay, and a Metal3 management cluster.
 
-No kube-apiserver binary exists on these machines, so the `kubernetes` provider is
-tested against `FakeAPIServer`: a small HTTPS server (http.server + ssl on 127.0.0.1,
-certificates from `gitops.pki`) standing in for kube-apiserver. It implements exactly
-what the provider uses -- list (all namespaces or one, with limit/continue), GET one,
-and JSON merge PATCH with the resourceVersion precondition (409 Conflict when stale) --
-plus a "concurrent writer" hook that bumps an object's resourceVersion (or changes its
-labels) just before a PATCH is handled.
+The `kubernetes` provider is tested against a real kube-apiserver v1.20.2 with etcd
+(`tests/kubeapi.py`; the binaries come from scripts/build-kubernetes.sh) serving the
+BareMetalHost CRD gitops ships (deploy/crds/metal3.io_baremetalhosts.yaml). Hosts are
+created through the API (status through the /status subresource), read back with the
+real kubectl, and concurrent writers are real kubectl edits made between the provider's
+read and its patch, so the 409 Conflicts are the API server's own.
 """
 from __future__ import annotations
 
-import base64
 import copy
 import json
-import ssl
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from gitops.model.validate import load_model
-from gitops.pki import CertKey, create_ca, issue_cert
+from gitops.model.yamlload import load_yaml_documents
+from gitops.pki import create_ca
 from gitops.sip import SIPError
-from gitops.sip.providers import FileProvider, KubernetesProvider, hosts_from_yaml, load_kubeconfig
-from gitops.sip.selection import CLUSTER_LABEL, LabelChange, select_hosts
+from gitops.sip.providers import FileProvider, KubernetesProvider, hosts_from_yaml
+from gitops.sip.selection import CLUSTER_LABEL, NODE_TYPE_LABEL, LabelChange, select_hosts
+from kubeapi import KubeAPI, free_port, kube_api_server
 from test_sip_selection import demanding
 
-EXAMPLE_REPO = Path(__file__).resolve().parents[1] / "example-repo"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_REPO = ROOT / "example-repo"
 INVENTORY = EXAMPLE_REPO / "inventory" / "baremetalhosts.yaml"
-PREFIX = "/apis/metal3.io/v1alpha1"
-TOKEN = "s3cr3t-token"
+CRD = ROOT / "deploy" / "crds" / "metal3.io_baremetalhosts.yaml"
+BMH_PATH = "/apis/metal3.io/v1alpha1/namespaces/{namespace}/baremetalhosts"
 
 
 def inventory_objects() -> list[dict]:
-    """The example inventory plus a third rack (r03), so tenant-1 can be satisfied."""
-    items = yaml.safe_load(INVENTORY.read_text())["items"]
+    """The example inventory plus a third rack (r03), so tenant-1 can be satisfied.
+
+    Read as Kubernetes tooling reads YAML: PyYAML's YAML 1.1 would make the unquoted MACs
+    base-60 integers, which the real API server rightly refuses (bootMACAddress is a string).
+    """
+    items = load_yaml_documents(INVENTORY.read_text())[0].data["items"]
     for name, flavor in (("r03-node-01", "control-plane"), ("r03-node-02", "worker")):
         extra = copy.deepcopy(items[0])
         extra["metadata"]["name"] = name
@@ -47,175 +49,6 @@ def inventory_objects() -> list[dict]:
                                        "vino.airshipit.org/flavor": flavor}
         items.append(extra)
     return items
-
-
-def merge_patch(target: object, patch: object) -> object:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
-
-
-class FakeAPIServer:
-    """Stands in for kube-apiserver (none exists here): BareMetalHost list / get / merge-patch only."""
-
-    def __init__(self, objects: list[dict], tls: CertKey, ca: CertKey, tmp: Path):
-        self.lock = threading.Lock()
-        self.version = 100
-        self.objects: dict[str, dict] = {}
-        for obj in objects:
-            obj = copy.deepcopy(obj)
-            obj["metadata"]["resourceVersion"] = self._next()
-            self.objects[f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"] = obj
-        #: host key -> how many of its next PATCHes a concurrent writer races (bumps resourceVersion)
-        self.race: dict[str, int] = {}
-        #: host key -> labels a concurrent writer merges in just before the next PATCH
-        self.hostile: dict[str, dict] = {}
-        self.log: list[tuple[str, str, int]] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:  # keep pytest output clean
-                pass
-
-            def do_GET(self) -> None:
-                server.handle(self, "GET")
-
-            def do_PATCH(self) -> None:
-                server.handle(self, "PATCH")
-
-        (tmp / "server.crt").write_text(tls.cert_pem)
-        (tmp / "server.key").write_text(tls.key_pem)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(tmp / "server.crt", tmp / "server.key")
-        ctx.load_verify_locations(cadata=ca.cert_pem)
-        ctx.verify_mode = ssl.CERT_OPTIONAL  # a client certificate or a bearer token
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def _next(self) -> str:
-        self.version += 1
-        return str(self.version)
-
-    def handle(self, req: BaseHTTPRequestHandler, method: str) -> None:
-        url = urlsplit(req.path)
-        with self.lock:
-            status, body = self._route(req, method, url.path, parse_qs(url.query))
-            self.log.append((method, url.path, status))
-        data = json.dumps(body).encode()
-        req.send_response(status)
-        req.send_header("Content-Type", "application/json")
-        req.send_header("Content-Length", str(len(data)))
-        req.end_headers()
-        req.wfile.write(data)
-
-    @staticmethod
-    def status(code: int, reason: str, message: str) -> tuple[int, dict]:
-        return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
-                      "message": message, "code": code}
-
-    def _route(self, req, method: str, path: str, query: dict) -> tuple[int, dict]:
-        if not req.connection.getpeercert() and req.headers.get("Authorization") != f"Bearer {TOKEN}":
-            return self.status(401, "Unauthorized", "Unauthorized")
-        parts = path.removeprefix(PREFIX).strip("/").split("/")
-        if method == "GET" and parts == ["baremetalhosts"]:
-            return self._list(None, query)
-        if method == "GET" and len(parts) == 3 and parts[0] == "namespaces" and parts[2] == "baremetalhosts":
-            return self._list(parts[1], query)
-        if len(parts) == 4 and parts[0] == "namespaces" and parts[2] == "baremetalhosts":
-            key = f"{parts[1]}/{parts[3]}"
-            if key not in self.objects:
-                return self.status(404, "NotFound", f'baremetalhosts.metal3.io "{parts[3]}" not found')
-            if method == "GET":
-                return 200, self.objects[key]
-            return self._patch(req, key)
-        return self.status(404, "NotFound", "the server could not find the requested resource")
-
-    def _list(self, namespace: str | None, query: dict) -> tuple[int, dict]:
-        items = [o for k, o in sorted(self.objects.items()) if namespace in (None, k.split("/")[0])]
-        start = int(query.get("continue", ["0"])[0])
-        limit = int(query.get("limit", [str(len(items))])[0])
-        page, more = items[start:start + limit], start + limit < len(items)
-        meta = {"resourceVersion": str(self.version)} | ({"continue": str(start + limit)} if more else {})
-        return 200, {"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHostList", "metadata": meta,
-                     "items": page}
-
-    def _patch(self, req, key: str) -> tuple[int, dict]:
-        if req.headers.get("Content-Type") != "application/merge-patch+json":
-            return self.status(415, "UnsupportedMediaType", "only merge patches here")
-        patch = json.loads(req.rfile.read(int(req.headers["Content-Length"])))
-        obj = self.objects[key]
-        if self.race.get(key):  # a concurrent writer gets there first
-            self.race[key] -= 1
-            obj["metadata"].setdefault("annotations", {})["touched-by"] = "someone-else"
-            obj["metadata"]["resourceVersion"] = self._next()
-        if key in self.hostile:
-            obj["metadata"]["labels"].update(self.hostile.pop(key))
-            obj["metadata"]["resourceVersion"] = self._next()
-        wanted = patch.get("metadata", {}).get("resourceVersion")
-        if wanted is not None and wanted != obj["metadata"]["resourceVersion"]:
-            return self.status(409, "Conflict", f'Operation cannot be fulfilled on baremetalhosts.metal3.io '
-                                                f'"{key.split("/")[1]}": the object has been modified; please '
-                                                "apply your changes to the latest version and try again")
-        patch.get("metadata", {}).pop("resourceVersion", None)
-        updated = merge_patch(obj, patch)
-        updated["metadata"]["resourceVersion"] = self._next()
-        self.objects[key] = updated
-        return 200, updated
-
-    def labels(self, key: str) -> dict:
-        return self.objects[key]["metadata"].get("labels", {})
-
-    def __enter__(self) -> FakeAPIServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
-
-
-@pytest.fixture(scope="module")
-def pki() -> dict[str, CertKey]:
-    ca = create_ca("fake-kube-ca")
-    return {"ca": ca,
-            "server": issue_cert(ca, "kube-apiserver", ip_addresses=["127.0.0.1"], server=True),
-            "client": issue_cert(ca, "gitops-sip", organizations=["system:masters"], client=True)}
-
-
-@pytest.fixture
-def api(pki, tmp_path) -> Iterator[FakeAPIServer]:
-    with FakeAPIServer(inventory_objects(), pki["server"], pki["ca"], tmp_path) as server:
-        yield server
-
-
-def b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def kubeconfig(tmp_path: Path, server: str, pki, *, user: dict | None = None) -> Path:
-    if user is None:
-        user = {"client-certificate-data": b64(pki["client"].cert_pem),
-                "client-key-data": b64(pki["client"].key_pem)}
-    config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "mgmt",
-        "clusters": [{"name": "mgmt", "cluster": {"server": server,
-                                                   "certificate-authority-data": b64(pki["ca"].cert_pem)}}],
-        "users": [{"name": "sip", "user": user}],
-        "contexts": [{"name": "mgmt", "context": {"cluster": "mgmt", "user": "sip"}}],
-    }
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 # --------------------------------------------------------------------------- file provider
@@ -263,97 +96,262 @@ def test_hosts_from_a_kubectl_export_match_the_repo_model():
 # --------------------------------------------------------------------------- kubernetes provider
 
 
-def test_kubernetes_list_all_namespaces_with_pages(api, pki, tmp_path):
-    provider = KubernetesProvider.from_kubeconfig(kubeconfig(tmp_path, api.url, pki), page_size=5)
+@pytest.fixture(scope="module")
+def kube() -> Iterator[KubeAPI]:
+    """A real kube-apiserver v1.20.2 + etcd with the shipped BareMetalHost CRD, for this module."""
+    with kube_api_server(crds=[CRD]) as api:
+        yield api
+
+
+def create_hosts(kube: KubeAPI, objects: list[dict]) -> None:
+    """Create BareMetalHosts as a user would, then write their status as baremetal-operator does."""
+    for obj in objects:
+        namespace = obj["metadata"]["namespace"]
+        kube.ensure_namespace(namespace)
+        body = {k: v for k, v in obj.items() if k != "status"}
+        _, created = kube.request("POST", BMH_PATH.format(namespace=namespace), body)
+        created["status"] = obj["status"]  # ignored on create: the CRD has a status subresource
+        kube.request("PUT", f"{BMH_PATH.format(namespace=namespace)}/{obj['metadata']['name']}/status", created)
+
+
+@pytest.fixture
+def api(kube) -> Iterator[KubeAPI]:
+    """The inventory as real objects in namespace metal3; every BareMetalHost removed afterwards."""
+    create_hosts(kube, inventory_objects())
+    yield kube
+    kube.kubectl("delete", "baremetalhosts", "--all", "--all-namespaces")
+
+
+def labels(kube: KubeAPI, key: str) -> dict[str, str]:
+    """A host's labels as the real kubectl reads them."""
+    namespace, name = key.split("/")
+    return kube.kubectl_json("get", "bmh", "-n", namespace, name)["metadata"].get("labels", {})
+
+
+def sip_kubeconfig(kube: KubeAPI) -> Path:
+    """An inline client certificate (``client-*-data``) of a cluster admin."""
+    return kube.cert_kubeconfig("gitops-sip", "gitops-sip", groups=["system:masters"])
+
+
+class Spy:
+    """Records the provider's API calls (method, host name, HTTP status); `before[name]` runs a
+    concurrent writer just before the provider's PATCH of that host."""
+
+    METHODS = {"list_cluster_custom_object": "LIST", "list_namespaced_custom_object": "LIST",
+               "get_namespaced_custom_object": "GET", "patch_namespaced_custom_object": "PATCH"}
+
+    def __init__(self, provider: KubernetesProvider, monkeypatch: pytest.MonkeyPatch):
+        self.log: list[tuple[str, str | None, int]] = []
+        self.before: dict[str, Callable[[], None]] = {}
+        for method, verb in self.METHODS.items():
+            monkeypatch.setattr(provider.api, method, self._wrap(verb, getattr(provider.api, method)))
+
+    def _wrap(self, verb: str, real: Callable) -> Callable:
+        def call(*args, **kwargs):
+            name = args[4] if verb in ("GET", "PATCH") else None
+            if verb == "PATCH" and name in self.before:
+                self.before[name]()
+            try:
+                result = real(*args, **kwargs)
+            except ApiException as err:
+                self.log.append((verb, name, err.status))
+                raise
+            self.log.append((verb, name, 200))
+            return result
+        return call
+
+    def calls(self, name: str | None) -> list[tuple[str, int]]:
+        return [(verb, status) for verb, n, status in self.log if n == name]
+
+
+def test_kubernetes_list_all_namespaces_with_pages(api, monkeypatch):
+    spare = copy.deepcopy(inventory_objects()[:2])
+    for obj in spare:
+        obj["metadata"]["namespace"] = "spare"
+    create_hosts(api, spare)
+    provider = KubernetesProvider.from_kubeconfig(sip_kubeconfig(api), page_size=5)
+    spy = Spy(provider, monkeypatch)
     hosts = provider.list_hosts()
-    assert [f"{h.namespace}/{h.name}" for h in hosts] == sorted(api.objects)
-    model = load_model(EXAMPLE_REPO)
-    assert {f"{h.namespace}/{h.name}": h for h in hosts if h.name[:3] != "r03"} == model.baremetal_hosts
-    assert [p for m, p, _ in api.log] == [f"{PREFIX}/baremetalhosts"] * 3  # 12 hosts, pages of 5
+    names = api.kubectl("get", "bmh", "--all-namespaces", "-o",
+                        "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name} {end}").stdout.split()
+    assert [f"{h.namespace}/{h.name}" for h in hosts] == sorted(names) and len(hosts) == 14
+    assert spy.log == [("LIST", None, 200)] * 3  # 14 hosts in pages of 5, continued by the server's token
+    model = load_model(EXAMPLE_REPO)  # spec, status (via /status) and labels survive the round trip
+    assert {f"{h.namespace}/{h.name}": h for h in hosts
+            if h.namespace == "metal3" and h.name[:3] != "r03"} == model.baremetal_hosts
+    assert {h.name for h in hosts if h.namespace == "spare"} == {"r01-node-01", "r01-node-02"}
 
 
-def test_kubernetes_list_one_namespace_with_a_token(api, pki, tmp_path):
-    (tmp_path / "token").write_text(TOKEN + "\n")
-    config = kubeconfig(tmp_path, api.url, pki, user={"tokenFile": "token"})
-    assert len(KubernetesProvider.from_kubeconfig(config, namespace="metal3").list_hosts()) == 12
-    assert KubernetesProvider.from_kubeconfig(config, namespace="other").list_hosts() == []
-    assert api.log[0][1] == f"{PREFIX}/namespaces/metal3/baremetalhosts"
+def test_kubernetes_one_namespace_with_a_service_account_token(api):
+    api.kubectl("create", "serviceaccount", "sip", "-n", "metal3")
+    api.kubectl("create", "role", "sip-hosts", "-n", "metal3", "--verb=get,list,patch",
+                "--resource=baremetalhosts.metal3.io")
+    api.kubectl("create", "rolebinding", "sip-hosts", "-n", "metal3", "--role=sip-hosts",
+                "--serviceaccount=metal3:sip")
+    try:
+        config = api.token_kubeconfig("metal3", "sip", token_file=True)
+        assert "tokenFile" in config.read_text()
+        provider = KubernetesProvider.from_kubeconfig(config, namespace="metal3", page_size=5)
+        assert len(provider.list_hosts()) == 12
+        provider.apply_labels([LabelChange("metal3/r01-node-03", "t", set=((CLUSTER_LABEL, "t"),))])
+        assert labels(api, "metal3/r01-node-03")[CLUSTER_LABEL] == "t"
+        # RBAC is the real one: nothing outside the namespace the Role grants
+        with pytest.raises(SIPError, match=r'listing BareMetalHosts \(all namespaces\) at https://127.0.31.1:\d+: '
+                                           r'HTTP 403: .*"system:serviceaccount:metal3:sip" cannot list resource '
+                                           r'"baremetalhosts" in API group "metal3.io" at the cluster scope'):
+            KubernetesProvider.from_kubeconfig(config).list_hosts()
+        with pytest.raises(SIPError, match='HTTP 403: .* in the namespace "other"'):
+            KubernetesProvider.from_kubeconfig(config, namespace="other").list_hosts()
+        api.ensure_namespace("empty")
+        assert KubernetesProvider.from_kubeconfig(api.admin_kubeconfig, namespace="empty").list_hosts() == []
+    finally:
+        api.kubectl("delete", "-n", "metal3", "rolebinding/sip-hosts", "role/sip-hosts", "serviceaccount/sip")
 
 
-def test_kubernetes_label_with_a_conflict_then_converge(api, pki, tmp_path):
-    provider = KubernetesProvider.from_kubeconfig(kubeconfig(tmp_path, api.url, pki))
+def test_kubernetes_exec_credential_plugin(api):
+    """The official client runs kubeconfig exec plugins (e.g. cloud token helpers)."""
+    token = api.service_account_token("metal3", "exec-user")
+    api.kubectl("create", "clusterrolebinding", "exec-user-admin", "--clusterrole=cluster-admin",
+                "--serviceaccount=metal3:exec-user")
+    try:
+        credential = json.dumps({"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential",
+                                 "status": {"token": token}})
+        config = api.kubeconfig("exec", {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
+                                                  "command": "echo", "args": [credential]}})
+        assert len(KubernetesProvider.from_kubeconfig(config).list_hosts()) == 12
+        failing = api.kubeconfig("exec-fails", {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
+                                                         "command": "false"}})
+        with pytest.raises(SIPError) as err:  # not a silent fall-back to an anonymous user
+            KubernetesProvider.from_kubeconfig(failing)
+        assert one_line(err) == f"{failing}: the exec credential plugin failed: process returned 1"
+    finally:
+        api.kubectl("delete", "clusterrolebinding", "exec-user-admin")
+        api.kubectl("delete", "serviceaccount", "exec-user", "-n", "metal3")
+
+
+def test_kubernetes_label_with_a_real_conflict_then_converge(api, monkeypatch):
+    provider = KubernetesProvider.from_kubeconfig(sip_kubeconfig(api))
+    spy = Spy(provider, monkeypatch)
     model = demanding(load_model(EXAMPLE_REPO))  # wants the r03 hosts too
     result = select_hosts(model.sip_clusters, provider.list_hosts())
-    assert result.selection("tenant-1").ready
-    api.race["metal3/r02-node-01"] = 1  # someone else updates that host once, between our list and patch
-    api.log.clear()
+    assert result.selection("tenant-1").ready and len(result.changes) == 7
+
+    def someone_else() -> None:  # another writer gets in between our list and our patch, once
+        del spy.before["r02-node-01"]
+        api.kubectl("label", "bmh", "-n", "metal3", "r02-node-01", "example.com/touched-by=someone-else")
+
+    spy.before["r02-node-01"] = someone_else
     provider.apply_labels(result.changes)
-    raced = [(m, s) for m, p, s in api.log if p.endswith("/r02-node-01")]
-    assert raced == [("PATCH", 409), ("GET", 200), ("PATCH", 200)]
-    assert api.labels("metal3/r02-node-01")[CLUSTER_LABEL] == "tenant-1"
-    assert api.objects["metal3/r02-node-01"]["metadata"]["annotations"] == {"touched-by": "someone-else"}
-    assert api.labels("metal3/r03-node-02")["sip.airshipit.org/standby"] == "true"
+    assert spy.calls("r02-node-01") == [("PATCH", 409), ("GET", 200), ("PATCH", 200)]
+    assert sorted(s for v, n, s in spy.log if v == "PATCH") == [200] * 7 + [409]  # one retry, seven labels
+    raced = labels(api, "metal3/r02-node-01")  # both writers' edits are there
+    assert raced["example.com/touched-by"] == "someone-else"
+    assert raced[CLUSTER_LABEL] == "tenant-1" and raced[NODE_TYPE_LABEL] == "ControlPlane"
+    assert labels(api, "metal3/r03-node-02")["sip.airshipit.org/standby"] == "true"
     assert select_hosts(model.sip_clusters, provider.list_hosts()).empty  # applying twice changes nothing
     # the SIPCluster leaves the repo: every host unlabeled, other labels kept
     provider.apply_labels(select_hosts({}, provider.list_hosts()).changes)
+    everything = api.kubectl_json("get", "bmh", "-n", "metal3")["items"]
+    assert len(everything) == 12
     assert all(not k.startswith("sip.airshipit.org/") or k in ("sip.airshipit.org/rack", "sip.airshipit.org/server")
-               for o in api.objects.values() for k in o["metadata"]["labels"])
-    assert api.labels("metal3/r01-node-04")["hardware.example.com/gpu"] == "a100"
+               for o in everything for k in o["metadata"]["labels"])
+    assert labels(api, "metal3/r01-node-04")["hardware.example.com/gpu"] == "a100"
+    assert labels(api, "metal3/r02-node-01")["example.com/touched-by"] == "someone-else"
 
 
-def test_kubernetes_refuses_when_someone_else_changed_the_sip_labels(api, pki, tmp_path):
-    provider = KubernetesProvider.from_kubeconfig(kubeconfig(tmp_path, api.url, pki))
-    model = load_model(EXAMPLE_REPO)
-    result = select_hosts(model.sip_clusters, provider.list_hosts())
-    api.hostile["metal3/r01-node-01"] = {CLUSTER_LABEL: "tenant-9"}
-    with pytest.raises(SIPError, match="BareMetalHost metal3/r01-node-01: its SIP labels changed while labeling"):
+def test_kubernetes_refuses_when_someone_else_changed_the_sip_labels(api, monkeypatch):
+    provider = KubernetesProvider.from_kubeconfig(sip_kubeconfig(api))
+    spy = Spy(provider, monkeypatch)
+    result = select_hosts(load_model(EXAMPLE_REPO).sip_clusters, provider.list_hosts())
+    assert result.changes[0].host == "metal3/r01-node-01"
+    spy.before["r01-node-01"] = lambda: api.kubectl("label", "bmh", "-n", "metal3", "r01-node-01",
+                                                    f"{CLUSTER_LABEL}=tenant-9")
+    with pytest.raises(SIPError, match="BareMetalHost metal3/r01-node-01: its SIP labels changed while labeling "
+                                       r"\(planned over \{\}, now \{'sip.airshipit.org/cluster-name': 'tenant-9'\}\)"):
         provider.apply_labels(result.changes)
-    assert api.labels("metal3/r01-node-01")[CLUSTER_LABEL] == "tenant-9"  # not overwritten
+    assert spy.calls("r01-node-01") == [("PATCH", 409), ("GET", 200)]
+    now = labels(api, "metal3/r01-node-01")
+    assert now[CLUSTER_LABEL] == "tenant-9" and NODE_TYPE_LABEL not in now  # not overwritten, nothing half-done
 
 
-def test_kubernetes_gives_up_after_the_retries(api, pki, tmp_path):
-    provider = KubernetesProvider.from_kubeconfig(kubeconfig(tmp_path, api.url, pki), retries=2)
+def test_kubernetes_gives_up_after_the_retries(api, monkeypatch):
+    provider = KubernetesProvider.from_kubeconfig(sip_kubeconfig(api), retries=2)
+    spy = Spy(provider, monkeypatch)
     provider.list_hosts()
-    api.race["metal3/r01-node-01"] = 99
+    bumps = iter(range(1, 100))
+    spy.before["r01-node-01"] = lambda: api.kubectl("label", "--overwrite", "bmh", "-n", "metal3", "r01-node-01",
+                                                    f"example.com/bump={next(bumps)}")
     change = LabelChange("metal3/r01-node-01", "t", set=((CLUSTER_LABEL, "t"),))
     with pytest.raises(SIPError, match="still conflicting after 2 retries"):
         provider.apply_labels([change])
-    assert [s for m, p, s in api.log if m == "PATCH"] == [409, 409, 409]
+    assert [s for v, n, s in spy.log if v == "PATCH"] == [409, 409, 409]
+    now = labels(api, "metal3/r01-node-01")
+    assert now["example.com/bump"] == "3" and CLUSTER_LABEL not in now
 
 
-def test_kubernetes_patch_without_a_prior_list_and_a_missing_host(api, pki, tmp_path):
-    provider = KubernetesProvider.from_kubeconfig(kubeconfig(tmp_path, api.url, pki))
+def test_kubernetes_patch_without_a_prior_list_and_a_missing_host(api):
+    provider = KubernetesProvider.from_kubeconfig(sip_kubeconfig(api))
     provider.apply_labels([LabelChange("metal3/r01-node-01", "t", set=((CLUSTER_LABEL, "t"),))])
-    assert api.labels("metal3/r01-node-01")[CLUSTER_LABEL] == "t"
-    with pytest.raises(SIPError, match='reading BareMetalHost metal3/ghost: HTTP 404: .*"ghost" not found'):
+    assert labels(api, "metal3/r01-node-01")[CLUSTER_LABEL] == "t"
+    provider.apply_labels([LabelChange("metal3/r01-node-01", "t", remove=(CLUSTER_LABEL,))])
+    assert CLUSTER_LABEL not in labels(api, "metal3/r01-node-01")
+    with pytest.raises(SIPError, match='^reading BareMetalHost metal3/ghost: HTTP 404: '
+                                       'baremetalhosts.metal3.io "ghost" not found$'):
         provider.apply_labels([LabelChange("metal3/ghost", "t", set=((CLUSTER_LABEL, "t"),))])
 
 
-def test_kubernetes_errors_are_one_clear_line(api, pki, tmp_path):
-    bad_token = kubeconfig(tmp_path, api.url, pki, user={"token": "wrong"})
-    with pytest.raises(SIPError, match="listing BareMetalHosts at https://127.0.0.1:.*: HTTP 401: Unauthorized"):
+def one_line(excinfo: pytest.ExceptionInfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message and "object at 0x" not in message, message
+    return message
+
+
+def test_kubernetes_errors_are_one_clear_line(kube, tmp_path):
+    bad_token = kube.kubeconfig("bad-token", {"token": "wrong"})
+    with pytest.raises(SIPError) as err:
         KubernetesProvider.from_kubeconfig(bad_token).list_hosts()
-    other_ca = create_ca("someone-else")
-    wrong_ca = kubeconfig(tmp_path, api.url, {**pki, "ca": other_ca})
-    with pytest.raises(SIPError, match="cannot reach the management cluster: .*CERTIFICATE_VERIFY_FAILED"):
+    assert one_line(err) == f"listing BareMetalHosts (all namespaces) at {kube.url}: HTTP 401: Unauthorized"
+    wrong_ca = kube.kubeconfig("wrong-ca", {"token": "wrong"}, ca_pem=create_ca("someone-else").cert_pem)
+    with pytest.raises(SIPError) as err:
         KubernetesProvider.from_kubeconfig(wrong_ca).list_hosts()
-    closed = kubeconfig(tmp_path, "https://127.0.0.1:9", pki)
-    with pytest.raises(SIPError, match="cannot reach the management cluster"):
+    assert one_line(err).startswith(f"listing BareMetalHosts (all namespaces) at {kube.url}: cannot reach the "
+                                    f"management cluster at {kube.url}: CERTIFICATE_VERIFY_FAILED")
+    closed = kube.kubeconfig("closed", {"token": "t"}, server=f"https://{kube.ip}:{free_port(kube.ip)}")
+    with pytest.raises(SIPError) as err:
         KubernetesProvider.from_kubeconfig(closed, timeout=2).list_hosts()
+    assert "cannot reach the management cluster" in one_line(err) and "Connection refused" in str(err.value)
+    forbidden = kube.cert_kubeconfig("nobody", "nobody")  # authenticated, but no RBAC at all
+    with pytest.raises(SIPError) as err:
+        KubernetesProvider.from_kubeconfig(forbidden).apply_labels([LabelChange("metal3/x", "t", remove=("a",))])
+    assert one_line(err) == ('reading BareMetalHost metal3/x: HTTP 403: baremetalhosts.metal3.io "x" is forbidden: '
+                             'User "nobody" cannot get resource "baremetalhosts" in API group "metal3.io" '
+                             'in the namespace "metal3"')
 
 
 @pytest.mark.parametrize(("user", "context", "message"), [
-    ({"exec": {"command": "aws"}}, None, "uses exec, which is not supported"),
-    ({"token": "t"}, "nope", "no context named 'nope' in contexts"),
-    ({"client-certificate-data": "!!", "client-key-data": "!!"}, None, "client-certificate-data is not base64 PEM"),
-    ({"tokenFile": "missing"}, None, "cannot read tokenFile"),
-])
-def test_kubeconfig_errors(pki, tmp_path, user, context, message):
-    path = kubeconfig(tmp_path, "https://127.0.0.1:6443", pki, user=user)
-    with pytest.raises(SIPError, match=message):
-        load_kubeconfig(path, context)
+    ({"token": "t"}, "nope", "unusable kubeconfig: Invalid kube-config file. Expected object with name nope in "),
+    ({"client-certificate-data": "!!", "client-key-data": "!!"}, None, r"client certificate/key unusable: \[SSL\] PEM"),
+    ({"client-certificate-data": "abc", "client-key-data": "abc"}, None, "unusable kubeconfig: bad base64 data"),
+    ({"tokenFile": "missing"}, None, "unusable kubeconfig: .*No such file or directory: .*missing"),
+    ({"token": "t"}, "no-ca", "unusable kubeconfig: File does not exist: /nonexistent/ca.crt"),
+], ids=["unknown-context", "not-pem", "not-base64", "missing-token-file", "missing-ca-file"])
+def test_kubeconfig_errors(kube, user, context, message):
+    path = kube.kubeconfig("broken", user)
+    config = yaml.safe_load(path.read_text())
+    config["clusters"].append({"name": "no-ca", "cluster": {"server": kube.url,
+                                                            "certificate-authority": "/nonexistent/ca.crt"}})
+    config["contexts"].append({"name": "no-ca", "context": {"cluster": "no-ca", "user": "broken"}})
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(SIPError, match=message) as err:
+        KubernetesProvider.from_kubeconfig(path, context)
+    assert one_line(err).startswith(f"{path}: ")
 
 
-def test_kubeconfig_needs_https(pki, tmp_path):
+def test_kubeconfig_needs_https_and_a_file(kube, tmp_path):
     with pytest.raises(SIPError, match="needs an https:// server, got 'http://x'"):
-        load_kubeconfig(kubeconfig(tmp_path, "http://x", pki))
+        KubernetesProvider.from_kubeconfig(kube.kubeconfig("plain", {"token": "t"}, server="http://x"))
+    with pytest.raises(SIPError, match="nothing: cannot read kubeconfig: no such file"):
+        KubernetesProvider.from_kubeconfig(tmp_path / "nothing")
+    (tmp_path / "garbage").write_text("{not: [yaml")
+    with pytest.raises(SIPError, match="garbage: unusable kubeconfig: not valid YAML"):
+        KubernetesProvider.from_kubeconfig(tmp_path / "garbage")

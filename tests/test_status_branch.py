@@ -10,7 +10,9 @@ import pytest
 
 from gitops.secrets import decrypt, encrypt
 from gitops.state import CertRecord, ClusterRecord, NodeRecord, State
-from gitops.status.branch import Locked, StatusBranch
+from gitops.status.branch import StatusBranch
+from gitops.status.lease import ApplyLease, Locked
+from gitops.status.reader import DEFAULT_BRANCH, SOURCE, SourceStatus, StatusReader
 from gitops.status.state import PUBLIC, SEALED, ControllerStateStore, Sealer, merge, split
 
 TTL = dt.timedelta(minutes=10)
@@ -56,7 +58,7 @@ def test_racing_writers_lose_nothing(origin, tmp_path):
 
 
 def test_apply_lease(origin, tmp_path):
-    a, b = StatusBranch(origin, tmp_path / "a"), StatusBranch(origin, tmp_path / "b")
+    a, b = ApplyLease(StatusBranch(origin, tmp_path / "a").repo), ApplyLease(StatusBranch(origin, tmp_path / "b").repo)
     now = dt.datetime.now(dt.timezone.utc)
     a.acquire("A", TTL, now)
     with pytest.raises(Locked, match="another controller \\(A\\) holds the apply lock"):
@@ -65,6 +67,27 @@ def test_apply_lease(origin, tmp_path):
     assert b.acquire("B", TTL, now + TTL + dt.timedelta(seconds=1)).holder == "B"  # A crashed: the lease expired
     b.release("B")
     assert a.acquire("A", TTL, now + TTL * 2).holder == "A"
+
+
+def test_one_reader_for_the_worktree_and_for_a_ref(origin, tmp_path):
+    source = (b"kind: SourceStatus\nstatus:\n  appliedSHA: abc\n  lastSeenSHA: def\n  result: Refused\n"
+              b"  errors: ['x.yaml:1: wrong']\n")
+    tree = {SOURCE: source, "status/Cluster/c.yaml": b"metadata: {name: c}\nstatus: {phase: Ready}\n"}
+    branch = StatusBranch(origin, tmp_path / "a")
+    assert branch.branch == DEFAULT_BRANCH
+    branch.publish(files(tree), "first")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", origin, str(clone)], check=True)
+    at_ref = StatusReader.for_clone(clone)
+    assert at_ref.ref == f"origin/{DEFAULT_BRANCH}"
+    for reader in (branch.reader, at_ref):
+        assert reader.source() == SourceStatus("Refused", "def", "abc", ("x.yaml:1: wrong",), reader.source().status)
+        assert reader.applied_sha() == "abc" and reader.documents("Cluster")["c"]["status"] == {"phase": "Ready"}
+        assert reader.read("observed.yaml") is None and reader.documents("Node") == {}
+        with pytest.raises(Exception, match="cannot read observed.yaml at "):
+            reader.require("observed.yaml")
+    for raw in (None, b"", b": : not yaml", b"status: null\n", b"- a list\n"):
+        assert SourceStatus.parse(raw).applied_sha == ""
 
 
 def test_sealed_state_keeps_private_keys_off_the_public_file(tmp_path):

@@ -177,6 +177,35 @@ def test_cluster_schema_errors(repo):
     ]
 
 
+@pytest.mark.parametrize("version", ["1.19.16", "1.32.0", "2.0.0", "v1.10.1"])
+def test_unsupported_kubernetes_versions_name_file_line_field_and_range(repo, version):
+    path = write(repo, "old.yaml", f"""
+        apiVersion: gitops.infra/v1alpha1
+        kind: Cluster
+        metadata:
+          name: old
+        spec:
+          kubernetesVersion: "{version}"
+        """)
+    line = line_of(path, "kubernetesVersion")
+    assert errors(repo) == [
+        f"old.yaml:{line}: Cluster/old: spec.kubernetesVersion: Kubernetes {version.removeprefix('v')} is not "
+        "supported: gitops supports 1.20.0 to 1.31.x"]
+
+
+@pytest.mark.parametrize("version", ["1.20.0", "v1.20.2", "1.23.17", "1.24.0", "1.31.2"])
+def test_supported_kubernetes_versions_validate(repo, version):
+    write(repo, "ok.yaml", f"""
+        apiVersion: gitops.infra/v1alpha1
+        kind: Cluster
+        metadata:
+          name: ok
+        spec:
+          kubernetesVersion: "{version}"
+        """)
+    assert errors(repo) == []
+
+
 def test_node_and_kind_errors(repo):
     write(repo, "n.yaml", """
         apiVersion: gitops.infra/v1

@@ -25,6 +25,10 @@ TIMEOUT = 10.0
 #: election after a change, or its strict check that members have been
 #: connected for a few seconds: "unhealthy cluster")
 SETTLE = 45.0
+#: etcd's answers (HTTP 500 through the gateway) that mean "not now": a member just added has
+#: not started yet, a leader election is under way, or a request timed out during one
+TRANSIENT = ("not enough started members", "unhealthy cluster", "leader changed", "request timed out",
+             "no leader")
 
 
 class EtcdError(GitopsError):
@@ -80,7 +84,7 @@ class EtcdAdmin:
             except urllib.error.HTTPError as err:
                 detail = err.read().decode(errors="replace")
                 raise EtcdError(f"etcd {path} at {url}: HTTP {err.code}: {detail}",
-                                retryable=err.code in (503, 504)) from None
+                                retryable=err.code in (503, 504) or any(t in detail for t in TRANSIENT)) from None
             except (urllib.error.URLError, OSError, ValueError) as err:
                 errors.append(f"{url}: {getattr(err, 'reason', err)}")
         raise EtcdError(f"etcd {path}: no member answered ({'; '.join(errors)})", retryable=True)

@@ -197,7 +197,7 @@ class Runner:
         for key in pod.keys:
             public = agent.public_key(client, agent_id, key.name)
             if key.purpose == "service-account":
-                self.state.clusters[pod.cluster].service_account_keys[pod.node] = public
+                self.state.clusters[pod.cluster].set_service_account_key(pod.node, public)
         self.save()
 
     def write_files(self, action: Action) -> None:
@@ -296,7 +296,7 @@ class Runner:
         self.state.nodes.pop(action.node, None)
         record = self.state.clusters.get(action.cluster)
         if record is not None:
-            record.service_account_keys.pop(action.node, None)
+            record.retire_service_account_key(action.node)
             record.etcd_members = [m for m in record.etcd_members if m != action.node]
             if action.cluster not in self.model.clusters and not any(
                     r.cluster == action.cluster for r in self.state.nodes.values()):

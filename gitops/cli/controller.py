@@ -6,12 +6,10 @@ import logging
 import os
 import re
 import signal
-import subprocess
 import threading
 from pathlib import Path
 
 import click
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -20,6 +18,7 @@ from gitops.controller import Controller, ControllerConfig
 from gitops.errors import GitopsError
 from gitops.metrics import serve
 from gitops.source import SignaturePolicy
+from gitops.status.reader import StatusReader
 
 log = logging.getLogger("gitops.controller")
 
@@ -141,13 +140,14 @@ def _watch_local(path: Path, trigger: threading.Event, stop: threading.Event) ->
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> None:
     """Show the controller's status branch: clusters, or one cluster's nodes."""
-    ref = ref or _default_ref(repo)
-    source = yaml.safe_load(_show(repo, ref, "status/source.yaml") or "{}") or {}
-    docs = {kind: _docs(repo, ref, kind) for kind in ("Cluster", "Node", "Hypervisor", "SIPCluster")}
+    reader = StatusReader.for_clone(repo, ref)
+    ref = reader.ref
+    src = reader.source()
+    docs = {kind: reader.documents(kind) for kind in ("Cluster", "Node", "Hypervisor", "SIPCluster")}
     if cluster is not None and cluster not in docs["Cluster"]:
         raise GitopsError(f"no status for Cluster {cluster!r} on {ref} (known: {', '.join(docs['Cluster']) or 'none'})")
     if output == "json":
-        data = {"ref": ref, "source": source.get("status", {}),
+        data = {"ref": ref, "source": src.status,
                 "clusters": {n: d["status"] for n, d in docs["Cluster"].items() if cluster in (None, n)},
                 "nodes": {n: d["status"] for n, d in docs["Node"].items()
                           if cluster is None or d.get("spec", {}).get("cluster") == cluster},
@@ -155,10 +155,8 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> Non
         click.echo(json.dumps(data, indent=2, sort_keys=True))
         return
     console = Console(highlight=False, width=None if Console().is_terminal else 160)
-    src = source.get("status", {})
-    console.print(f"source: {src.get('result', '?')}  seen {str(src.get('lastSeenSHA', ''))[:12]}  "
-                  f"in force {str(src.get('appliedSHA', ''))[:12]}")
-    for error in src.get("errors", []):
+    console.print(f"source: {src.result or '?'}  seen {src.last_seen_sha[:12]}  in force {src.applied_sha[:12]}")
+    for error in src.errors:
         console.print(f"  [red]{error}[/red]")
     if cluster is None:
         table = Table("CLUSTER", "PHASE", "REASON", "API", "NODES READY", "SOURCE")
@@ -185,39 +183,6 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> Non
             hosts = "; ".join(f"{role}: {len(h['active'])}/{len(h['standby'])}" for role, h in st["hosts"].items())
             sip.add_row(name, st["phase"], hosts, st["conditions"][0]["message"])
         console.print(sip)
-
-
-def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=60)
-
-
-def _default_ref(repo: Path) -> str:
-    branch = "gitops/status"
-    config = repo / "gitops.yaml"
-    if config.is_file():
-        try:
-            branch = (yaml.safe_load(config.read_text()) or {}).get("spec", {}).get("statusBranch", branch)
-        except yaml.YAMLError:
-            pass
-    for candidate in (f"origin/{branch}", branch):
-        if _git(repo, "rev-parse", "--verify", "--quiet", candidate).returncode == 0:
-            return candidate
-    raise GitopsError(f"no status branch {branch!r} in {repo} (fetch it, or pass --ref)")
-
-
-def _show(repo: Path, ref: str, rel: str) -> str | None:
-    proc = _git(repo, "show", f"{ref}:{rel}")
-    return proc.stdout if proc.returncode == 0 else None
-
-
-def _docs(repo: Path, ref: str, kind: str) -> dict[str, dict]:
-    proc = _git(repo, "ls-tree", "--name-only", f"{ref}:status/{kind}")
-    out = {}
-    for name in sorted(proc.stdout.split()) if proc.returncode == 0 else []:
-        doc = yaml.safe_load(_show(repo, ref, f"status/{kind}/{name}") or "{}")
-        if doc:
-            out[doc["metadata"]["name"]] = doc
-    return out
 
 
 COMMANDS: list[click.Command] = [reconcile, watch, status]

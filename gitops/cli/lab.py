@@ -25,8 +25,8 @@ def lab() -> None:
 @click.option("--subnet", default=labmod.lab.DEFAULT_SUBNET, show_default=True,
               help="First three octets of the hypervisors' loopback addresses.")
 @click.option("--kubernetes-versions", default=",".join(DEFAULT_KUBERNETES_VERSIONS), show_default=True,
-              help="Comma-separated Kubernetes versions to provide stand-in control-plane images for "
-                   "(also tagged registry.k8s.io/kube-*:v<version>).")
+              help="Comma-separated Kubernetes versions to provide control-plane images for (also tagged "
+                   "registry.k8s.io/kube-*:v<version>): real binaries for 1.20.2, stand-ins for the others.")
 @click.option("--etcd-version", default=DEFAULT_ETCD_VERSION, show_default=True,
               help="etcd version whose upstream name (registry.k8s.io/etcd:<version>-0) "
                    "aliases the lab's etcd.")
@@ -62,6 +62,9 @@ def status_cmd(lab_dir: Path | None) -> None:
         click.echo(f"  {p.proc.hypervisor}  {p.proc.role}  pid={p.proc.pid}  "
                    f"{'running' if p.alive else 'GONE'}  log={p.proc.log}")
     click.echo(f"  mounts under lab dir: {len(st.mounts)}")
+    for version, kind in sorted(st.kubernetes.items()):
+        what = "real binaries" if kind == "real" else "STAND-IN (cannot be built here; not a control plane)"
+        click.echo(f"  kubernetes {version}: {what}")
     if st.images:
         click.echo("  images:")
         for role, ref in sorted(st.images.items()):

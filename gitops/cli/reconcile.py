@@ -1,17 +1,14 @@
 """`gitops plan`, `gitops apply` and `gitops kubeconfig`."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import yaml
-
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from gitops.apply import apply as apply_repo
 from gitops.compile import compile_desired
@@ -19,12 +16,11 @@ from gitops.engine import make_plan, observe_all
 from gitops.errors import GitopsError
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.model.validate import InvalidRepo, validate_repo
-from gitops.observe import ObservedState
 from gitops.plan.actions import Action, Plan
-from gitops.plan.render import describe, render_json, render_markdown, render_text
+from gitops.plan.render import describe, headline, render_json, render_markdown, render_text, unknown_lines
 from gitops.state import LocalDirStore
-from gitops.status.report import OBSERVED, SOURCE
-from gitops.status.state import PUBLIC, merge
+from gitops.status.reader import SOURCE, SourceStatus, StatusReader
+from gitops.status.state import merge
 
 STATE_ENV = "GITOPS_STATE_DIR"
 
@@ -57,7 +53,9 @@ state_option = click.option("--state-dir", type=click.Path(file_okay=False, path
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown"]), default="text", show_default=True,
               help="markdown: a pull-request comment.")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", help="json: for machines.")
-@click.option("--detailed-exitcode", is_flag=True, help="Exit 0 with no changes, 2 with changes, 1 on error.")
+@click.option("--detailed-exitcode", is_flag=True,
+              help="Exit 0 with no changes, 2 with changes, 3 when the plan is incomplete (a hypervisor or the "
+                   "BareMetalHosts could not be observed; with or without changes), 1 on error.")
 @click.option("--against-status", "status_ref", metavar="REF",
               help="Plan against the observed snapshot and state on this status-branch ref of REPO's git "
                    "(e.g. origin/gitops/status): no hypervisor is contacted. For pull requests.")
@@ -72,23 +70,30 @@ def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exi
         state, observed, source = state_store(repo, state_dir).load(), observe_all(model, result.repo.config), ""
     planned = make_plan(model, result.repo.config, state, observed, source=source)
     show(planned.plan, fmt, output)
-    if detailed_exitcode and not planned.plan.empty:
-        sys.exit(2)
+    if detailed_exitcode:
+        code = detailed_exit_code(planned.plan)
+        if code:
+            sys.exit(code)
+
+
+#: `gitops plan --detailed-exitcode`: 0 no changes, 1 error (as Terraform), and:
+EXIT_CHANGES = 2
+#: something could not be observed: CI must not read the plan as complete, changes or not
+EXIT_INCOMPLETE = 3
+
+
+def detailed_exit_code(the_plan: Plan) -> int:
+    if not the_plan.complete:
+        return EXIT_INCOMPLETE
+    return EXIT_CHANGES if the_plan.actions else 0
 
 
 def snapshot_from_status(repo: Path, ref: str):
-    """(public state, observed snapshot, label) from a status-branch ref, read with git."""
-    def show_file(rel: str) -> str:
-        proc = subprocess.run(["git", "show", f"{ref}:{rel}"], cwd=repo, capture_output=True, text=True, timeout=60)
-        if proc.returncode != 0:
-            raise GitopsError(f"cannot read {rel} at {ref} in {repo}: {proc.stderr.strip() or 'git show failed'}")
-        return proc.stdout
-
-    observed = ObservedState.from_dict(yaml.safe_load(show_file(OBSERVED)) or {})
-    public = json.loads(show_file(PUBLIC))
-    public.pop("generation", None)
-    applied = (yaml.safe_load(show_file(SOURCE)) or {}).get("status", {}).get("appliedSHA", "")
-    return merge(public, None), observed, f"snapshot {ref} (applied {str(applied)[:12]})"
+    """(public state, observed snapshot, label) from a status-branch ref of REPO's git."""
+    reader = StatusReader.at_ref(repo, ref)
+    observed, public = reader.observed(), reader.public_state()
+    applied = SourceStatus.parse(reader.require(SOURCE)).applied_sha
+    return merge(public, None), observed, f"snapshot {ref} (applied {applied[:12]})"
 
 
 def show(the_plan: Plan, fmt: str, output: str) -> None:
@@ -122,10 +127,13 @@ def apply(repo: Path, state_dir: Path | None, allow_mass_delete: bool) -> None:
 
     outcome = apply_repo(result.model, result.repo.config, state_store(repo, state_dir),
                          allow_mass_delete=allow_mass_delete, progress=progress)
+    for line in unknown_lines(outcome.first_plan):
+        console.print(f"[bold magenta]? {escape(line)}[/bold magenta]")
     for warning in outcome.first_plan.warnings:
         console.print(f"[bold yellow]! {warning}[/bold yellow]")
     if not outcome.executed:
-        console.print("No changes. The live state matches the repo.")
+        console.print(escape(headline(outcome.first_plan)) if outcome.first_plan.unknowns
+                      else "No changes. The live state matches the repo.")
     else:
         console.print(f"Apply complete: {len(outcome.executed)} action(s) in {outcome.rounds} round(s).")
 

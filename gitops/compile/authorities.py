@@ -51,6 +51,7 @@ def ensure_authorities(cluster: Cluster, record: ClusterRecord | None, now: dt.d
         admin=admin,
         service_account_keys=dict(record.service_account_keys),
         etcd_members=list(record.etcd_members),
+        retired_service_account_keys=list(record.retired_service_account_keys),
     )
 
 

@@ -33,6 +33,7 @@ from gitops.compile.desired import (
     digest,
 )
 from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
+from gitops.model import versions
 from gitops.model.resources import CONTROLPLANE, Cluster, Hypervisor, Node
 from gitops.model.semantics import is_ip
 from gitops.state.records import ClusterRecord, NodeRecord
@@ -166,8 +167,7 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
         CertificateSpec("scheduler", "cluster", "system:kube-scheduler", client=True),
     ]
     keys = (KeySpec("sa", "service-account"),)
-    sa_keys = [cluster_record.service_account_keys[n] for n in sorted(cluster_record.service_account_keys)
-               if n in peers]
+    sa_keys = cluster_record.trusted_service_account_keys(peers)
     local_api = f"https://{ip}:{ports['apiserver']}"
     files = (
         FileSpec("sa-pub.pem", "".join(sa_keys)),
@@ -233,6 +233,7 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
             "--enable-admission-plugins=NodeRestriction",
             "--enable-bootstrap-token-auth=true",
             "--allow-privileged=true",
+            *_no_insecure_port(cluster, "--insecure-port=0"),
         ),
         mounts=(files_mount,),
     )
@@ -255,6 +256,7 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
             "--leader-elect=true",
             "--use-service-account-credentials=true",
             "--controllers=*,bootstrapsigner,tokencleaner",
+            *_no_insecure_port(cluster, "--port=0"),
         ),
         mounts=(files_mount,),
     )
@@ -269,10 +271,18 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
             f"--authentication-kubeconfig={FILES}/scheduler.kubeconfig",
             f"--authorization-kubeconfig={FILES}/scheduler.kubeconfig",
             "--leader-elect=true",
+            *_no_insecure_port(cluster, "--port=0"),
         ),
         mounts=(files_mount,),
     )
     return files, certs, keys, (etcd, apiserver, controller_manager, scheduler)
+
+
+def _no_insecure_port(cluster: Cluster, flag: str) -> tuple[str, ...]:
+    """Before 1.24 the components also serve plain HTTP (API server: 8080 on localhost;
+    controller-manager and scheduler: 10252/10251 on every address, so two on one
+    hypervisor collide) unless this flag turns it off; 1.24 removed the flags."""
+    return (flag,) if versions.minor(cluster.kubernetes_version) < 24 else ()
 
 
 def _ingress(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
@@ -282,7 +292,8 @@ def _ingress(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
         for name, (p_hv, p_rec) in peers.items()
         if not p_hv.public and "apiserver" in p_rec.ports
     )
-    files = (FileSpec("haproxy.cfg", haproxy_config(hv.ip_address, record.ports["apiserver"], backends)),)
+    config = haproxy_config(hv.ip_address, record.ports["apiserver"], backends, ready_check_ca=f"{FILES}/ca.crt")
+    files = (FileSpec("haproxy.cfg", config),)
     return files, [], (), (haproxy_container(cluster.image("haproxy"), node_dir(hv, node)),)
 
 
@@ -297,8 +308,14 @@ def haproxy_container(image: str, base: str) -> ContainerSpec:
     )
 
 
-def haproxy_config(ip: str, port: int, backends: list[tuple[str, str]]) -> str:
-    """TCP pass-through to every API server: TLS and client certificates stay end to end."""
+def haproxy_config(ip: str, port: int, backends: list[tuple[str, str]], ready_check_ca: str | None = None) -> str:
+    """TCP pass-through to every backend: TLS and client certificates stay end to end.
+
+    With `ready_check_ca` (a CA file in the pod), a backend takes traffic only while its
+    `GET /readyz` over TLS (verified against that CA) answers 200, so an API server that is
+    starting or stopping gets none; otherwise a TCP connect is the check. A connection
+    refused by a backend that just went away is retried on another one.
+    """
     lines = [
         "global",
         "  maxconn 4096",
@@ -307,14 +324,22 @@ def haproxy_config(ip: str, port: int, backends: list[tuple[str, str]]) -> str:
         "  timeout connect 5s",
         "  timeout client 1h",
         "  timeout server 1h",
+        "  timeout check 2s",
+        "  retries 3",
+        "  option redispatch 1",
         "frontend apiserver",
         f"  bind {ip}:{port}",
         "  default_backend apiservers",
         "backend apiservers",
         "  balance roundrobin",
-        "  option tcp-check",
     ]
-    lines += [f"  server {name} {address} check inter 2s fall 2 rise 1" for name, address in backends]
+    if ready_check_ca:
+        lines += ["  option httpchk", "  http-check send meth GET uri /readyz", "  http-check expect status 200"]
+        check = f"check check-ssl verify required ca-file {ready_check_ca} inter 1s fall 1 rise 2"
+    else:
+        lines += ["  option tcp-check"]
+        check = "check inter 2s fall 2 rise 1"
+    lines += [f"  server {name} {address} {check}" for name, address in backends]
     return "\n".join(lines) + "\n"
 
 

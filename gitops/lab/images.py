@@ -56,8 +56,10 @@ class ImageRecipe:
 
     `binaries` and `extra` are host paths copied at the same path (symlinks
     resolved; /bin and /sbin map to /usr/bin and /usr/sbin); directories in
-    `extra` are copied whole. ELF files bring their shared libraries. With a
-    `base`, the base's layers come first and this recipe adds one layer.
+    `extra` are copied whole; `installs` are (host path, image path) pairs for
+    files that go elsewhere (a cached build's binaries into /usr/local/bin).
+    ELF files bring their shared libraries. With a `base`, the base's layers
+    come first and this recipe adds one layer.
     """
 
     name: str
@@ -68,6 +70,7 @@ class ImageRecipe:
     dirs: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
     files: tuple[ImageFile, ...] = ()
+    installs: tuple[tuple[str, str], ...] = ()
     base: ImageRecipe | None = None
     stop_signal: str = ""  # e.g. SIGKILL for images whose PID 1 ignores SIGTERM (sleep)
     labels: tuple[tuple[str, str], ...] = ()
@@ -178,9 +181,14 @@ def _layer(recipe: ImageRecipe) -> bytes:
             raise LabError(f"{extra} not found on this machine (run scripts/install-deps.sh)")
         for path in _host_files(extra):
             sources += [path, *shared_libraries(os.path.realpath(path))]
-    for path in sources:
+    placed = [(path, _image_path(path)) for path in sources]
+    for host, target in recipe.installs:
+        if not os.path.exists(host):
+            raise LabError(f"{host} not found on this machine")
+        placed += [(host, target.lstrip("/"))] + [(lib, _image_path(lib)) for lib in shared_libraries(host)]
+    for path, target in placed:
         real = os.path.realpath(path)
-        files[_image_path(path)] = (real, None, os.stat(real).st_mode & 0o7777)
+        files[target] = (real, None, os.stat(real).st_mode & 0o7777)
     for generated in recipe.files:
         files[generated.path.lstrip("/")] = (None, generated.data, generated.mode)
     dirs = {d: 0o755 for d in recipe.dirs}

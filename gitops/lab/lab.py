@@ -10,8 +10,9 @@ Layout of a lab directory:
 
 Images: pause, etcd and haproxy from the host's Debian packages, the files agent,
 the jump host (the host's sshd, see gitops.sip.jumphost), and kube-apiserver /
-kube-controller-manager / kube-scheduler STAND-INS per Kubernetes version (see
-gitops.lab.standins). They are also tagged under the
+kube-controller-manager / kube-scheduler per Kubernetes version: the REAL binaries
+for v1.20.2 (built by scripts/build-kubernetes.sh, see gitops.lab.kubebin), STAND-INS
+for versions that cannot be built here (see gitops.lab.standins). They are also tagged under the
 upstream names default Clusters use (registry.k8s.io/kube-apiserver:v1.31.2, ...):
 the alias table is in lab.json and `gitops lab status`.
 """
@@ -108,6 +109,8 @@ class LabInfo:
     images: dict[str, str]  # role (pause, etcd, haproxy, agent, kube-apiserver/v1.31.2...) -> image ref
     processes: tuple[procs.Proc, ...]
     aliases: dict[str, str] = field(default_factory=dict)  # alias (upstream name) -> lab image ref
+    #: Kubernetes version -> "real" (built binaries) or "stand-in"
+    kubernetes: dict[str, str] = field(default_factory=dict)
 
     def get(self, name: str) -> LabHypervisor:
         for hv in self.hypervisors:
@@ -130,6 +133,7 @@ class LabStatus:
     mounts: tuple[str, ...]
     images: dict[str, str] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
+    kubernetes: dict[str, str] = field(default_factory=dict)
 
     @property
     def up(self) -> bool:
@@ -151,7 +155,7 @@ def _state_path(lab_dir: Path) -> Path:
 
 def _save(lab_dir: Path, hvs: list[LabHypervisor] | tuple[LabHypervisor, ...],
           started: list[procs.Proc] | tuple[procs.Proc, ...], imgs: dict[str, str],
-          aliases: dict[str, str]) -> None:
+          aliases: dict[str, str], kubernetes: dict[str, str]) -> None:
     state = {
         "version": 1,
         "hypervisors": [{"name": h.name, "public": h.public, "ip": h.ip,
@@ -161,6 +165,7 @@ def _save(lab_dir: Path, hvs: list[LabHypervisor] | tuple[LabHypervisor, ...],
         "processes": [p.to_json() for p in started],
         "images": imgs,
         "aliases": aliases,
+        "kubernetes": kubernetes,
     }
     tmp = _state_path(lab_dir).with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
@@ -188,7 +193,7 @@ def _load(lab_dir: Path) -> LabInfo | None:
                                  h["socket"], h["remoteURI"], data_dir=h.get("dataDir", ""), **extra))
     return LabInfo(lab_dir, tuple(hvs), dict(state["images"]),
                    tuple(procs.Proc.from_json(p) for p in state["processes"]),
-                   dict(state.get("aliases") or {}))
+                   dict(state.get("aliases") or {}), dict(state.get("kubernetes") or {}))
 
 
 def info(lab_dir: Path | None = None) -> LabInfo:
@@ -318,6 +323,7 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
 def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port: int,
         first_port: int, versions: tuple[str, ...], etcd_version: str) -> LabInfo:
     recipes = standins.lab_recipes(versions)
+    kinds = standins.kinds(versions)
     aliases = standins.upstream_aliases(recipes, versions, etcd_version)
     image_refs = {role: r.ref for role, r in recipes.items()}
     by_ref: dict[str, list[str]] = {}
@@ -352,7 +358,7 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
         ctrd = procs.spawn("containerd", name, ["containerd", "--config", str(config)],
                            hv_dir / "logs" / "containerd.log", hv_dir)
         started.append(ctrd)
-        _save(lab_dir, hvs, started, image_refs, aliases)
+        _save(lab_dir, hvs, started, image_refs, aliases, kinds)
         _wait(f"containerd for {name}", _cri_ready(hv.local()), READY_TIMEOUT, ctrd)
         _ctr_import(str(sock), archive, name)
         if remote:
@@ -363,11 +369,11 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
             front = procs.spawn("haproxy", name, ["haproxy", "-db", "-f", str(cfg)],
                                 hv_dir / "logs" / "haproxy.log", hv_dir)
             started.append(front)
-            _save(lab_dir, hvs, started, image_refs, aliases)
+            _save(lab_dir, hvs, started, image_refs, aliases, kinds)
             _wait(f"haproxy for {name}", _port_open(ip, cri_port), READY_TIMEOUT, front)
             _wait(f"CRI over mTLS for {name}", _cri_ready(hv.remote()), READY_TIMEOUT, front)
         event(log, logging.INFO, "lab hypervisor ready", hypervisor=name, ip=ip, remote=remote)
-    return LabInfo(lab_dir, tuple(hvs), image_refs, tuple(started), aliases)
+    return LabInfo(lab_dir, tuple(hvs), image_refs, tuple(started), aliases, kinds)
 
 
 def _drain(hv: LabHypervisor) -> list[str]:
@@ -456,7 +462,8 @@ def status(lab_dir: Path | None = None) -> LabStatus:
     lab = info(lab_dir)
     return LabStatus(lab.dir, lab.hypervisors,
                      tuple(ProcStatus(p, p.alive()) for p in lab.processes),
-                     tuple(procs.mounts_under(lab.dir)), dict(lab.images), dict(lab.aliases))
+                     tuple(procs.mounts_under(lab.dir)), dict(lab.images), dict(lab.aliases),
+                     dict(lab.kubernetes))
 
 
 def import_image(tarball: Path, lab_dir: Path | None = None) -> list[str]:
@@ -485,7 +492,7 @@ def alias_image(src: str, dst: str, lab_dir: Path | None = None) -> list[str]:
         done.append(hv.name)
     aliases = dict(lab.aliases)
     aliases[dst] = src
-    _save(lab.dir, lab.hypervisors, lab.processes, lab.images, aliases)
+    _save(lab.dir, lab.hypervisors, lab.processes, lab.images, aliases, lab.kubernetes)
     event(log, logging.INFO, "image alias", alias=dst, image=src, hypervisors=len(done))
     return done
 

@@ -1,4 +1,8 @@
-"""Images that let the lab run the control-plane pods gitops compiles, without Kubernetes binaries.
+"""The lab's own images, and STAND-INS for Kubernetes versions that cannot be built here.
+
+The one version whose real binaries can be built on these machines (v1.20.2, see
+`gitops.lab.kubebin`) runs the real kube-apiserver, kube-controller-manager and
+kube-scheduler; every other version gets the stand-ins below. The images:
 
 * the files `agent`: sh (dash), openssl and the coreutils the agent's scripts use;
 * `kube-apiserver` STAND-IN: a sh script that parses the real flags it needs and
@@ -24,15 +28,19 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from gitops.lab import kubebin
 from gitops.lab.errors import LabError
 from gitops.lab.images import ImageFile, ImageRecipe, _which, base_recipes
 from gitops.model.resources import DEFAULT_AGENT_IMAGE, DEFAULT_ETCD_VERSION
 from gitops.sip import jumphost
 
-DEFAULT_KUBERNETES_VERSIONS = ("1.31.2", "1.30.6")
+#: the real, buildable version first; the others are stand-ins
+DEFAULT_KUBERNETES_VERSIONS = ("1.20.2", "1.31.2", "1.30.6")
+REAL = "real"
+STANDIN = "stand-in"
 UPSTREAM_HAPROXY = "docker.io/library/haproxy:2.8"
 STANDIN_PLATFORM = "gitops-lab-standin"
-COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+COMPONENTS = kubebin.CONTROL_PLANE
 
 #: what the files agent's scripts may call (sh is dash; echo, printf, test, cd, read are builtins)
 AGENT_TOOLS = ("sh", "openssl", "sleep", "sha256sum", "cut", "cat", "mv", "rm", "mkdir", "chmod", "ls",
@@ -268,13 +276,26 @@ def standin_recipe(component: str, version: str, base: ImageRecipe) -> ImageReci
         labels=(("org.opencontainers.image.description", f"gitops lab {component} stand-in {v}"),))
 
 
+def kinds(kubernetes_versions: Iterable[str]) -> dict[str, str]:
+    """version -> "real" (the cached binaries of the one buildable version) or "stand-in"."""
+    return {v: REAL if kubebin.buildable(v) else STANDIN
+            for v in dict.fromkeys(normalize_version(v) for v in kubernetes_versions)}
+
+
 def lab_recipes(kubernetes_versions: Iterable[str] = DEFAULT_KUBERNETES_VERSIONS) -> dict[str, ImageRecipe]:
-    """role -> recipe: pause, etcd, haproxy, agent, jumphost and `<component>/v<version>` stand-ins."""
+    """role -> recipe: pause, etcd, haproxy, agent, jumphost and `<component>/v<version>` images.
+
+    The buildable version (v1.20.2) gets the real binaries (LabError naming the build
+    step if they are not built); every other version gets stand-ins.
+    """
     recipes = base_recipes()
     recipes["agent"] = agent_recipe()
     recipes["jumphost"] = jumphost_recipe()
-    for version in dict.fromkeys(normalize_version(v) for v in kubernetes_versions):
+    for version, kind in kinds(kubernetes_versions).items():
         for component in COMPONENTS:
+            if kind == REAL:
+                recipes[f"{component}/{version}"] = kubebin.real_recipe(component, version)
+                continue
             base = recipes["haproxy"] if component == "kube-apiserver" else recipes["agent"]
             recipes[f"{component}/{version}"] = standin_recipe(component, version, base)
     return recipes

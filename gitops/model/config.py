@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 CONFIG_FILE = "gitops.yaml"
+#: `statusBranch` when gitops.yaml does not set it (read by `gitops.status.reader`).
+DEFAULT_STATUS_BRANCH = "gitops/status"
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class BareMetalSource:
 @dataclass(frozen=True)
 class RepoConfig:
     paths: tuple[str, ...] = (".",)
-    status_branch: str = "gitops/status"
+    status_branch: str = DEFAULT_STATUS_BRANCH
     kubeconfig_recipients: tuple[str, ...] = ()
     prune: PrunePolicy = field(default_factory=PrunePolicy)
     renew_before_days: int = 30

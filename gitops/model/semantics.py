@@ -13,6 +13,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
+from gitops.model import versions
 from gitops.model.diagnostics import Diagnostic
 from gitops.model.documents import Document
 
@@ -150,6 +151,13 @@ def _same_public_key(cert: x509.Certificate, key: object) -> bool:
     return key.public_key().public_bytes(*fmt) == cert.public_key().public_bytes(*fmt)
 
 
+def kubernetes_versions(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
+    for doc in _of_kind(docs, "Cluster"):
+        why = versions.problem(str(doc.spec.get("kubernetesVersion", "")))
+        if why:
+            yield doc.error(("spec", "kubernetesVersion"), why)
+
+
 def cluster_networks(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
     """CIDRs parse (no host bits), service and pod networks are disjoint, endpoint hosts are names or IPs."""
     for cluster in _of_kind(docs, "Cluster"):
@@ -235,6 +243,7 @@ CHECKS: tuple[Check, ...] = (
     node_references,
     hypervisor_addresses,
     hypervisor_tls,
+    kubernetes_versions,
     cluster_networks,
     sip_selectors,
     network_data,

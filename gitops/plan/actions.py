@@ -86,18 +86,72 @@ class Action:
         return data
 
 
+class UnknownKind(str, Enum):
+    #: a Hypervisor that could not be observed (unreachable, or no longer in the repo)
+    HYPERVISOR = "hypervisor"
+    #: the BareMetalHost provider could not list the hosts
+    BARE_METAL_HOSTS = "bare-metal-hosts"
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A source the plan could not observe: nothing that depends on it was checked or planned.
+
+    A plan with unknowns is incomplete: "no changes" only holds for what could be checked.
+    """
+
+    kind: UnknownKind
+    #: the Hypervisor's name, or the BareMetalHost provider ("kubernetes")
+    name: str
+    #: why it could not be observed, as reported (empty when not known)
+    error: str = ""
+    #: the Nodes whose pods were not checked (placed there, or recorded there and left the repo)
+    nodes: tuple[str, ...] = ()
+    #: the SIPClusters that were not planned (BareMetalHosts unknown)
+    sip_clusters: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        why = f" ({self.error})" if self.error else ""
+        if self.kind == UnknownKind.HYPERVISOR:
+            text = f"hypervisor {self.name} is unreachable{why}; nothing on it is planned"
+            if self.nodes:
+                text += f"; its {len(self.nodes)} node(s) were not checked: {', '.join(self.nodes)}"
+            return text
+        text = f"BareMetalHosts could not be listed from the {self.name} provider{why}"
+        if self.sip_clusters:
+            text += f"; SIPCluster(s) not planned: {', '.join(self.sip_clusters)}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "name": self.name, "error": self.error, "nodes": list(self.nodes),
+                "sip_clusters": list(self.sip_clusters)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Unknown":
+        return cls(UnknownKind(data["kind"]), data["name"], data.get("error", ""), tuple(data.get("nodes", ())),
+                   tuple(data.get("sip_clusters", ())))
+
+
 @dataclass(frozen=True)
 class Plan:
     actions: tuple[Action, ...] = ()
-    #: things the plan could not check or chose not to do (unreachable hypervisors...)
+    #: things worth knowing that the plan chose not to do (pruning disabled, deferred nodes...)
     warnings: tuple[str, ...] = ()
     #: source commit the plan was made from, when known
     source: str = ""
     counts: dict[str, int] = field(default_factory=dict, compare=False)
+    #: what could not be observed (unreachable hypervisors...): the plan is incomplete
+    unknowns: tuple[Unknown, ...] = ()
 
     @property
     def empty(self) -> bool:
+        """No actions (which says nothing about what could not be checked: see `complete`)."""
         return not self.actions
+
+    @property
+    def complete(self) -> bool:
+        """Everything the plan depends on was observed."""
+        return not self.unknowns
 
     @property
     def prunes(self) -> list[Action]:
@@ -113,6 +167,8 @@ class Plan:
             "summary": self.summary(),
             "actions": [a.to_dict() for a in self.actions],
             "warnings": list(self.warnings),
+            "complete": self.complete,
+            "unknown": [u.to_dict() for u in self.unknowns],
         }
 
 

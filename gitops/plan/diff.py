@@ -19,7 +19,7 @@ from deepdiff import DeepDiff
 from gitops.compile.desired import SPEC_HASH, CertificateSpec, DesiredContainer, DesiredPod, DesiredState
 from gitops.observe import NodeFiles, ObservedContainer, ObservedPod, ObservedState
 from gitops.pki import is_signed_by, load_cert_pem
-from gitops.plan.actions import Action, Kind, Plan, ordered
+from gitops.plan.actions import Action, Kind, Plan, Unknown, UnknownKind, ordered
 from gitops.state.records import State
 
 MAX_LISTED_CHANGES = 6
@@ -43,7 +43,7 @@ def learn(state: State, observed: ObservedState, desired_nodes: dict[str, str]) 
             continue
         public = pod.files.public_keys.get("sa")
         if public:
-            new.clusters[cluster].service_account_keys[pod.node] = public
+            new.clusters[cluster].set_service_account_key(pod.node, public)
     return new
 
 
@@ -53,10 +53,7 @@ def diff(desired: DesiredState, observed: ObservedState, state: State, options: 
     actions: list[Action] = []
     warnings: list[str] = []
     down = set(observed.unreachable)
-    for name in sorted(down):
-        waiting = [p.node for p in desired.on(name)]
-        warnings.append(f"hypervisor {name} is unreachable ({observed.hypervisors[name].error}); nothing on it "
-                        f"is planned" + (f" (its nodes: {', '.join(waiting)})" if waiting else ""))
+    unknowns = tuple(unreachable(name, observed, desired, state) for name in sorted(down))
 
     observed_by_node: dict[str, list[ObservedPod]] = {}
     for pod in observed.pods():
@@ -94,8 +91,14 @@ def diff(desired: DesiredState, observed: ObservedState, state: State, options: 
         actions.extend(_pod_actions(want, keepers.get(node), state, options, now))
 
     actions.extend(_etcd_membership(desired, state, down))
-    return Plan(actions=ordered(actions), warnings=tuple(warnings))
+    return Plan(actions=ordered(actions), warnings=tuple(warnings), unknowns=unknowns)
 
+
+def unreachable(name: str, observed: ObservedState, desired: DesiredState, state: State) -> Unknown:
+    """An unreachable hypervisor: the nodes placed there, and those recorded there that left the repo."""
+    nodes = {p.node for p in desired.on(name)}
+    nodes |= {node for node, record in state.nodes.items() if record.hypervisor == name}
+    return Unknown(UnknownKind.HYPERVISOR, name, observed.hypervisors[name].error, tuple(sorted(nodes)))
 
 
 def _remove_pod(pod: ObservedPod, reason: str, prune: bool = False) -> Action:
@@ -280,4 +283,4 @@ def _etcd_membership(desired: DesiredState, state: State, down: set[str]) -> lis
     return actions
 
 
-__all__ = ["DiffOptions", "diff", "learn", "certificate_problem", "changed_fields"]
+__all__ = ["DiffOptions", "diff", "learn", "unreachable", "certificate_problem", "changed_fields"]

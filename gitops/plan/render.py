@@ -7,7 +7,7 @@ from collections import OrderedDict
 from rich.console import Console
 from rich.markup import escape
 
-from gitops.plan.actions import Action, Kind, Plan
+from gitops.plan.actions import Action, Kind, Plan, UnknownKind
 
 VERB = {
     Kind.ETCD_MEMBER_REMOVE: "remove etcd member",
@@ -25,12 +25,34 @@ COLOUR = {"+": "green", "~": "yellow", "-": "red"}
 
 
 def headline(plan: Plan) -> str:
+    """The summary line. It never says "No changes." alone when something could not be observed."""
+    if plan.unknowns:
+        base = "No changes in what could be checked." if plan.empty else _counts(plan)
+        return f"{base} Incomplete: {_unknown_count(plan)} could not be observed."
     if plan.empty and plan.warnings:
-        return "No changes planned, but not everything could be checked (see the warnings)."
+        return "No changes planned, with warnings (see below)."
     if plan.empty:
         return "No changes. The live state matches the repo."
+    return _counts(plan)
+
+
+def _counts(plan: Plan) -> str:
     s = plan.summary()
     return f"Plan: {s['add']} to add, {s['change']} to change, {s['remove']} to remove."
+
+
+def _unknown_count(plan: Plan) -> str:
+    """`1 hypervisor`, `2 hypervisors and the BareMetalHosts`."""
+    hypervisors = sum(u.kind == UnknownKind.HYPERVISOR for u in plan.unknowns)
+    parts = [f"{hypervisors} hypervisor{'s' if hypervisors != 1 else ''}"] if hypervisors else []
+    if any(u.kind == UnknownKind.BARE_METAL_HOSTS for u in plan.unknowns):
+        parts.append("the BareMetalHosts")
+    return " and ".join(parts)
+
+
+def unknown_lines(plan: Plan) -> list[str]:
+    """One `Unknown: ...` line per source that could not be observed (text, apply's output)."""
+    return [f"Unknown: {u.describe()}" for u in plan.unknowns]
 
 
 def describe(action: Action) -> str:
@@ -51,6 +73,8 @@ def render_text(plan: Plan, console: Console) -> None:
     """Grouped by cluster and node, `+ ~ -` coloured when the console is a terminal."""
     source = f" (source {plan.source})" if plan.source else ""
     console.print(f"[bold]{escape(headline(plan))}[/bold]{escape(source)}")
+    for line in unknown_lines(plan):
+        console.print(f"[bold magenta]? {escape(line)}[/bold magenta]")
     cluster = None
     for (cluster_name, node), actions in _groups(plan).items():
         if cluster_name != cluster:
@@ -71,6 +95,9 @@ def render_text(plan: Plan, console: Console) -> None:
 def render_markdown(plan: Plan) -> str:
     """A PR comment: summary line, then a `diff` block per cluster (GitHub colours + and -)."""
     lines = [f"### gitops plan{f' for `{plan.source}`' if plan.source else ''}", "", f"**{headline(plan)}**", ""]
+    if plan.unknowns:
+        lines += ["**Unknown** (could not be observed: not checked, nothing planned there)", ""]
+        lines += [f"- :question: {u.describe()}" for u in plan.unknowns] + [""]
     symbol = {"+": "+", "-": "-", "~": "!"}
     cluster = None
     for (cluster_name, node), actions in _groups(plan).items():

@@ -8,23 +8,21 @@
   are changed with JSON merge patches carrying ``metadata.resourceVersion``, so a
   stale write gets 409 Conflict; the host is then read again and the patch retried
   (up to `retries` times) unless someone else changed its SIP labels meanwhile.
-  Standard library only (urllib + ssl).
+  Talks through the official `kubernetes` client (kubeconfig loading, TLS, auth);
+  tested against a real kube-apiserver v1.20.2 with deploy/crds/metal3.io_baremetalhosts.yaml.
 """
 from __future__ import annotations
 
-import base64
 import binascii
 import json
+import logging
 import os
+import re
 import ssl
-import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
@@ -34,7 +32,10 @@ from gitops.model.resources import BareMetalHost, RepoModel
 from gitops.sip import SIPError
 from gitops.sip.selection import MANAGED_LABELS, LabelChange, host_key
 
-API_PREFIX = "/apis/metal3.io/v1alpha1"
+if TYPE_CHECKING:  # the client is imported when a kubernetes provider is made: it costs ~0.3 s
+    from kubernetes.client import ApiClient, Configuration
+    from kubernetes.client.exceptions import ApiException
+
 #: an overlay: host key -> label -> value set by gitops, or None for a label it removed
 Overlay = dict[str, dict[str, str | None]]
 
@@ -134,195 +135,100 @@ class FileProvider:
 
 # --------------------------------------------------------------------------- kubernetes
 
-
-@dataclass(frozen=True)
-class KubeCredentials:
-    """What a kubeconfig context says about reaching its cluster."""
-
-    server: str  # https://host:port
-    ca_pem: str | None = None
-    insecure: bool = False
-    client_cert_pem: str | None = None
-    client_key_pem: str | None = None
-    token: str | None = None
-
-    def ssl_context(self) -> ssl.SSLContext:
-        if self.insecure:
-            ctx = ssl.create_default_context()
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        else:
-            ctx = ssl.create_default_context(cadata=self.ca_pem) if self.ca_pem else ssl.create_default_context()
-        if self.client_cert_pem and self.client_key_pem:
-            # ssl only loads key pairs from files: a private temporary directory, removed at once
-            with tempfile.TemporaryDirectory(prefix="gitops-kube-") as tmp:
-                cert, key = Path(tmp, "client.crt"), Path(tmp, "client.key")
-                cert.write_text(self.client_cert_pem)
-                fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as handle:
-                    handle.write(self.client_key_pem)
-                try:
-                    ctx.load_cert_chain(cert, key)
-                except ssl.SSLError as err:
-                    raise SIPError(f"kubeconfig client certificate/key unusable: {err.reason or err}") from None
-        return ctx
-
-
-def load_kubeconfig(path: str | os.PathLike[str], context: str | None = None) -> KubeCredentials:
-    """Credentials of `context` (default: current-context) of the kubeconfig at `path`.
-
-    Supports certificate-authority(-data), insecure-skip-tls-verify,
-    client-certificate(-data)/client-key(-data), token and tokenFile; file paths
-    are relative to the kubeconfig. exec and auth-provider plugins are not supported.
-    """
-    path = Path(path)
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise SIPError(f"{path}: cannot read kubeconfig: {err.strerror}") from None
-    except yaml.YAMLError:
-        raise SIPError(f"{path}: kubeconfig is not valid YAML") from None
-    if not isinstance(config, dict):
-        raise SIPError(f"{path}: kubeconfig is not a mapping")
-    name = context or config.get("current-context")
-    if not name:
-        raise SIPError(f"{path}: no context given and no current-context set")
-    ctx = _named(config, "contexts", "context", name, path)
-    cluster = _named(config, "clusters", "cluster", ctx.get("cluster"), path)
-    user = _named(config, "users", "user", ctx.get("user"), path) if ctx.get("user") else {}
-    server = cluster.get("server")
-    if not isinstance(server, str) or not server.startswith("https://"):
-        raise SIPError(f"{path}: cluster {ctx.get('cluster')!r} needs an https:// server, got {server!r}")
-    for plugin in ("exec", "auth-provider"):
-        if plugin in user:
-            raise SIPError(f"{path}: user {ctx.get('user')!r} uses {plugin}, which is not supported; "
-                           "use a client certificate or a token")
-
-    def material(obj: dict, key: str) -> str | None:
-        if obj.get(f"{key}-data"):
-            try:
-                return base64.b64decode(obj[f"{key}-data"], validate=True).decode()
-            except (binascii.Error, UnicodeDecodeError, TypeError):
-                raise SIPError(f"{path}: {key}-data is not base64 PEM") from None
-        return _read(path, obj[key], key) if obj.get(key) else None
-
-    token = user.get("token") or (_read(path, user["tokenFile"], "tokenFile").strip() if user.get("tokenFile") else None)
-    return KubeCredentials(
-        server=server.rstrip("/"),
-        ca_pem=material(cluster, "certificate-authority"),
-        insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
-        client_cert_pem=material(user, "client-certificate"),
-        client_key_pem=material(user, "client-key"),
-        token=token,
-    )
-
-
-def _named(config: dict, section: str, inner: str, name: Any, path: Path) -> dict:
-    for entry in config.get(section) or []:
-        if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get(inner), dict):
-            return entry[inner]
-    raise SIPError(f"{path}: no {inner} named {name!r} in {section}")
-
-
-def _read(kubeconfig: Path, ref: str, what: str) -> str:
-    file = (kubeconfig.parent / ref) if not os.path.isabs(ref) else Path(ref)
-    try:
-        return file.read_text(encoding="utf-8")
-    except OSError as err:
-        raise SIPError(f"{kubeconfig}: cannot read {what} {file}: {err.strerror}") from None
+GROUP, VERSION, PLURAL = "metal3.io", "v1alpha1", "baremetalhosts"
+MERGE_PATCH = "application/merge-patch+json"
 
 
 class KubernetesProvider:
     """BareMetalHosts of a management cluster, labeled with resourceVersion-guarded merge patches."""
 
-    def __init__(self, credentials: KubeCredentials, namespace: str | None = None, *,
+    def __init__(self, api_client: ApiClient, namespace: str | None = None, *,
                  retries: int = 5, timeout: float = 10.0, page_size: int = 500):
-        self.credentials = credentials
+        from kubernetes.client import CustomObjectsApi
+
+        self.server: str = api_client.configuration.host
+        self.api = CustomObjectsApi(api_client)
         self.namespace = namespace
         self.retries = retries
         self.timeout = timeout
         self.page_size = page_size
-        self._opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=credentials.ssl_context()))
         #: host key -> (resourceVersion, managed labels) as last read
         self._seen: dict[str, tuple[str, dict[str, str]]] = {}
 
     @classmethod
     def from_kubeconfig(cls, path: str | os.PathLike[str], context: str | None = None,
                         namespace: str | None = None, **options: Any) -> KubernetesProvider:
-        return cls(load_kubeconfig(path, context), namespace, **options)
+        """A provider for `context` (default: current-context) of the kubeconfig at `path`.
 
-    # -- HTTP
+        The official client reads the kubeconfig: certificate-authority(-data),
+        insecure-skip-tls-verify, client certificates, token/tokenFile, exec and
+        auth-provider plugins; relative file paths are relative to the kubeconfig.
+        It is never written back (``persist_config=False``).
+        """
+        return cls(api_client_from_kubeconfig(path, context), namespace, **options)
 
-    def _request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        """(status, JSON body); HTTP errors come back as statuses, transport errors raise."""
-        headers = {"Accept": "application/json"}
-        if self.credentials.token:
-            headers["Authorization"] = f"Bearer {self.credentials.token}"
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/merge-patch+json"
-        request = urllib.request.Request(self.credentials.server + path, data=data, method=method, headers=headers)
+    # -- calls
+
+    def _call(self, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, dict]:
+        """(200, object) or (HTTP status, Status body) of an API call; transport failures raise SIPError."""
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
         try:
-            with self._opener.open(request, timeout=self.timeout) as response:
-                return response.status, self._json(response.read(), method, path)
-        except urllib.error.HTTPError as err:
-            with err:
-                return err.code, self._json(err.read(), method, path, strict=False)
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            raise SIPError(f"{method} {self.credentials.server}{path}: cannot reach the management cluster: {reason}") from None
+            return 200, _mapping(method(*args, _request_timeout=self.timeout, **kwargs), what)
+        except ApiException as err:
+            if err.status:
+                return err.status, _status_body(err)
+            # status 0: the client turned a TLS failure into an ApiException (the cause is its context)
+            cause = err.__context__ if isinstance(err.__context__, BaseException) else None
+            reason = _transport_reason(cause) if cause is not None else " ".join(str(err.reason).split())
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            reason = _transport_reason(err)
+        raise SIPError(f"{what}: cannot reach the management cluster at {self.server}: {reason}")
 
     @staticmethod
-    def _json(raw: bytes, method: str, path: str, strict: bool = True) -> dict:
-        try:
-            value = json.loads(raw or b"{}")
-        except ValueError:
-            if strict:
-                raise SIPError(f"{method} {path}: the server answered with something that is not JSON") from None
-            return {"message": raw[:200].decode("utf-8", "replace")}
-        return value if isinstance(value, dict) else {}
-
-    def _fail(self, what: str, status: int, body: dict) -> SIPError:
-        return SIPError(f"{what}: HTTP {status}: {body.get('message') or body.get('reason') or 'no details'}")
-
-    @staticmethod
-    def _object_path(key: str) -> str:
-        namespace, name = key.split("/", 1)
-        return f"{API_PREFIX}/namespaces/{urllib.parse.quote(namespace)}/baremetalhosts/{urllib.parse.quote(name)}"
+    def _fail(what: str, status: int, body: dict) -> SIPError:
+        message = body.get("message") or body.get("reason") or "no details"
+        return SIPError(" ".join(f"{what}: HTTP {status}: {message}".split()))
 
     def _remember(self, obj: dict) -> BareMetalHost:
-        host = host_from_object(obj, self.credentials.server)
+        host = host_from_object(obj, self.server)
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if not isinstance(rv, str) or not rv:
-            raise SIPError(f"{self.credentials.server}: BareMetalHost {host_key(host)} has no resourceVersion")
+            raise SIPError(f"{self.server}: BareMetalHost {host_key(host)} has no resourceVersion")
         self._seen[host_key(host)] = (rv, _managed(host.labels))
         return host
 
     # -- provider
 
     def list_hosts(self) -> list[BareMetalHost]:
-        base = f"{API_PREFIX}/namespaces/{urllib.parse.quote(self.namespace)}/baremetalhosts" if self.namespace \
-            else f"{API_PREFIX}/baremetalhosts"
+        where = f"namespace {self.namespace}" if self.namespace else "all namespaces"
+        what = f"listing BareMetalHosts ({where}) at {self.server}"
         hosts: list[BareMetalHost] = []
-        token = ""
+        token: str | None = None
         while True:
-            query = {"limit": str(self.page_size)} | ({"continue": token} if token else {})
-            status, body = self._request("GET", f"{base}?{urllib.parse.urlencode(query)}")
+            if self.namespace:
+                status, body = self._call(what, self.api.list_namespaced_custom_object, GROUP, VERSION,
+                                          self.namespace, PLURAL, limit=self.page_size, _continue=token)
+            else:
+                status, body = self._call(what, self.api.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                                          limit=self.page_size, _continue=token)
             if status != 200:
-                raise self._fail(f"listing BareMetalHosts at {self.credentials.server}{base}", status, body)
+                raise self._fail(what, status, body)
             items = body.get("items")
             if not isinstance(items, list):
-                raise SIPError(f"GET {base}: the answer has no items list")
+                raise SIPError(f"{what}: the answer has no items list")
             hosts.extend(self._remember(item) for item in items)
-            token = (body.get("metadata") or {}).get("continue") or ""
+            token = (body.get("metadata") or {}).get("continue") or None
             if not token:
                 return sorted(hosts, key=host_key)
 
     def _get(self, key: str) -> None:
-        status, body = self._request("GET", self._object_path(key))
+        namespace, name = key.split("/", 1)
+        what = f"reading BareMetalHost {key}"
+        status, body = self._call(what, self.api.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
         if status != 200:
-            raise self._fail(f"reading BareMetalHost {key}", status, body)
+            raise self._fail(what, status, body)
         self._remember(body)
 
     def apply_labels(self, changes: Sequence[LabelChange]) -> None:
@@ -333,18 +239,20 @@ class KubernetesProvider:
         key = change.host
         if key not in self._seen:
             self._get(key)
+        namespace, name = key.split("/", 1)
+        what = f"labeling BareMetalHost {key} ({change.reason})"
         planned_over = self._seen[key][1]
         labels: dict[str, str | None] = {label: None for label in change.remove}
         labels.update(change.set)
-        for attempt in range(self.retries + 1):
-            rv = self._seen[key][0]
-            patch = {"metadata": {"resourceVersion": rv, "labels": labels}}
-            status, body = self._request("PATCH", self._object_path(key), patch)
+        for _attempt in range(self.retries + 1):
+            patch = {"metadata": {"resourceVersion": self._seen[key][0], "labels": labels}}
+            status, body = self._call(what, self.api.patch_namespaced_custom_object, GROUP, VERSION, namespace,
+                                      PLURAL, name, patch, _content_type=MERGE_PATCH)
             if status == 200:
                 self._remember(body)
                 return
             if status != 409:
-                raise self._fail(f"labeling BareMetalHost {key} ({change.reason})", status, body)
+                raise self._fail(what, status, body)
             self._get(key)  # stale: read again, and retry only if nobody touched the SIP labels
             now = self._seen[key][1]
             if now != planned_over:
@@ -352,6 +260,125 @@ class KubernetesProvider:
                                f"(planned over {planned_over}, now {now}); plan again")
         raise SIPError(f"BareMetalHost {key}: still conflicting after {self.retries} retries "
                        "(resourceVersion keeps changing); try again later")
+
+
+def api_client_from_kubeconfig(path: str | os.PathLike[str], context: str | None = None) -> ApiClient:
+    """An `ApiClient` for `context` of the kubeconfig at `path`; SIPError (one line) when unusable."""
+    from kubernetes.client import ApiClient, Configuration
+    from kubernetes.config import kube_config
+
+    path = Path(path)
+    if not path.is_file():
+        raise SIPError(f"{path}: cannot read kubeconfig: no such file")
+    configuration = Configuration()
+    exec_errors = _ExecErrors()
+    logging.getLogger().addHandler(exec_errors)
+    try:
+        kube_config.load_kube_config(config_file=str(path), context=context,
+                                     client_configuration=configuration, persist_config=False)
+    except Exception as err:  # noqa: BLE001 -- the loader raises ConfigException, yaml, base64, OS and type errors
+        raise SIPError(" ".join(f"{path}: unusable kubeconfig: {_loader_reason(err)}".split())) from None
+    finally:
+        logging.getLogger().removeHandler(exec_errors)
+    if exec_errors.messages:  # the loader only logs a failed exec plugin and goes on as anonymous
+        raise SIPError(" ".join(f"{path}: the exec credential plugin failed: {exec_errors.messages[0]}".split()))
+    if not configuration.host.startswith("https://"):
+        raise SIPError(f"{path}: the cluster needs an https:// server, got {configuration.host!r}")
+    _check_tls_material(configuration, path)
+    _strip_tokens(configuration)
+    configuration.retries = False  # urllib3: no silent reconnect loops; the reconcile retries later
+    client = ApiClient(configuration)
+    client.user_agent = "gitops"
+    return client
+
+
+class _ExecErrors(logging.Handler):
+    """Collects the kubeconfig loader's ``exec: ...`` error log lines (it logs them on the root logger)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("exec:"):
+            self.messages.append(message.removeprefix("exec:").strip())
+
+
+def _check_tls_material(configuration: Configuration, path: Path) -> None:
+    """Fail now, naming the kubeconfig, rather than as a TLS error on the first request."""
+    try:
+        if configuration.ssl_ca_cert:
+            ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    except (ssl.SSLError, OSError) as err:
+        raise SIPError(f"{path}: certificate-authority unusable: {_transport_reason(err)}") from None
+    if configuration.cert_file or configuration.key_file:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(configuration.cert_file, configuration.key_file)
+        except (ssl.SSLError, OSError, TypeError) as err:
+            raise SIPError(f"{path}: client certificate/key unusable: {_transport_reason(err)}") from None
+
+
+def _strip_tokens(configuration: Configuration) -> None:
+    """Trim a token as client-go does: the Python loader sends a tokenFile's trailing newline,
+    which http.client refuses as a header value. The loader's refresh hook re-sets the token
+    (and itself) before every request, so trimming wraps that hook and re-installs itself."""
+    refresh = configuration.refresh_api_key_hook
+
+    def stripped(config: Configuration) -> None:
+        if refresh is not None:
+            refresh(config)
+        config.refresh_api_key_hook = stripped
+        config.api_key = {k: v.strip() if isinstance(v, str) else v for k, v in config.api_key.items()}
+
+    stripped(configuration)
+    configuration.refresh_api_key_hook = stripped
+
+
+def _loader_reason(err: Exception) -> str:
+    if isinstance(err, yaml.YAMLError):
+        return "not valid YAML"
+    if isinstance(err, binascii.Error):
+        return f"bad base64 data ({err})"
+    return str(err) or type(err).__name__
+
+
+def _mapping(value: Any, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise SIPError(f"{what}: the server answered with something that is not a JSON object")
+    return value
+
+
+def _status_body(err: ApiException) -> dict:
+    """The metav1.Status an API error carries, or what little there is."""
+    try:
+        body = json.loads(err.body or b"{}")
+    except (ValueError, TypeError):
+        body = None
+    if not isinstance(body, dict):
+        body = {"message": str(err.body or "")[:200] or err.reason}
+    return body
+
+
+def _transport_reason(err: BaseException) -> str:
+    """The innermost cause of a urllib3/socket failure, without object reprs."""
+    seen: set[int] = set()
+    while id(err) not in seen:
+        seen.add(id(err))
+        inner = getattr(err, "reason", None)
+        if isinstance(inner, BaseException):
+            err = inner
+            continue
+        nested = next((a for a in err.args if isinstance(a, BaseException)), None)
+        if nested is not None:
+            err = nested
+            continue
+        break
+    if isinstance(err, ssl.SSLError) and err.reason:
+        return f"{err.reason}: {getattr(err, 'verify_message', None) or err.strerror or err}"
+    text = str(err.args[-1] if err.args and isinstance(err.args[-1], str) else err)
+    text = re.sub(r"^\w*Connection(?:Pool)?\(host=[^)]*\):\s*", "", text)  # urllib3 2 names the connection first
+    return " ".join(text.split()) or type(err).__name__
 
 
 def _managed(labels: Mapping[str, str]) -> dict[str, str]:

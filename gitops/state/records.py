@@ -26,6 +26,25 @@ class ClusterRecord:
     service_account_keys: dict[str, str] = field(default_factory=dict)
     #: etcd members in the order they joined (node names)
     etcd_members: list[str] = field(default_factory=list)
+    #: public keys of removed or replaced nodes: still trusted, so the tokens they signed stay valid
+    retired_service_account_keys: list[str] = field(default_factory=list)
+
+    def set_service_account_key(self, node: str, public_pem: str) -> None:
+        """Record `node`'s key; a different key it had before is retired, not forgotten."""
+        if self.service_account_keys.get(node) != public_pem:
+            self.retire_service_account_key(node)
+            self.service_account_keys[node] = public_pem
+
+    def retire_service_account_key(self, node: str) -> None:
+        old = self.service_account_keys.pop(node, None)
+        if old and old not in self.retired_service_account_keys:
+            self.retired_service_account_keys = sorted([*self.retired_service_account_keys, old])
+
+    def trusted_service_account_keys(self, nodes: set[str] | dict) -> list[str]:
+        """The bundle every API server verifies tokens with: `nodes`' keys and the retired ones, sorted
+        (so a key moving from a removed node to the retired list changes nothing)."""
+        keys = {pem for n, pem in self.service_account_keys.items() if n in nodes}
+        return sorted(keys | set(self.retired_service_account_keys))
 
 
 @dataclass
@@ -63,6 +82,7 @@ class State:
                 admin=CertRecord(**raw["admin"]) if raw.get("admin") else None,
                 service_account_keys=dict(raw.get("service_account_keys", {})),
                 etcd_members=list(raw.get("etcd_members", [])),
+                retired_service_account_keys=list(raw.get("retired_service_account_keys", [])),
             )
         nodes = {name: NodeRecord(**raw) for name, raw in data.get("nodes", {}).items()}
         sip_labels = {host: dict(labels) for host, labels in data.get("sip_labels", {}).items()}

@@ -4,29 +4,25 @@ Each publish starts from the remote tip, lets the caller write the complete
 set of files, and commits only when something differs. A push rejected as
 non-fast-forward (another writer got there first) is retried on top of the
 new tip with the files written again, so concurrent writers never lose a
-commit. A lease on a separate ref (`refs/gitops/lock`) makes sure only one
-controller applies at a time; a crashed holder's lease simply expires.
+commit. The apply lease (one controller applies at a time) is `lease.py`; the
+branch's name and layout, and reading it back, are `reader.py`.
 """
 from __future__ import annotations
 
-import datetime as dt
-import json
 import logging
 import shutil
-import subprocess
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import git
 
 from gitops.errors import GitopsError
 from gitops.gitclone import open_clone
+from gitops.status.reader import DEFAULT_BRANCH, StatusReader
 
 log = logging.getLogger(__name__)
 
-LOCK_REF = "refs/gitops/lock"
 AUTHOR = git.Actor("gitops", "gitops@localhost")
 PUSH_ATTEMPTS = 8
 
@@ -35,18 +31,8 @@ class StatusError(GitopsError):
     pass
 
 
-class Locked(StatusError):
-    """Another controller holds the apply lease."""
-
-
-@dataclass(frozen=True)
-class Lease:
-    holder: str
-    expires: dt.datetime
-
-
 class StatusBranch:
-    def __init__(self, url: str, workdir: Path, branch: str = "gitops/status"):
+    def __init__(self, url: str, workdir: Path, branch: str = DEFAULT_BRANCH):
         self.url = url
         self.branch = branch
         self.dir = workdir / "status"
@@ -64,7 +50,7 @@ class StatusBranch:
                     config.set_value("user", "email", AUTHOR.email)
                     config.set_value("commit", "gpgsign", "false")
             except (git.GitCommandError, ValueError) as err:
-                raise StatusError(f"cannot clone {self.url} for the status branch: {_msg(err)}") from None
+                raise StatusError(f"cannot clone {self.url} for the status branch: {git_message(err)}") from None
         return self._repo
 
     def _remote_tip(self) -> str | None:
@@ -73,7 +59,7 @@ class StatusBranch:
         except git.GitCommandError as err:
             if "couldn't find remote ref" in str(err).lower():
                 return None
-            raise StatusError(f"cannot fetch {self.branch}: {_msg(err)}") from None
+            raise StatusError(f"cannot fetch {self.branch}: {git_message(err)}") from None
         return self.repo.commit(f"refs/remotes/origin/{self.branch}").hexsha
 
     def sync(self) -> str | None:
@@ -92,8 +78,12 @@ class StatusBranch:
         return tip
 
     def read(self, rel: str) -> bytes | None:
-        path = self.dir / rel
-        return path.read_bytes() if path.is_file() else None
+        return self.reader.read(rel)
+
+    @property
+    def reader(self) -> StatusReader:
+        """What the worktree (as of the last `sync`) says."""
+        return StatusReader.in_dir(self.dir)
 
     def write_tree(self, files: dict[str, bytes], managed: tuple[str, ...]) -> None:
         """Make the files under the `managed` prefixes exactly `files` (others are left alone)."""
@@ -136,61 +126,11 @@ class StatusBranch:
                 if "non-fast-forward" in text or "fetch first" in text or "rejected" in text:
                     log.info("status push raced another writer; retrying", extra={"attempt": attempt})
                     continue
-                raise StatusError(f"cannot push {self.branch}: {_msg(err)}") from None
+                raise StatusError(f"cannot push {self.branch}: {git_message(err)}") from None
         raise StatusError(f"cannot push {self.branch}: still racing other writers after {PUSH_ATTEMPTS} attempts")
 
-    # ------------------------------------------------------------------ lease
 
-    def _lease(self) -> tuple[str | None, Lease | None]:
-        try:
-            self.repo.remote("origin").fetch(f"+{LOCK_REF}:{LOCK_REF}")
-        except git.GitCommandError as err:
-            if "couldn't find remote ref" in str(err).lower():
-                return None, None
-            raise StatusError(f"cannot fetch the lock: {_msg(err)}") from None
-        sha = self.repo.git.rev_parse(LOCK_REF)
-        data = json.loads(self.repo.git.show(f"{sha}:lock.json"))
-        return sha, Lease(data["holder"], dt.datetime.fromisoformat(data["expires"]))
-
-    def acquire(self, holder: str, ttl: dt.timedelta, now: dt.datetime | None = None) -> Lease:
-        """Take or renew the apply lease; raises Locked while another holder's lease runs."""
-        now = now or dt.datetime.now(dt.timezone.utc)
-        old_sha, lease = self._lease()
-        if lease is not None and lease.holder != holder and lease.expires > now:
-            raise Locked(f"another controller ({lease.holder}) holds the apply lock until "
-                         f"{lease.expires.isoformat(timespec='seconds')}")
-        if lease is not None and lease.holder == holder and lease.expires - now > ttl / 2:
-            return lease  # still fresh: no push on quiet polls
-        new = Lease(holder, now + ttl)
-        body = json.dumps({"holder": new.holder, "expires": new.expires.isoformat()}, sort_keys=True) + "\n"
-        repo = self.repo
-        blob = self._git_input(body, "hash-object", "-w", "--stdin")
-        tree = self._git_input(f"100644 blob {blob}\tlock.json\n", "mktree")
-        commit = repo.git.commit_tree(tree, "-m", f"lock: {holder}")
-        lease_arg = f"--force-with-lease={LOCK_REF}:{old_sha or ''}"
-        try:
-            repo.git.push("origin", lease_arg, f"{commit}:{LOCK_REF}")
-        except git.GitCommandError as err:
-            raise Locked(f"lost the race for the apply lock: {_msg(err)}") from None
-        repo.git.update_ref(LOCK_REF, commit)
-        return new
-
-    def _git_input(self, text: str, *args: str) -> str:
-        proc = subprocess.run(["git", *args], cwd=self.dir, input=text, capture_output=True, text=True, timeout=60)
-        if proc.returncode != 0:
-            raise StatusError(f"git {args[0]} failed: {proc.stderr.strip()}")
-        return proc.stdout.strip()
-
-    def release(self, holder: str) -> None:
-        old_sha, lease = self._lease()
-        if lease is None or lease.holder != holder:
-            return
-        try:
-            self.repo.git.push("origin", f"--force-with-lease={LOCK_REF}:{old_sha}", f":{LOCK_REF}")
-        except git.GitCommandError as err:
-            log.warning("could not release the apply lock: %s", _msg(err))
-
-
-def _msg(err: Exception) -> str:
+def git_message(err: Exception) -> str:
+    """A GitPython error as one short line (git's stderr)."""
     text = getattr(err, "stderr", None) or str(err)
     return " ".join(str(text).replace("stderr:", "").split())[:300]

@@ -18,10 +18,9 @@ from gitops.compile.desired import DesiredState
 from gitops.model.resources import RepoModel
 from gitops.observe import ObservedState
 from gitops.sip.selection import SIPPlan
+from gitops.status.reader import SOURCE, kubeconfig_path, resource_path
 
 API_VERSION = "gitops.infra/v1alpha1"
-SOURCE = "status/source.yaml"
-OBSERVED = "observed.yaml"
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ def resource_documents(model: RepoModel, desired: DesiredState, observed: Observ
             and p.hypervisor == desired.pods[p.node].hypervisor}
     node_phase: dict[str, str] = {}
     for name, node in sorted(model.nodes.items()):
-        rel = f"status/Node/{name}.yaml"
+        rel = resource_path("Node", name)
         want = desired.pods.get(name)
         components: dict[str, str] = {}
         if want is None:
@@ -129,7 +128,7 @@ def resource_documents(model: RepoModel, desired: DesiredState, observed: Observ
         out[rel] = dump({"apiVersion": API_VERSION, "kind": "NodeStatus", "metadata": {"name": name},
                          "spec": {"cluster": node.cluster, "role": node.role}, "status": status})
     for name in sorted(model.clusters):
-        rel = f"status/Cluster/{name}.yaml"
+        rel = resource_path("Cluster", name)
         nodes = sorted(n for n, node in model.nodes.items() if node.cluster == name)
         phases = {n: node_phase[n] for n in nodes}
         endpoint = desired.clusters[name].api_endpoint if name in desired.clusters else None
@@ -152,12 +151,12 @@ def resource_documents(model: RepoModel, desired: DesiredState, observed: Observ
             "conditions": [condition("Ready", ready, reason, message, _previous_conditions(previous, rel), now)],
             "endpoints": {"api": endpoint} if endpoint else {},
             "nodes": phases,
-            "kubeconfig": f"kubeconfig/{name}.yaml" if endpoint else None,
+            "kubeconfig": kubeconfig_path(name) if endpoint else None,
         }
         out[rel] = dump({"apiVersion": API_VERSION, "kind": "ClusterStatus", "metadata": {"name": name},
                          "status": status})
     for name in sorted(model.hypervisors):
-        rel = f"status/Hypervisor/{name}.yaml"
+        rel = resource_path("Hypervisor", name)
         seen = observed.hypervisors.get(name)
         reachable = bool(seen and seen.reachable)
         status = {
@@ -180,7 +179,7 @@ def sip_documents(model: RepoModel, sip: SIPPlan, outcome: Outcome, previous: Ca
     selections = {s.cluster: s for s in sip.selections}
     pending = {c.host for c in sip.changes}
     for name in sorted(model.sip_clusters):
-        rel = f"status/SIPCluster/{name}.yaml"
+        rel = resource_path("SIPCluster", name)
         selection = selections.get(name)
         if selection is None:
             phase, ready, reason, message, roles = "Unknown", None, "HostsNotListed", \

@@ -17,10 +17,7 @@ from typing import Any
 from gitops.errors import GitopsError
 from gitops.secrets import decrypt, encrypt, load_identity, public_recipient
 from gitops.state.records import State
-
-PUBLIC = "state/public.json"
-SEALED = "state/secrets.age"
-PLAINTEXT = "state/secrets.INSECURE-PLAINTEXT.json"
+from gitops.status.reader import PLAINTEXT, PUBLIC, SEALED
 
 
 class StateSealError(GitopsError):

@@ -1,0 +1,67 @@
+"""The flags gitops compiles for each Kubernetes version, checked against the real v1.20.2 binaries.
+
+Every kube-apiserver / kube-controller-manager / kube-scheduler container of the
+example repo's clusters (1.20.2) is run with exactly its compiled arguments plus
+`--version`: the real binary parses every flag first and exits non-zero on an
+unknown one, so this proves each flag is accepted without starting a server.
+"""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+
+import pytest
+from repo_helpers import EXAMPLE_REPO
+
+from gitops.compile import compile_desired
+from gitops.lab import kubebin
+from gitops.model.validate import validate_repo
+from gitops.state import State
+
+KUBE = kubebin.CONTROL_PLANE
+
+
+def compiled_containers(version: str) -> dict[str, list[tuple[str, ...]]]:
+    """component -> the compiled args of each of its containers, with every cluster at `version`."""
+    model = validate_repo(EXAMPLE_REPO).model
+    assert model is not None
+    clusters = {n: dataclasses.replace(c, kubernetes_version=version) for n, c in model.clusters.items()}
+    model = dataclasses.replace(model, clusters=clusters, sip_clusters={})
+    out: dict[str, list[tuple[str, ...]]] = {c: [] for c in KUBE}
+    for pod in compile_desired(model, State()).desired.pods.values():
+        for container in pod.containers:
+            if container.spec.name in KUBE:
+                out[container.spec.name].append(container.spec.args)
+    return out
+
+
+def run_real(component: str, args: tuple[str, ...]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(kubebin.binary(component)), *args, "--version"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_every_compiled_flag_is_accepted_by_the_real_1_20_binaries():
+    containers = compiled_containers("v1.20.2")
+    for component in KUBE:
+        assert len(containers[component]) == 6  # two clusters of three controlplane nodes
+        for args in containers[component]:
+            proc = run_real(component, args)
+            assert proc.returncode == 0 and proc.stdout.strip() == "Kubernetes v1.20.2", \
+                f"{component} refused its compiled flags: {proc.stdout}{proc.stderr}"
+
+
+def test_the_check_fails_on_a_flag_the_real_binary_does_not_know():
+    args = compiled_containers("v1.20.2")["kube-scheduler"][0]
+    proc = run_real("kube-scheduler", (*args, "--no-such-flag=1"))
+    assert proc.returncode != 0 and "unknown flag: --no-such-flag" in proc.stderr
+
+
+@pytest.mark.parametrize(("version", "legacy"), [("v1.20.2", True), ("v1.23.17", True), ("v1.24.0", False),
+                                                 ("v1.31.2", False)])
+def test_insecure_ports_are_turned_off_only_where_the_flags_exist(version, legacy):
+    containers = compiled_containers(version)
+    expected = {"kube-apiserver": "--insecure-port=0", "kube-controller-manager": "--port=0",
+                "kube-scheduler": "--port=0"}
+    for component, flag in expected.items():
+        for args in containers[component]:
+            assert (flag in args) is legacy, f"{component} {version}: {args}"

@@ -1,0 +1,92 @@
+"""The controller's status branch on a real bare git repo, with nothing to apply (no lab, fast).
+
+Each reconcile is its own `gitops reconcile` process, as in production, so whatever the
+controller remembers between commits has to survive a restart.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+GITOPS = str(Path(sys.executable).parent / "gitops")
+GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
+CONFIG = """\
+apiVersion: gitops.infra/v1alpha1
+kind: GitopsConfig
+spec:
+  statusBranch: something-else
+"""
+BAD_NODE = """\
+apiVersion: gitops.infra/v1alpha1
+kind: Node
+metadata:
+  name: lost
+spec:
+  role: controlplan
+"""
+
+
+def git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["git", *GIT_ID, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 or not check, f"git {' '.join(args)}: {proc.stderr}"
+    return proc
+
+
+def push(work: Path, message: str) -> str:
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", message)
+    git(work, "push", "-q", "origin", "HEAD:main")
+    return git(work, "rev-parse", "HEAD").stdout.strip()
+
+
+def reconcile(origin: Path, workdir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([GITOPS, "reconcile", "--repo", str(origin), "--workdir", str(workdir),
+                           "--insecure-plaintext-secrets", "--log-format", "text"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def source_on(origin: Path, branch: str) -> dict:
+    shown = git(origin, "show", f"{branch}:status/source.yaml")
+    return yaml.safe_load(shown.stdout)["status"]
+
+
+def test_a_refused_commit_is_reported_on_the_status_branch_in_force(tmp_path: Path):
+    origin, work, workdir = tmp_path / "origin.git", tmp_path / "work", tmp_path / "controller"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+    work.mkdir()
+    git(work, "init", "-q", "-b", "main")
+    git(work, "remote", "add", "origin", str(origin))
+    (work / "gitops.yaml").write_text(CONFIG)
+    good = push(work, "status elsewhere, nothing to apply")
+
+    applied = reconcile(origin, workdir)
+    assert applied.returncode == 0 and applied.stdout.startswith("Applied: "), applied.stdout + applied.stderr
+    assert source_on(origin, "something-else")["appliedSHA"] == good
+
+    (work / "node.yaml").write_text(BAD_NODE)
+    bad = push(work, "typo")
+    refused = reconcile(origin, workdir)  # a new process: the branch in force must come from the workdir
+    assert refused.returncode == 1 and refused.stdout.startswith("Refused: "), refused.stdout + refused.stderr
+    source = source_on(origin, "something-else")
+    assert source["result"] == "Refused" and source["lastSeenSHA"] == bad and source["appliedSHA"] == good
+    assert any("node.yaml" in e for e in source["errors"]), source["errors"]
+    assert git(origin, "rev-parse", "--verify", "--quiet", "refs/heads/gitops/status", check=False).returncode == 1
+    log = git(origin, "log", "--format=%s", "something-else").stdout.splitlines()
+    assert log[0] == f"refuse {bad[:12]}: {len(source['errors'])} error(s)"
+
+    # the CLI finds the same branch from the clone's gitops.yaml and reads it
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(origin), str(clone))
+    shown = subprocess.run([GITOPS, "status", "--repo", str(clone), "-o", "json"], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    data = json.loads(shown.stdout)
+    assert data["ref"] == "origin/something-else" and data["source"]["result"] == "Refused"
+    assert data["source"]["appliedSHA"] == good and data["clusters"] == {}
+    git(clone, "checkout", "-q", good)
+    planned = subprocess.run([GITOPS, "plan", str(clone), "--against-status", "origin/something-else",
+                              "--detailed-exitcode"], capture_output=True, text=True)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
