@@ -80,6 +80,19 @@ def component_rss() -> dict[str, list[float]]:
     return found
 
 
+def drop_path(repo: Path, name: str) -> None:
+    """Delete the resource directory `name` of `repo` and its entry in gitops.yaml `spec.paths`
+    (a listed directory that does not exist fails validation)."""
+    shutil.rmtree(repo / name)
+    config_file = repo / "gitops.yaml"
+    config = yaml.safe_load(config_file.read_text())
+    paths = config["spec"]["paths"]
+    if name not in paths:
+        raise SystemExit(f"{config_file}: spec.paths {paths} lists no {name!r}; update drop_path's caller")
+    config["spec"]["paths"] = [p for p in paths if p != name]
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settle", type=float, default=20.0, help="seconds after ready before reading RSS")
@@ -92,7 +105,7 @@ def main() -> None:
         repo = base / "repo"
         write_example_repo(lab, repo)
         shutil.rmtree(repo / "clusters/team-b")
-        shutil.rmtree(repo / "sip")
+        drop_path(repo, "sip")
         state = base / "state"
         started = time.monotonic()
         subprocess.run([GITOPS, "apply", str(repo), "--state-dir", str(state)], check=True,

@@ -20,19 +20,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gitops.apply import apply
+from gitops.apply import ApplyError
 from gitops.compile import compile_desired
 from gitops.errors import GitopsError
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.metrics import Metrics
 from gitops.model.validate import Validation, validate_repo
-from gitops.engine import bare_metal_hosts, observe_all
+from gitops.engine import apply_repo, bare_metal_hosts, observe_all
 from gitops.sip.selection import SIPPlan, select_hosts
 from gitops.source import GitSource, SignatureError, SignaturePolicy
 from gitops.status.branch import StatusBranch
 from gitops.status.lease import ApplyLease
-from gitops.status.reader import DEFAULT_BRANCH, MANAGED, OBSERVED, PUBLIC, SOURCE, kubeconfig_path
-from gitops.status.report import Outcome, dump, resource_documents, sip_documents, source_document
+from gitops.status.reader import APPLY, DEFAULT_BRANCH, MANAGED, OBSERVED, PUBLIC, SOURCE, kubeconfig_path
+from gitops.status.report import Outcome, apply_document, dump, resource_documents, sip_documents, source_document
 from gitops.status.state import ControllerStateStore, Sealer
 
 log = logging.getLogger("gitops.controller")
@@ -134,21 +134,37 @@ class Controller:
         ApplyLease(status.repo).acquire(self.holder, self.config.lock_ttl)
         log.info("state restored", extra={"from": origin, "generation": self.store.generation})
         result_name, message, actions, last = "Applied", f"commit {sha[:12]} applied", 0, None
+        record: bytes | None = None
         try:
-            result = apply(model, config, self.store, allow_mass_delete=self.config.allow_mass_delete,
-                           should_stop=self.stop.is_set, source=sha, progress=_log_progress)
+            result = apply_repo(model, config, self.store, allow_mass_delete=self.config.allow_mass_delete,
+                                should_stop=self.stop.is_set, source=sha, progress=_log_progress)
             actions = len(result.executed)
             if result.stopped:
                 result_name, message = "Failed", "stopped on request before the plan was done"
-            elif result.last is not None and result.last.plan.empty:
-                last = result.last  # converged: its observation is the live state
+            elif result.after is not None:
+                last = result.after  # its observation is the live state after the apply
+            if result.follow_up is not None:
+                message += (f"; follow-up plan: {len(result.follow_up.actions)} action(s) not known before this "
+                            "apply, applied on the next poll")
+            if result.executed or result.follow_up is not None:
+                record = apply_document(sha, result.plan, actions, "", result.stopped, result.follow_up,
+                                        result.surprises, now)
+        except ApplyError as err:
+            result_name, message, actions = "Failed", str(err), len(err.executed)
+            log.error("apply failed", extra={"sha": sha, "error": message})
+            if err.plan is not None:
+                record = apply_document(sha, err.plan, actions, message, False, None, [], now)
         except GitopsError as err:
             result_name, message = "Failed", str(err)
             log.error("apply failed", extra={"sha": sha, "error": message})
         observed = last.observed if last is not None else observe_all(model, config)
-        hosts = bare_metal_hosts(model, config, self.store.load(), observed)
-        compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable, hosts=hosts or ())
-        sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else SIPPlan((), ())
+        if last is not None:
+            compiled, sip = last.compiled, last.sip
+        else:
+            hosts = bare_metal_hosts(model, config, self.store.load(), observed)
+            compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable,
+                                       hosts=hosts or ())
+            sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else SIPPlan((), ())
         in_force = sha if result_name == "Applied" else applied_before
         if in_force == sha:
             self._record_status_branch(config.status_branch)
@@ -161,6 +177,9 @@ class Controller:
 
         def write(branch: StatusBranch) -> None:
             files = {SOURCE: source_document(report, branch.read, now), OBSERVED: dump(observed.to_dict())}
+            previous = branch.read(APPLY)
+            if record is not None or previous is not None:
+                files[APPLY] = record if record is not None else previous
             files.update(resource_documents(model, compiled.desired, observed, report, branch.read, now, placements))
             files.update(sip_documents(model, sip, report, branch.read, now, compiled.desired, placements))
             files.update(self._kubeconfigs(compiled.desired, config.kubeconfig_recipients, branch))

@@ -1,26 +1,33 @@
-"""One planning pass: learn from the observed state, compile, diff.
+"""The loop owner: observe → learn → select hosts → compile → diff makes a plan; execute runs it.
 
-Used by `gitops plan` (once, printing the result), by `gitops apply` (in
-rounds until nothing is left) and by the controller loop.
+`gitops plan` makes one plan and shows it; `gitops apply` makes one plan (or
+loads a saved one), executes exactly it, then observes once more: whatever a
+plan could not know beforehand shows up there as a follow-up plan, reported,
+never silently executed.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gitops.apply.executor import ApplyError, Connections, Progress, execute
 from gitops.compile import Compiled, compile_desired
+from gitops.cri.client import CRIClient
 from gitops.errors import GitopsError
 from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
 from gitops.observe import ObservedState, observe
 from gitops.plan.actions import Plan, Unknown, UnknownKind, ordered
-from gitops.sip.reconcile import file_hosts, label_actions, provider_for
-from gitops.sip.reconcile import warnings as sip_warnings
+from gitops.plan.diff import DiffOptions, diff
+from gitops.plan.hosts import label_actions, sip_warnings
+from gitops.plan.learn import learn
+from gitops.sip.reconcile import file_hosts, provider_for
 from gitops.sip.selection import SIPPlan, select_hosts
-from gitops.plan.diff import DiffOptions, diff, learn
 from gitops.state.records import State
+from gitops.state.store import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +42,17 @@ class Planned:
 
     @property
     def state(self) -> State:
-        """The recorded state the plan was made against (to persist before applying)."""
+        """The recorded state the plan was made against, with its new decisions (saved before executing)."""
         return self.compiled.state
 
 
 def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: ObservedState,
               *, now: dt.datetime | None = None, source: str = "") -> Planned:
+    """One planning pass (pure): everything apply will do, in order."""
     learned = learn(state, observed, {name: node.cluster for name, node in model.nodes.items()})
     hosts = bare_metal_hosts(model, config, learned, observed)
-    compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable, hosts=hosts or ())
-    options = DiffOptions(prune=config.prune.enabled, renew_before_days=config.renew_before_days)
-    plan = diff(compiled.desired, observed, compiled.state, options, now=now)
-    warnings = list(plan.warnings) + list(compiled.deferred)
-    unknowns = list(plan.unknowns) + _orphans(model, compiled.state)
+    warnings: list[str] = []
+    unknowns: list[Unknown] = []
     if hosts is None:
         sip = SIPPlan((), ())
         if model.sip_clusters:
@@ -56,9 +61,23 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     else:
         sip = select_hosts(model.sip_clusters, hosts)
         warnings += sip_warnings(sip)
-    actions = ordered(list(plan.actions) + label_actions(sip))
-    plan = Plan(actions=actions, warnings=tuple(warnings), source=source, unknowns=tuple(unknowns))
+    compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable,
+                               hosts=relabeled(hosts or [], sip))
+    found = diff(compiled.desired, observed, compiled.state, DiffOptions(prune=config.prune.enabled), now=now)
+    plan = Plan(actions=ordered(list(found.actions) + label_actions(sip)),
+                warnings=tuple(list(found.warnings) + warnings + list(compiled.deferred)), source=source,
+                unknowns=tuple(list(found.unknowns) + unknowns + _orphans(model, compiled.state)))
     return Planned(compiled=compiled, observed=observed, plan=plan, sip=sip)
+
+
+def relabeled(hosts: list[BareMetalHost], sip: SIPPlan) -> list[BareMetalHost]:
+    """The hosts as they will be once the plan's label changes are made."""
+    changes = {c.host: c for c in sip.changes}
+    out = []
+    for host in hosts:
+        change = changes.get(f"{host.namespace}/{host.name}")
+        out.append(dataclasses.replace(host, labels=change.apply(host.labels)) if change else host)
+    return out
 
 
 def bare_metal_hosts(model: RepoModel, config: RepoConfig, state: State,
@@ -82,6 +101,11 @@ def observe_all(model: RepoModel, config: RepoConfig) -> ObservedState:
     return dataclasses.replace(observed, hosts=tuple(hosts))
 
 
+def connections(model: RepoModel, config: RepoConfig) -> Connections:
+    return Connections(cri=lambda name: CRIClient(model.hypervisors[name].cri_endpoint()),
+                       hosts=lambda state: provider_for(model, config, state))
+
+
 def _orphans(model: RepoModel, state: State) -> list[Unknown]:
     """Nodes recorded on hypervisors that left the repo: their pods cannot be observed nor removed."""
     gone: dict[str, list[str]] = {}
@@ -90,3 +114,78 @@ def _orphans(model: RepoModel, state: State) -> list[Unknown]:
             gone.setdefault(record.hypervisor, []).append(name)
     return [Unknown(UnknownKind.HYPERVISOR, hv, "it left the repo; put the Hypervisor back to clean up its pods",
                     tuple(nodes)) for hv, nodes in sorted(gone.items())]
+
+
+# ------------------------------------------------------------------------------------------------ apply
+
+
+class MassDeleteRefused(GitopsError):
+    def __init__(self, plan: Plan, limit: int):
+        self.plan = plan
+        nodes = ", ".join(a.node for a in plan.prunes)
+        super().__init__(f"the plan removes {len(plan.prunes)} pods whose nodes left the repo ({nodes}), more than "
+                         f"prune.maxDeletes={limit}; re-run with --allow-mass-delete if that is intended")
+
+
+@dataclass
+class ApplyResult:
+    #: the plan that was executed
+    plan: Plan
+    executed: list = field(default_factory=list)
+    stopped: bool = False
+    #: what the executed plan could not know: planned after executing it, not executed
+    follow_up: Plan | None = None
+    #: why the follow-up exists, when apply saw it happen (a key regenerated...)
+    surprises: list[str] = field(default_factory=list)
+    #: the planning pass after executing: its observed state is the live state
+    after: Planned | None = None
+
+    @property
+    def converged(self) -> bool:
+        return not self.stopped and self.after is not None and self.after.plan.empty
+
+
+Observe = Callable[[RepoModel], ObservedState]
+
+
+def apply_repo(model: RepoModel, config: RepoConfig, store: StateStore, *, allow_mass_delete: bool = False,
+               progress: Progress | None = None, source: str = "", should_stop: Callable[[], bool] = lambda: False,
+               observe_fn: Observe | None = None) -> ApplyResult:
+    """Plan, then execute exactly that plan (`gitops apply REPO`, the controller)."""
+    watch = observe_fn or (lambda m: observe_all(m, config))
+    planned = make_plan(model, config, store.load(), watch(model), source=source)
+    return apply_plan(planned.plan, planned.state, model, config, store, allow_mass_delete=allow_mass_delete,
+                      progress=progress, should_stop=should_stop, observe_fn=watch, planned=planned)
+
+
+def apply_plan(the_plan: Plan, state: State, model: RepoModel, config: RepoConfig, store: StateStore, *,
+               allow_mass_delete: bool = False, progress: Progress | None = None,
+               should_stop: Callable[[], bool] = lambda: False, observe_fn: Observe | None = None,
+               planned: Planned | None = None) -> ApplyResult:
+    """Save the plan's recorded `state`, execute `the_plan` exactly, then plan once more to report what is
+    left (the follow-up). `planned`: the planning pass that made the plan, when at hand."""
+    watch = observe_fn or (lambda m: observe_all(m, config))
+    if len(the_plan.prunes) > config.prune.max_deletes and not allow_mass_delete:
+        raise MassDeleteRefused(the_plan, config.prune.max_deletes)
+    store.save(state)
+    result = ApplyResult(plan=the_plan)
+    if the_plan.empty and planned is not None:
+        result.after = planned
+        return result
+    try:
+        execution = execute(the_plan, state, connections(model, config), store,
+                            progress=progress, should_stop=should_stop)
+    except ApplyError as err:
+        err.plan = the_plan
+        raise
+    result.executed, result.stopped, result.surprises = execution.executed, execution.stopped, execution.surprises
+    if result.stopped:
+        return result
+    after = make_plan(model, config, store.load(), watch(model), source=the_plan.source)
+    result.after = after
+    if after.plan.empty:
+        store.save(after.state)  # records of what left the repo are dropped once nothing refers to them
+    else:
+        result.follow_up = after.plan
+        log.warning("follow-up plan", extra={"actions": len(after.plan.actions)})
+    return result

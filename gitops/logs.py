@@ -24,6 +24,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, sort_keys=True)
 
 
+def event(logger: logging.Logger, level: int, message: str, **fields: object) -> None:
+    """Log `message key=value ...`, with the fields also as record attributes (JSON keys)."""
+    if logger.isEnabledFor(level):
+        text = " ".join([message] + [f"{k}={v}" for k, v in fields.items()])
+        logger.log(level, "%s", text, extra={"event": message, **fields}, stacklevel=2)
+
+
 def setup(fmt: str = "json", level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":

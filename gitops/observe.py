@@ -166,7 +166,7 @@ def read_node_files(client: CRIClient, agent_id: str) -> NodeFiles | None:
 
 
 def observe_hypervisor(client: CRIClient) -> ObservedHypervisor:
-    name = client.hypervisor.name
+    name = client.name
     selector = {MANAGED: MANAGER}
     sandboxes = client.list_sandboxes(selector)
     containers = client.list_containers(selector)
@@ -202,7 +202,7 @@ def _fields(pod: ObservedPod) -> dict[str, Any]:
 
 def observe(hypervisors: Iterable[Hypervisor], *, timeout: float = 10.0) -> ObservedState:
     """Observe every hypervisor in parallel; unreachable ones are marked, not raised."""
-    results = read_all(hypervisors, observe_hypervisor, timeout=timeout)
+    results = read_all([hv.cri_endpoint() for hv in hypervisors], observe_hypervisor, timeout=timeout)
     out = {}
     for name, result in results.items():
         if isinstance(result, CRIError):

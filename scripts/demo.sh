@@ -32,11 +32,11 @@ echo "== the example repo, wired to the lab: $REPO"
 $G lab example-repo --dir "$LAB" "$REPO"
 $G validate "$REPO"
 
-echo "== gitops plan"
-$G plan "$REPO" --state-dir "$STATE"
+echo "== gitops plan, saved: what a reviewer approves"
+$G plan "$REPO" --state-dir "$STATE" --out "$WORK/demo.plan"
 
-echo "== gitops apply"
-$G apply "$REPO" --state-dir "$STATE"
+echo "== gitops apply of the saved plan: exactly those actions, in that order"
+$G apply "$WORK/demo.plan" --repo "$REPO" --state-dir "$STATE"
 
 echo "== gitops plan again: nothing left to do"
 $G plan "$REPO" --state-dir "$STATE" --detailed-exitcode

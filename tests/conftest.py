@@ -52,7 +52,7 @@ def pod(lab, request):  # type: ignore[no-untyped-def]
     base = Path(hv.data_dir) / "tests" / name
     namespace = request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
     spec = SandboxSpec(name, namespace=namespace, log_directory=str(base / "logs"))
-    with CRIClient(hv, slow_timeout=60) as client:
+    with CRIClient(hv.cri_endpoint(), slow_timeout=60) as client:
         sandbox_id = client.run_sandbox(spec)
         try:
             yield client, sandbox_id, spec, base

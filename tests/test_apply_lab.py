@@ -71,7 +71,7 @@ class World:
         """Managed pod sandboxes per node, across all hypervisors, read directly over CRI."""
         out: dict[str, list] = {}
         for hv in self.lab.hypervisors:
-            with CRIClient(hv.local()) as client:
+            with CRIClient(hv.local().cri_endpoint()) as client:
                 for s in client.list_sandboxes({MANAGED: MANAGER}):
                     out.setdefault(s.labels[NODE], []).append((hv.name, s))
         return out
@@ -134,6 +134,14 @@ def etcd_members(world: World, cluster: str) -> list[str]:
             assert healthy.returncode == 0, healthy.stdout + healthy.stderr
             return names
         time.sleep(1)
+
+
+def etcd_leader(world: World, cluster: str) -> str:
+    """The name of the cluster's etcd leader."""
+    status = json.loads(etcdctl(world, cluster, "endpoint", "status", "-w", "json").stdout)
+    leader = status[0]["Status"]["leader"]
+    members = json.loads(etcdctl(world, cluster, "member", "list", "-w", "json").stdout)["members"]
+    return next(m["name"] for m in members if m["ID"] == leader)
 
 
 def admin_tls(world: World, cluster: str, with_credentials: bool = True) -> tuple[str, int, ssl.SSLContext]:
@@ -236,7 +244,8 @@ class Probe(threading.Thread):
             retry = self._get()
             if retry is not None:
                 self.outages += 1
-                self.errors.append(f"{time.strftime('%H:%M:%S')} {error}; retry: {retry}")
+                self.errors.append(f"{time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d} {error}; "
+                                   f"retry: {retry}")
 
     def stop(self) -> "Probe":
         self.stopping.set()
@@ -255,19 +264,45 @@ def assert_converged(world: World) -> None:
     plan = world.plan("--detailed-exitcode", check=False)
     if plan.returncode == 2:
         changes = [line.strip() for line in plan.stdout.splitlines() if line.strip().startswith(("+", "~", "-"))]
-        allowed = ("~ recreate container kube-controller-manager: container is exited",
-                   "~ recreate container kube-scheduler: container is exited")
-        assert changes and all(c in allowed for c in changes), plan.stdout
+        assert changes and all(c in LEASE_EXITS for c in changes), plan.stdout
         world.apply()
         plan = world.plan("--detailed-exitcode", check=False)
     assert plan.returncode == 0, plan.stdout + plan.stderr
 
 
-def test_apply_creates_the_example_clusters(world):
-    before = world.plan()
+LEASE_EXITS = ("~ recreate container kube-controller-manager: container is exited",
+               "~ recreate container kube-scheduler: container is exited")
+
+
+def assert_complete(applied: str) -> None:
+    """The plan apply executed was complete: its follow-up plan, if any, holds only restarts of
+    leader-elected components that exited while etcd changed (see `assert_converged`)."""
+    assert "Apply complete: " in applied and "exactly as planned" in applied, applied
+    if "Follow-up plan" in applied:
+        rest = applied.split("Follow-up plan", 1)[1]
+        changes = [line.strip() for line in rest.splitlines() if line.strip().startswith(("+", "~", "-"))]
+        assert changes and all(c in LEASE_EXITS for c in changes), applied
+
+
+def test_apply_creates_the_example_clusters_exactly_as_planned(world):
+    saved = world.dir / "first.plan.json"
+    before = world.plan("--out", str(saved))
     # 40 + 13 for the clusters (5 of the changes: SIP host labels), 4 + 2 for tenant-1's two service pods
     assert "Plan: 44 to add, 15 to change, 0 to remove." in before.stdout
-    world.apply()
+    # values that only exist once keys are generated on the nodes are shown as such, not left for later
+    assert "file sa-pub.pem: (known after apply): service-account keys generated on team-a-cp-1, team-a-cp-2, " \
+           "team-a-cp-3" in before.stdout
+    planned = json.loads(saved.read_text())
+    assert oct(saved.stat().st_mode & 0o777) == "0o600"
+    subjects = [(a["kind"], a["cluster"], a["node"], a["component"]) for a in planned["plan"]["actions"]]
+    assert len(subjects) == 59
+    done = world.gitops("apply", str(saved), "--repo", str(world.repo), "--state-dir", str(world.state))
+    assert "Apply complete: 59 action(s), exactly as planned." in done.stdout
+    assert_complete(done.stdout)
+    ran = [line for line in done.stdout.splitlines() if line.startswith("[") and line.endswith("s)")]
+    assert len(ran) == 59 and all(f"[{i + 1}/59]" in line for i, line in enumerate(ran))
+    for line, (kind, cluster, node, component) in zip(ran, subjects):  # in the saved order
+        assert f" {cluster}/{node}{'/' + component if component else ''} " in line, (line, kind)
     pods = world.sandboxes()
     assert sorted(pods) == sorted([*load_model(world.repo).nodes, "tenant-1-jump", "tenant-1-lb"])
     assert all(len(p) == 1 for p in pods.values()), pods
@@ -295,6 +330,28 @@ def test_kubeconfig_credentials_work_through_the_ingress(world):
 def test_second_apply_plans_nothing(world):
     assert world.plan("--detailed-exitcode").returncode == 0
     assert "No changes." in world.apply().stdout
+
+
+def test_a_stale_saved_plan_is_refused_and_changes_nothing(world):
+    saved = world.dir / "stale.plan.json"
+    world.plan("--out", str(saved))
+    cluster = world.repo / "clusters/team-b/cluster.yaml"
+    original = cluster.read_text()
+    cluster.write_text(original + "# a reviewer's late edit\n")
+    before = world.sandboxes()
+    try:
+        refused = world.gitops("apply", str(saved), "--repo", str(world.repo), "--state-dir", str(world.state),
+                               check=False)
+    finally:
+        cluster.write_text(original)
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    assert "the saved plan is stale: the repo changed since it was made; nothing was applied" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert {n: [s.id for _, s in p] for n, p in world.sandboxes().items()} == \
+           {n: [s.id for _, s in p] for n, p in before.items()}
+    # the repo is back as it was: the same file applies (nothing to do)
+    again = world.gitops("apply", str(saved), "--repo", str(world.repo), "--state-dir", str(world.state))
+    assert "No changes." in again.stdout
 
 
 def test_real_control_planes_answer_through_the_ingress(world):
@@ -383,26 +440,39 @@ def test_service_account_token_is_signed_by_a_node_key_and_works_on_every_api_se
 
 
 def test_a_controlplane_pod_removed_by_hand_is_healed_and_the_api_stays_up(world):
+    wait_ready(world, "team-a")
     probe = Probe(world, "team-a")
     probe.start()
+    saved = world.dir / "before-removal.plan.json"
+    world.plan("--out", str(saved))
+    # not the etcd leader: removing the leader by hand makes etcd elect another, and every API
+    # server's /readyz fails until it has (etcd's behaviour, whoever removes the pod)
+    leader = etcd_leader(world, "team-a")
+    node = next(n for n in ("team-a-cp-1", "team-a-cp-2", "team-a-cp-3") if n != leader)
+    [(hv_name, _)] = world.sandboxes()[node]
     try:
         time.sleep(1)
-        hv = world.lab.hypervisors[1].local()
-        with CRIClient(hv) as client:
-            [victim] = client.list_sandboxes({MANAGED: MANAGER, NODE: "team-a-cp-1"})
+        hv = next(h for h in world.lab.hypervisors if h.name == hv_name).local()
+        with CRIClient(hv.cri_endpoint()) as client:
+            [victim] = client.list_sandboxes({MANAGED: MANAGER, NODE: node})
             client.stop_sandbox(victim.id)  # what `crictl rmp -f` does
             client.remove_sandbox(victim.id)
+        stale = world.gitops("apply", str(saved), "--repo", str(world.repo), "--state-dir", str(world.state),
+                             check=False)
+        assert stale.returncode == 4 and "the live state changed since it was made" in stale.stderr, stale.stderr
+        assert node not in world.sandboxes()  # refused: nothing healed behind the reviewer's back
         plan = world.plan("--detailed-exitcode", check=False)
-        assert plan.returncode == 2 and "team-a-cp-1" in plan.stdout
-        world.apply()
+        assert plan.returncode == 2 and node in plan.stdout
+        t0 = time.strftime('%H:%M:%S')
+        healed = t0 + " apply start\n" + world.apply().stdout + time.strftime('%H:%M:%S') + " apply end\n"
         wait_ready(world, "team-a")
         time.sleep(3)  # the healed API server back behind the ingress
     finally:
         probe.stop()
     assert probe.requests > 20
-    assert probe.outages == 0, probe.errors
-    [(_, healed)] = world.sandboxes()["team-a-cp-1"]
-    assert healed.id != victim.id
+    assert probe.outages == 0, (probe.errors, plan.stdout, healed)
+    [(_, healed_pod)] = world.sandboxes()[node]
+    assert healed_pod.id != victim.id
     assert etcd_members(world, "team-a") == ["team-a-cp-1", "team-a-cp-2", "team-a-cp-3"]
     assert_converged(world)
 
@@ -419,7 +489,12 @@ def test_scaling_from_3_to_1_controlplane_node_and_back_keeps_the_data(world):
     kubectl(world, "team-a", "-n", "default", "create", "configmap", "e2e-small", "--from-literal=made=at-one")
     assert_converged(world)
     nodes.write_text(original)
-    world.apply()
+    plan = world.plan().stdout
+    # the new nodes' keys join the bundle every API server trusts: in this plan, known after apply
+    assert "file sa-pub.pem: (known after apply): service-account keys generated on team-a-cp-2, " \
+           "team-a-cp-3" in plan
+    assert "~ recreate container kube-apiserver: spec changed" in plan  # team-a-cp-1's, for the new bundle
+    assert_complete(world.apply().stdout)
     assert etcd_members(world, "team-a") == ["team-a-cp-1", "team-a-cp-2", "team-a-cp-3"]
     wait_ready(world, "team-a")
     for name, made in (("e2e", "before"), ("e2e-small", "at-one")):
@@ -430,7 +505,7 @@ def test_scaling_from_3_to_1_controlplane_node_and_back_keeps_the_data(world):
 
 def test_container_removed_by_hand_is_healed(world):
     hv = world.lab.hypervisors[1].local()
-    with CRIClient(hv) as client:
+    with CRIClient(hv.cri_endpoint()) as client:
         victim = client.list_containers({NODE: "team-a-cp-1", "gitops.infra/component": "kube-scheduler"})[0]
         client.stop_container(victim.id, timeout=0)
         client.remove_container(victim.id)
@@ -438,7 +513,7 @@ def test_container_removed_by_hand_is_healed(world):
     assert plan.returncode == 2
     assert "+ create container kube-scheduler: container is missing" in plan.stdout
     world.apply()
-    with CRIClient(hv) as client:
+    with CRIClient(hv.cri_endpoint()) as client:
         healed = client.list_containers({NODE: "team-a-cp-1", "gitops.infra/component": "kube-scheduler"})
     assert len(healed) == 1 and healed[0].state.value == "running" and healed[0].id != victim.id
     assert world.plan("--detailed-exitcode").returncode == 0

@@ -79,7 +79,7 @@ class Loop:
     def sandboxes(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for hv in self.lab.hypervisors:
-            with CRIClient(hv.local()) as client:
+            with CRIClient(hv.local().cri_endpoint()) as client:
                 for s in client.list_sandboxes({MANAGED: MANAGER}):
                     out.setdefault(s.labels[NODE], []).append(s.id)
         return out
@@ -87,7 +87,7 @@ class Loop:
     def containers(self) -> list[tuple[str, int]]:
         out = []
         for hv in self.lab.hypervisors:
-            with CRIClient(hv.local()) as client:
+            with CRIClient(hv.local().cri_endpoint()) as client:
                 out += [(c.id, c.created_at) for c in client.list_containers({MANAGED: MANAGER})]
         return sorted(out)
 
@@ -178,6 +178,16 @@ def test_first_commit_is_applied_and_reported(loop):
     assert sip["hosts"]["ControlPlane"] == {"active": ["metal3/r01-node-01"], "standby": ["metal3/r02-node-01"]}
     labels = json.loads(loop.status_file("state/public.json"))["sip_labels"]  # the file provider's labels
     assert labels["metal3/r01-node-01"]["sip.airshipit.org/cluster-name"] == "tenant-1"
+    # the plan the controller executed, action by action: all done, in one pass, nothing left over
+    record = yaml.safe_load(loop.status_file("status/apply.yaml"))["status"]
+    assert record["sha"] == sha and record["result"] == "Applied"
+    assert record["summary"]["executed"] == record["summary"]["planned"] == len(record["actions"]) > 20
+    assert [a["index"] for a in record["actions"]] == list(range(1, len(record["actions"]) + 1))
+    assert {a["result"] for a in record["actions"]} == {"Done"}
+    assert any(a["kind"] == "label-host" and a["subject"] == "tenant-1/metal3/r01-node-01"
+               for a in record["actions"])
+    assert "followUp" not in record, record.get("followUp")
+    assert f'"actions": {record["summary"]["executed"]}' in result.stderr
     # the controller's private keys are sealed: nothing PEM-private in the clear on the branch
     files = loop.git("--git-dir", str(loop.origin), "ls-tree", "-r", "--name-only", "gitops/status", cwd=loop.base)
     for rel in files.splitlines():

@@ -15,22 +15,22 @@ from gitops.cri import (
     ContainerSpec,
     ContainerState,
     CRIClient,
+    CRIEndpoint,
     CRIError,
     Reason,
     SandboxSpec,
     SandboxState,
     read_all,
 )
-from gitops.model.resources import Hypervisor, LocalCRIEndpoint, RemoteCRIEndpoint
 
 
-def _hv(lab, transport: str, index: int = 0) -> Hypervisor:  # type: ignore[no-untyped-def]
+def _hv(lab, transport: str, index: int = 0) -> CRIEndpoint:  # type: ignore[no-untyped-def]
     hv = lab.hypervisors[index]
-    return hv.local() if transport == "unix" else hv.remote()
+    return (hv.local() if transport == "unix" else hv.remote()).cri_endpoint()
 
 
-def _with_endpoint(hv: Hypervisor, **changes: str) -> Hypervisor:
-    return dataclasses.replace(hv, endpoint=dataclasses.replace(hv.endpoint, **changes))
+def _with_endpoint(ep: CRIEndpoint, **changes: str) -> CRIEndpoint:
+    return dataclasses.replace(ep, **changes)
 
 
 def _cleanup(client: CRIClient, labels: dict[str, str]) -> None:
@@ -106,7 +106,7 @@ def test_etcd_container_answers_health(lab, test_labels: dict[str, str]) -> None
     hv = lab.hypervisors[1]
     port = hv.port_range.low + 79
     url = f"http://{hv.ip}:{port}"
-    with CRIClient(hv.remote()) as client:
+    with CRIClient(hv.remote().cri_endpoint()) as client:
         try:
             spec = SandboxSpec("etcd", labels=test_labels)
             sandbox_id = client.run_sandbox(spec)
@@ -137,16 +137,16 @@ def other_ca() -> pki.CertKey:
 
 @pytest.mark.parametrize("case", ["no client cert", "client cert from another CA", "untrusted server cert"])
 def test_mtls_refusals(lab, other_ca: pki.CertKey, case: str, test_labels: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
-    hv = lab.hypervisors[0].remote()
+    hv = lab.hypervisors[0].remote().cri_endpoint()
     if case == "no client cert":
-        bad = _with_endpoint(hv, client_certificate="", client_private_key="")
+        bad = _with_endpoint(hv, cert_pem="", key_pem="")
         hint = "rejected the client certificate"
     elif case == "client cert from another CA":
         rogue = pki.issue_cert(other_ca, "rogue", client=True)
-        bad = _with_endpoint(hv, client_certificate=rogue.cert_pem, client_private_key=rogue.key_pem)
+        bad = _with_endpoint(hv, cert_pem=rogue.cert_pem, key_pem=rogue.key_pem)
         hint = "rejected the client certificate"
     else:  # the client trusts another CA than the one that signed the server's certificate
-        bad = _with_endpoint(hv, ca_certificate=other_ca.cert_pem)
+        bad = _with_endpoint(hv, ca_pem=other_ca.cert_pem)
         hint = "server certificate is not signed"
     with CRIClient(bad, timeout=5) as client:
         for call, action in [("ListPodSandbox", lambda: client.list_sandboxes()),
@@ -160,17 +160,17 @@ def test_mtls_refusals(lab, other_ca: pki.CertKey, case: str, test_labels: dict[
             message = str(err.value)
             assert message.startswith(f"hypervisor {hv.name}: CRI {call}: TLS refused: ")
             assert hint in message
-    with CRIClient(lab.hypervisors[0].local()) as client:
+    with CRIClient(lab.hypervisors[0].local().cri_endpoint()) as client:
         assert client.list_sandboxes(test_labels) == []
 
 
 def test_bad_certificate_material_is_a_config_error(lab) -> None:  # type: ignore[no-untyped-def]
-    hv = lab.hypervisors[0].remote()
+    hv = lab.hypervisors[0].remote().cri_endpoint()
     with pytest.raises(CRIError) as err:
-        CRIClient(_with_endpoint(hv, ca_certificate="not a pem"))
+        CRIClient(_with_endpoint(hv, ca_pem="not a pem"))
     assert err.value.reason == Reason.CONFIG and err.value.call == "connect"
     with pytest.raises(CRIError, match="does not match"):
-        CRIClient(_with_endpoint(hv, client_private_key=pki.key_to_pem(pki.generate_key())))
+        CRIClient(_with_endpoint(hv, key_pem=pki.key_to_pem(pki.generate_key())))
 
 
 @pytest.fixture
@@ -185,16 +185,16 @@ def silent_listener() -> Iterator[tuple[str, int]]:
         sock.close()
 
 
-def _unreachable_cases(lab, silent: tuple[str, int]) -> dict[str, Hypervisor]:  # type: ignore[no-untyped-def]
-    hv = lab.hypervisors[0].remote()
+def _unreachable_cases(lab, silent: tuple[str, int]) -> dict[str, CRIEndpoint]:  # type: ignore[no-untyped-def]
+    hv = lab.hypervisors[0].remote().cri_endpoint()
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()
     return {
-        "no such socket": dataclasses.replace(hv, endpoint=LocalCRIEndpoint("/nonexistent/containerd.sock")),
-        "connection refused": _with_endpoint(hv, uri=f"tcp://127.0.0.1:{port}"),
-        "never answers": _with_endpoint(hv, uri=f"tcp://{silent[0]}:{silent[1]}"),
+        "no such socket": CRIEndpoint.unix(hv.name, "/nonexistent/containerd.sock"),
+        "connection refused": _with_endpoint(hv, address=f"127.0.0.1:{port}"),
+        "never answers": _with_endpoint(hv, address=f"{silent[0]}:{silent[1]}"),
     }
 
 
@@ -213,7 +213,7 @@ def test_unreachable_fails_within_deadline(lab, silent_listener: tuple[str, int]
 
 def test_parallel_reads(lab, silent_listener: tuple[str, int]) -> None:  # type: ignore[no-untyped-def]
     down = dataclasses.replace(_unreachable_cases(lab, silent_listener)["never answers"], name="lab-hv-0-down")
-    hvs = [hv.remote() for hv in reversed(lab.hypervisors)] + [down]
+    hvs = [hv.remote().cri_endpoint() for hv in reversed(lab.hypervisors)] + [down]
     started = time.monotonic()
     results = read_all(hvs, lambda c: c.version().runtime_name, timeout=2)
     assert time.monotonic() - started < 3.5
@@ -230,7 +230,7 @@ def test_cli_reads_hypervisors_file(lab, tmp_path, test_labels: dict[str, str]) 
 
     hv_file = tmp_path / "hypervisors.yaml"
     hv_file.write_text(hypervisors_yaml(lab))
-    with CRIClient(lab.hypervisors[1].local()) as client:
+    with CRIClient(lab.hypervisors[1].local().cri_endpoint()) as client:
         try:
             spec = SandboxSpec("cli-pod", labels=test_labels)
             sandbox_id = client.run_sandbox(spec)

@@ -83,7 +83,7 @@ def test_status_and_image_import(lab, tmp_path: Path) -> None:  # type: ignore[n
     out = _gitops("lab", "images", "import", str(tarball), "--dir", str(lab.dir)).stdout
     assert out.splitlines() == [f"imported {tarball.name} into lab-hv-1", f"imported {tarball.name} into lab-hv-2"]
     for hv in lab.hypervisors:
-        with CRIClient(hv.local()) as client:
+        with CRIClient(hv.local().cri_endpoint()) as client:
             assert client.image_status(recipe.ref) is not None
 
 
@@ -113,7 +113,7 @@ def test_up_and_down_leave_nothing_behind(tmp_path: Path) -> None:
         (tmp_path / "hvs.yaml").write_text(up.stdout)
         hvs = list(load_hypervisors(tmp_path / "hvs.yaml").values())
         for hv in hvs:
-            with CRIClient(hv) as client:
+            with CRIClient(hv.cri_endpoint()) as client:
                 spec = SandboxSpec("busy")
                 sandbox_id = client.run_sandbox(spec)
                 ctr = client.create_container(sandbox_id, ContainerSpec("sleep", "gitops.lab/pause:3.9"), spec)
@@ -339,7 +339,7 @@ def test_upstream_aliases(lab, tmp_path: Path) -> None:  # type: ignore[no-untyp
     assert lab.kubernetes == {"v1.20.2": "real", "v1.31.2": "stand-in", "v1.30.6": "stand-in"}
     assert len(lab.aliases) == 13
     for hv in lab.hypervisors:
-        with CRIClient(hv.remote()) as client:
+        with CRIClient(hv.remote().cri_endpoint()) as client:
             for alias, ref in lab.aliases.items():
                 image = client.image_status(alias)
                 assert image is not None and image.id == client.image_status(ref).id, alias
@@ -355,7 +355,7 @@ def test_upstream_aliases(lab, tmp_path: Path) -> None:  # type: ignore[no-untyp
     out = _gitops("lab", "images", "alias", recipe.ref, "example.test/lab/alias-test:1", "--dir", str(lab.dir))
     assert out.stdout.splitlines()[0] == f"tagged {recipe.ref} as example.test/lab/alias-test:1 in lab-hv-1"
     for hv in lab.hypervisors:
-        with CRIClient(hv.local()) as client:
+        with CRIClient(hv.local().cri_endpoint()) as client:
             assert client.image_status("example.test/lab/alias-test:1") is not None
     status = _gitops("lab", "status", "--dir", str(lab.dir)).stdout
     assert f"example.test/lab/alias-test:1 -> {recipe.ref}" in status

@@ -15,11 +15,10 @@ import pytest
 from repo_helpers import EXAMPLE_REPO
 from rich.console import Console
 
-from gitops.apply import MassDeleteRefused, apply
 from gitops.compile import compile_desired
 from gitops.compile.authorities import authority
 from gitops.compile.desired import DesiredState
-from gitops.engine import make_plan
+from gitops.engine import MassDeleteRefused, apply_repo, make_plan
 from gitops.model.config import BareMetalSource, RepoConfig
 from gitops.model.validate import validate_repo
 from gitops.observe import NodeFiles, ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
@@ -296,7 +295,7 @@ def test_mass_delete_is_refused_before_touching_anything(repo, tmp_path):
     empty = dataclasses.replace(repo.model, nodes={}, clusters={})
     config = RepoConfig(prune=dataclasses.replace(RepoConfig().prune, max_deletes=3))
     with pytest.raises(MassDeleteRefused, match="removes 8 pods .* more than prune.maxDeletes=3"):
-        apply(empty, config, store, observe_fn=lambda m: observed)
+        apply_repo(empty, config, store, observe_fn=lambda m: observed)
 
 
 def test_renderers(repo):
@@ -352,7 +351,8 @@ def test_sip_services_are_pods_on_the_public_hypervisor_behind_the_host_labels()
     assert services == {"tenant-1-lb", "tenant-1-jump"}
     lb = planned.compiled.desired.pods["tenant-1-lb"]
     assert lb.hypervisor == "hv-public-1" and [c.spec.name for c in lb.containers] == ["files", "haproxy"]
-    assert "  server " not in lb.files[0].content  # no host is labeled yet: no backend
+    # no host is labeled yet, but the plan labels them: the load balancer already points at the active one
+    assert "  server r01-node-01 127.0.20.11:6443 check" in lb.files[0].content
     state = planned.state.copy()
     from gitops.sip.reconcile import apply_change, provider_for
 

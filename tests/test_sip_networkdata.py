@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gitops.model.resources import BareMetalHost
-from gitops.sip.networkdata import NetworkDataError, first_ipv4, host_addresses, host_ipv4, network_data_from_secret
+from gitops.model.networkdata import NetworkDataError, first_ipv4, host_addresses, host_ipv4, network_data_from_secret
 
 NETWORK_DATA_YAML = """\
 links:

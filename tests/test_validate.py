@@ -430,6 +430,43 @@ def test_remote_endpoint_tls_material(repo):
     assert len(found) == 4
 
 
+def data_dir_hypervisor(repo: Path, data_dir: str) -> Path:
+    return write(repo, "hv-data.yaml", f"""
+        apiVersion: gitops.infra/v1alpha1
+        kind: Hypervisor
+        metadata:
+          name: hv-data
+          annotations:
+            gitops.infra/data-dir: "{data_dir}"
+        spec:
+          ipAddress: 127.0.30.20
+          portRange: {{low: 30000, high: 30100}}
+          localCRIEndpoint: {{criEndpointPath: /run/hv-data.sock}}
+        """)
+
+
+@pytest.mark.parametrize("data_dir, why", [
+    ("../../etc", "'../../etc' is not an absolute path (e.g. /var/lib/gitops)"),
+    ("relative/dir", "'relative/dir' is not an absolute path (e.g. /var/lib/gitops)"),
+    ("/var/lib/../x", "'/var/lib/../x' is not a normalized path (write '/var/x')"),
+    ("/var/lib/gitops/", "'/var/lib/gitops/' is not a normalized path (write '/var/lib/gitops')"),
+    ("/", "'/' is not allowed: use a directory of its own, e.g. /var/lib/gitops"),
+])
+def test_data_dir_annotation_must_be_absolute_and_normalized(repo, data_dir, why):
+    path = data_dir_hypervisor(repo, data_dir)
+    line = line_of(path, "gitops.infra/data-dir:")
+    assert errors(repo) == [
+        f"hv-data.yaml:{line}: Hypervisor/hv-data: metadata.annotations.gitops.infra/data-dir: {why}"]
+
+
+def test_absolute_data_dir_annotation_reaches_the_model(repo):
+    data_dir_hypervisor(repo, "/srv/gitops-data")
+    result = validate_repo(repo)
+    assert [str(d) for d in result.diagnostics] == []
+    assert result.model.hypervisors["hv-data"].data_dir == "/srv/gitops-data"
+    assert result.model.hypervisors["hv-1"].data_dir == "/var/lib/gitops"
+
+
 def test_cluster_networks(repo):
     write(repo, "c3.yaml", """
         apiVersion: gitops.infra/v1alpha1

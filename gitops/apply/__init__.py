@@ -1,4 +1,4 @@
-"""Applying plans: the only stage that writes to hypervisors."""
-from gitops.apply.executor import ApplyError, ApplyResult, MassDeleteRefused, apply
+"""Executing plans: the only stage that writes to hypervisors and BareMetalHosts."""
+from gitops.apply.executor import ApplyError, Connections, Execution, execute
 
-__all__ = ["ApplyError", "ApplyResult", "MassDeleteRefused", "apply"]
+__all__ = ["ApplyError", "Connections", "Execution", "execute"]

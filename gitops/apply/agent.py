@@ -63,7 +63,7 @@ def _run(client: CRIClient, agent_id: str, what: str, script: str, *args: str, t
     code, out, err = client.exec_sync(agent_id, ["sh", "-c", script, "sh", *args], timeout=timeout)
     if code != 0:
         detail = err.decode(errors="replace").strip() or f"exit code {code}"
-        raise AgentError(f"hypervisor {client.hypervisor.name}: files agent: {what} failed: {detail}")
+        raise AgentError(f"hypervisor {client.name}: files agent: {what} failed: {detail}")
     return out.decode()
 
 

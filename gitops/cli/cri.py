@@ -48,7 +48,7 @@ def _table(header: Sequence[str], rows: list[Sequence[str]]) -> None:
 
 def _gather(ctx_args: dict[str, Any], read: Callable[[CRIClient], list[Any]]) -> list[tuple[str, Any]]:
     hvs = _select(_load(ctx_args["repo"], ctx_args["hypervisors_file"]), ctx_args["hypervisor"])
-    results = read_all(hvs, read, timeout=ctx_args["timeout"])
+    results = read_all([hv.cri_endpoint() for hv in hvs], read, timeout=ctx_args["timeout"])
     rows: list[tuple[str, Any]] = []
     failed: list[CRIError] = []
     for name, result in results.items():

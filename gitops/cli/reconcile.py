@@ -10,14 +10,14 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from gitops.apply import apply as apply_repo
 from gitops.compile import compile_desired
-from gitops.engine import make_plan, observe_all
+from gitops.engine import ApplyResult, apply_plan, make_plan, observe_all
 from gitops.errors import GitopsError
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.model.validate import InvalidRepo, validate_repo
 from gitops.plan.actions import Action, Plan
 from gitops.plan.render import describe, headline, render_json, render_markdown, render_text, unknown_lines
+from gitops.plan.saved import SavedPlan, StalePlan, observed_digest, repo_digest, state_digest
 from gitops.state import LocalDirStore
 from gitops.status.reader import SOURCE, SourceStatus, StatusReader
 from gitops.status.state import merge
@@ -59,17 +59,27 @@ state_option = click.option("--state-dir", type=click.Path(file_okay=False, path
 @click.option("--against-status", "status_ref", metavar="REF",
               help="Plan against the observed snapshot and state on this status-branch ref of REPO's git "
                    "(e.g. origin/gitops/status): no hypervisor is contacted. For pull requests.")
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Save the plan to FILE (JSON, mode 0600): `gitops apply FILE` executes exactly it, or refuses "
+                   "if the repo, the state or the live state moved since.")
 def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exitcode: bool,
-         status_ref: str | None) -> None:
+         status_ref: str | None, out: Path | None) -> None:
     """Show what `gitops apply` would change on the hypervisors."""
     result = load(repo)
     model = result.model
+    if status_ref and out:
+        raise click.UsageError("--out needs the live state: it cannot be used with --against-status")
     if status_ref:
         state, observed, source = snapshot_from_status(repo, status_ref)
     else:
         state, observed, source = state_store(repo, state_dir).load(), observe_all(model, result.repo.config), ""
     planned = make_plan(model, result.repo.config, state, observed, source=source)
     show(planned.plan, fmt, output)
+    if out is not None:
+        SavedPlan(planned.plan, repo_digest(result.repo.root, result.repo.files), state_digest(state),
+                  observed_digest(observed), planned.state).write(out)
+        click.echo(f"Saved the plan to {out}: `gitops apply {out}` executes exactly these "
+                   f"{len(planned.plan.actions)} action(s).", err=output == "json")
     if detailed_exitcode:
         code = detailed_exit_code(planned.plan)
         if code:
@@ -105,13 +115,39 @@ def show(the_plan: Plan, fmt: str, output: str) -> None:
         render_text(the_plan, Console(highlight=False, soft_wrap=True))
 
 
+#: `gitops apply FILE`: the saved plan is stale (the repo, the state or the live state moved); nothing applied
+EXIT_STALE = 4
+
+
 @click.command()
-@repo_argument
+@click.argument("target", default=".", type=click.Path(exists=True, path_type=Path), metavar="REPO|PLANFILE")
 @state_option
+@click.option("--repo", "repo_option", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="With a PLANFILE: the repo it was made from (default: the current directory).")
 @click.option("--allow-mass-delete", is_flag=True, help="Allow removing more pods than prune.maxDeletes.")
-def apply(repo: Path, state_dir: Path | None, allow_mass_delete: bool) -> None:
-    """Apply the plan serially, one action at a time, until nothing is left to do."""
+def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_mass_delete: bool) -> None:
+    """Apply REPO (plan, then execute that plan), or execute a saved PLANFILE exactly.
+
+    A saved plan is refused (exit 4, nothing changed) when the repo, the recorded
+    state or the live state moved since `gitops plan --out` made it.
+    """
+    saved = SavedPlan.read(target) if target.is_file() else None
+    repo = (repo_option or Path(".")) if saved is not None else target
     result = load(repo)
+    model, config = result.model, result.repo.config
+    store = state_store(repo, state_dir)
+    observed = observe_all(model, config)
+    if saved is not None:
+        try:
+            saved.check(repo_digest(result.repo.root, result.repo.files), state_digest(store.load()),
+                        observed_digest(observed))
+        except StalePlan as err:
+            click.echo(f"Error: {err}", err=True)
+            sys.exit(EXIT_STALE)
+        the_plan, state, planned = saved.plan, saved.planned_state, None
+    else:
+        planned = make_plan(model, config, store.load(), observed)
+        the_plan, state = planned.plan, planned.state
     console = Console(highlight=False, soft_wrap=True, stderr=False)
     started: dict[int, float] = {}
 
@@ -123,19 +159,30 @@ def apply(repo: Path, state_dir: Path | None, allow_mass_delete: bool) -> None:
         colour = {"+": "green", "~": "yellow", "-": "red"}[action.symbol]
         mark = "done" if status == "done" else "[bold red]FAILED[/bold red]"
         console.print(f"[{index + 1}/{total}] [{colour}]{action.symbol} {action.subject}[/{colour}] "
-                      f"{describe(action)} ... {mark} ({took:.1f}s)")
+                      f"{escape(describe(action))} ... {mark} ({took:.1f}s)")
 
-    outcome = apply_repo(result.model, result.repo.config, state_store(repo, state_dir),
-                         allow_mass_delete=allow_mass_delete, progress=progress)
-    for line in unknown_lines(outcome.first_plan):
+    outcome = apply_plan(the_plan, state, model, config, store, allow_mass_delete=allow_mass_delete,
+                         progress=progress, planned=planned)
+    report_apply(outcome, console)
+
+
+def report_apply(outcome: ApplyResult, console: Console) -> None:
+    """Unknowns, warnings, the closing line (scripts read `Apply complete: N action(s)`), the follow-up."""
+    for line in unknown_lines(outcome.plan):
         console.print(f"[bold magenta]? {escape(line)}[/bold magenta]")
-    for warning in outcome.first_plan.warnings:
-        console.print(f"[bold yellow]! {warning}[/bold yellow]")
+    for warning in outcome.plan.warnings:
+        console.print(f"[bold yellow]! {escape(warning)}[/bold yellow]")
     if not outcome.executed:
-        console.print(escape(headline(outcome.first_plan)) if outcome.first_plan.unknowns
+        console.print(escape(headline(outcome.plan)) if outcome.plan.unknowns
                       else "No changes. The live state matches the repo.")
     else:
-        console.print(f"Apply complete: {len(outcome.executed)} action(s) in {outcome.rounds} round(s).")
+        console.print(f"Apply complete: {len(outcome.executed)} action(s), exactly as planned.")
+    if outcome.follow_up is not None:
+        for surprise in outcome.surprises:
+            console.print(f"[bold yellow]! {escape(surprise)}[/bold yellow]")
+        console.print(f"[bold yellow]Follow-up plan: {len(outcome.follow_up.actions)} action(s) that could not be "
+                      "known before this apply (not applied; run `gitops apply` again):[/bold yellow]")
+        render_text(outcome.follow_up, console)
 
 
 @click.command()

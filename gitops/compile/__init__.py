@@ -16,7 +16,7 @@ from gitops.compile.components import etcd_member, pod_for
 from gitops.compile.desired import DesiredCluster, DesiredState
 from gitops.compile.placement import PlacementError, place
 from gitops.model.resources import CONTROLPLANE, BareMetalHost, Hypervisor, RepoModel
-from gitops.sip.services import pinned_ports, service_nodes, service_pods
+from gitops.compile.sip_services import pinned_ports, service_nodes, service_pods
 from gitops.state.records import NodeRecord, State
 
 __all__ = ["Compiled", "PlacementError", "compile_desired"]
@@ -33,7 +33,8 @@ class Compiled:
 
 def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None = None,
                     unavailable: Iterable[str] = (), hosts: Iterable[BareMetalHost] = ()) -> Compiled:
-    """`hosts`: the BareMetalHosts with their current labels (SIP load balancers point at them)."""
+    """`hosts`: the BareMetalHosts with the labels they have once the plan's label changes are made
+    (SIP load balancers point at the hosts labeled for them)."""
     now = now or dt.datetime.now(dt.timezone.utc)
     deferred: list[str] = []
     services = service_nodes(model)
@@ -41,6 +42,9 @@ def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None =
     new = place(placement_model, state, unavailable, deferred, fixed=pinned_ports(model))
     for name, cluster in model.clusters.items():
         new.clusters[name] = ensure_authorities(cluster, new.clusters.get(name), now)
+    for name in [n for n in new.clusters if n not in model.clusters]:
+        if not any(r.cluster == name for r in new.nodes.values()):
+            del new.clusters[name]  # left the repo and its last pod is gone
     pods = {}
     clusters = {}
     for name, cluster in sorted(model.clusters.items()):

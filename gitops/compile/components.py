@@ -15,12 +15,10 @@ from dataclasses import asdict, replace
 
 from gitops.compile.desired import (
     CLUSTER,
-    COMPONENT,
     MANAGED,
     MANAGER,
     NODE,
     ROLE,
-    SPEC_ANNOTATION,
     SPEC_HASH,
     CertificateSpec,
     DesiredContainer,
@@ -28,9 +26,12 @@ from gitops.compile.desired import (
     EtcdMember,
     FileSpec,
     KeySpec,
+    ServiceAccountBundle,
     canonical_json,
     container_summary,
     digest,
+    hash_inputs,
+    identify,
 )
 from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
 from gitops.model import versions
@@ -83,7 +84,8 @@ def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cl
         )),
         *files,
     )
-    return assemble_pod(node, hv, cluster.image("agent"), files, certs, keys, components)
+    pod = assemble_pod(node, hv, cluster.image("agent"), files, certs, keys, components)
+    return replace(pod, validity_days=cluster.validity_days, renew_before_days=cluster.renew_before_days)
 
 
 def assemble_pod(node: Node, hv: Hypervisor, agent_image: str, files: tuple[FileSpec, ...],
@@ -115,25 +117,23 @@ def assemble_pod(node: Node, hv: Hypervisor, agent_image: str, files: tuple[File
 
 
 def finish_container(spec: ContainerSpec, pod_labels: dict[str, str], files: tuple[FileSpec, ...],
-             certs: list[CertificateSpec]) -> DesiredContainer:
-    """Attach identity labels and a hash covering the spec and every file it reads."""
+                     certs: list[CertificateSpec]) -> DesiredContainer:
+    """Attach identity labels and a hash covering the spec and every file it reads.
+
+    A file known only after apply (a service-account bundle with keys the plan
+    generates) makes the hash known after apply too: `resolve_container` fills it in.
+    """
     text = " ".join(spec.args)
     used = [f for f in files if f"{FILES}/{f.name}" in text]
     text += " ".join(f.content for f in used)  # kubeconfigs name further files
-    inputs = {
-        "container": container_summary(spec),
-        "files": {f.name: f.digest for f in files if f"{FILES}/{f.name}" in text},
-        "certificates": {c.name: asdict(c) for c in certs if f"{FILES}/{c.name}." in text},
-    }
-    spec_hash = digest(inputs)
-    full = replace(
-        spec,
-        labels={**pod_labels, COMPONENT: spec.name, SPEC_HASH: spec_hash},
-        annotations={SPEC_ANNOTATION: canonical_json(inputs)},
-        log_path=f"{spec.name}.log",
+    inputs = hash_inputs(
+        container_summary(spec),
+        {f.name: f.digest for f in files if f"{FILES}/{f.name}" in text},
+        {c.name: asdict(c) for c in certs if f"{FILES}/{c.name}." in text},
     )
+    full = identify(replace(spec, log_path=f"{spec.name}.log"), pod_labels, inputs)
     # the summary is what the annotation will read back as: JSON types (lists, not tuples)
-    return DesiredContainer(spec=full, spec_hash=spec_hash, summary=json.loads(canonical_json(inputs)))
+    return DesiredContainer(spec=full, spec_hash=full.labels[SPEC_HASH], summary=json.loads(canonical_json(inputs)))
 
 
 def _files_mount(base: str) -> Mount:
@@ -167,10 +167,9 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
         CertificateSpec("scheduler", "cluster", "system:kube-scheduler", client=True),
     ]
     keys = (KeySpec("sa", "service-account"),)
-    sa_keys = cluster_record.trusted_service_account_keys(peers)
     local_api = f"https://{ip}:{ports['apiserver']}"
     files = (
-        FileSpec("sa-pub.pem", "".join(sa_keys)),
+        _service_account_bundle(cluster.name, cluster_record, peers),
         FileSpec("controller-manager.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "controller-manager")),
         FileSpec("scheduler.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "scheduler")),
     )
@@ -276,6 +275,18 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
         mounts=(files_mount,),
     )
     return files, certs, keys, (etcd, apiserver, controller_manager, scheduler)
+
+
+def _service_account_bundle(cluster: str, record: ClusterRecord,
+                            peers: dict[str, tuple[Hypervisor, NodeRecord]]) -> FileSpec:
+    """sa-pub.pem: every key recorded for the cluster and the retired ones; known after apply while a
+    controlplane peer has no key recorded yet (the plan generates it)."""
+    controlplane = sorted(name for name, (p_hv, p_rec) in peers.items()
+                          if not p_hv.public and "apiserver" in p_rec.ports)
+    missing = tuple(n for n in controlplane if n not in record.service_account_keys)
+    if missing:
+        return FileSpec("sa-pub.pem", "", ServiceAccountBundle(cluster, missing))
+    return FileSpec("sa-pub.pem", "".join(record.trusted_service_account_keys()))
 
 
 def _no_insecure_port(cluster: Cluster, flag: str) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
-"""CRI runtime.v1 client: talk to the container runtime on a hypervisor."""
+"""CRI runtime.v1 client: talk to a container runtime at a CRIEndpoint (knows no repo model)."""
 from gitops.cri.client import CRIClient, connect, open_channel, read_all
+from gitops.cri.endpoint import CRIEndpoint
 from gitops.cri.errors import CRIError, Reason
 from gitops.cri.types import (
     Container,
@@ -16,7 +17,7 @@ from gitops.cri.types import (
 )
 
 __all__ = [
-    "CRIClient", "CRIError", "Container", "ContainerSpec", "ContainerState", "Image", "Mount",
+    "CRIClient", "CRIEndpoint", "CRIError", "Container", "ContainerSpec", "ContainerState", "Image", "Mount",
     "Reason", "RuntimeCondition", "RuntimeStatus", "RuntimeVersion", "Sandbox", "SandboxSpec",
     "SandboxState", "connect", "open_channel", "read_all",
 ]

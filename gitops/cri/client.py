@@ -1,15 +1,16 @@
-"""A CRI runtime.v1 client for one hypervisor, and a parallel read helper.
+"""A CRI runtime.v1 client for one endpoint, and a parallel read helper.
 
-Local endpoints are unix sockets (no authentication); remote endpoints are TCP
-with mutual TLS (the server is verified against the endpoint's CA, the client
-presents its certificate). Every call has a deadline; only idempotent reads are
-retried, with exponential backoff, within that deadline. Failures raise CRIError
-naming the hypervisor, the call and the reason.
+Endpoints (CRIEndpoint) are unix sockets (no authentication) or TCP with mutual
+TLS (the server is verified against the endpoint's CA, the client presents its
+certificate). Every call has a deadline; only idempotent reads are retried, with
+exponential backoff, within that deadline. Failures raise CRIError naming the
+endpoint, the call and the reason.
 """
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -21,8 +22,11 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 import grpc  # noqa: E402
 
-from gitops.cri._log import event
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
 from gitops.cri import convert
+from gitops.cri.endpoint import CRIEndpoint
 from gitops.cri.errors import CRIError, Reason
 from gitops.cri.pb import runtime_pb2 as pb
 from gitops.cri.pb import runtime_pb2_grpc as pb_grpc
@@ -37,8 +41,7 @@ from gitops.cri.types import (
     SandboxSpec,
     SandboxState,
 )
-from gitops.model.resources import Hypervisor, LocalCRIEndpoint, RemoteCRIEndpoint
-from gitops.pki import PKIError, load_cert_pem, load_certs_pem, load_key_pem, key_matches_cert
+from gitops.logs import event
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,10 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT = 10.0   # seconds, for quick calls (reads, start, remove)
 SLOW_TIMEOUT = 60.0      # seconds, for calls that do real work (run sandbox, create, stop)
 PULL_TIMEOUT = 300.0
+_PROBE_TIMEOUT = 1.0     # seconds to wait for grpc to report the channel's state
+#: grpc's connectivity polling thread outlives a subscription by one 0.2s poll; closing
+#: the channel under it makes that thread print a traceback (grpc/grpc#18995)
+_POLL_LINGER = 0.5
 _MAX_MESSAGE = 64 * 1024 * 1024
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE),
@@ -72,42 +79,62 @@ def _explain_tls(details: str) -> str:
     return details
 
 
-def _tls_credentials(hv: str, ep: RemoteCRIEndpoint) -> grpc.ChannelCredentials:
+def _check_tls_material(ep: CRIEndpoint) -> None:
+    """Raise ValueError unless the CA parses and the client key belongs to the client certificate."""
     try:
-        load_certs_pem(ep.ca_certificate)
-        cert = key = None
-        if ep.client_certificate or ep.client_private_key:
-            cert_obj, key_obj = load_cert_pem(ep.client_certificate), load_key_pem(ep.client_private_key)
-            if not key_matches_cert(key_obj, cert_obj):
-                raise PKIError("client private key does not match the client certificate")
-            cert, key = ep.client_certificate.encode(), ep.client_private_key.encode()
-    except PKIError as err:
-        raise CRIError(hv, "connect", Reason.CONFIG, str(err)) from None
-    return grpc.ssl_channel_credentials(root_certificates=ep.ca_certificate.encode(),
-                                        private_key=key, certificate_chain=cert)
+        if not x509.load_pem_x509_certificates(ep.ca_pem.encode()):
+            raise ValueError("no certificate found")
+    except ValueError as err:
+        raise ValueError(f"CA certificate: not a PEM certificate: {err}") from None
+    if not (ep.cert_pem or ep.key_pem):
+        return
+    if not (ep.cert_pem and ep.key_pem):
+        raise ValueError("a client certificate needs its private key, and the other way round")
+    try:
+        cert = x509.load_pem_x509_certificate(ep.cert_pem.encode())
+    except ValueError as err:
+        raise ValueError(f"client certificate: not a PEM certificate: {err}") from None
+    try:
+        key = serialization.load_pem_private_key(ep.key_pem.encode(), password=None)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"client private key: not an unencrypted PEM private key: {err}") from None
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
+        raise ValueError("the client private key does not match the client certificate")
 
 
-def open_channel(hypervisor: Hypervisor) -> grpc.Channel:
-    """A gRPC channel to the hypervisor's CRI endpoint (nothing is dialled yet)."""
-    ep = hypervisor.endpoint
-    if isinstance(ep, LocalCRIEndpoint):
-        return grpc.insecure_channel(ep.target, options=_CHANNEL_OPTIONS)
-    if isinstance(ep, RemoteCRIEndpoint):
-        creds = _tls_credentials(hypervisor.name, ep)
-        return grpc.secure_channel(ep.target, creds, options=_CHANNEL_OPTIONS)
-    raise CRIError(hypervisor.name, "connect", Reason.CONFIG, f"unknown endpoint type {type(ep).__name__}")
+def _tls_credentials(ep: CRIEndpoint) -> grpc.ChannelCredentials:
+    try:
+        _check_tls_material(ep)
+    except ValueError as err:
+        raise CRIError(ep.name, "connect", Reason.CONFIG, str(err)) from None
+    return grpc.ssl_channel_credentials(root_certificates=ep.ca_pem.encode(),
+                                        private_key=ep.key_pem.encode() or None,
+                                        certificate_chain=ep.cert_pem.encode() or None)
+
+
+def open_channel(endpoint: CRIEndpoint) -> grpc.Channel:
+    """A gRPC channel to the endpoint (nothing is dialled yet)."""
+    if endpoint.socket:
+        return grpc.insecure_channel(endpoint.target, options=_CHANNEL_OPTIONS)
+    return grpc.secure_channel(endpoint.target, _tls_credentials(endpoint), options=_CHANNEL_OPTIONS)
 
 
 class CRIClient:
-    """CRI calls against one hypervisor. Use as a context manager, or call close()."""
+    """CRI calls against one endpoint. Use as a context manager, or call close()."""
 
-    def __init__(self, hypervisor: Hypervisor, *, timeout: float = DEFAULT_TIMEOUT,
+    def __init__(self, endpoint: CRIEndpoint, *, timeout: float = DEFAULT_TIMEOUT,
                  slow_timeout: float = SLOW_TIMEOUT, backoff: float = 0.2) -> None:
-        self.hypervisor = hypervisor
+        if not isinstance(endpoint, CRIEndpoint):
+            raise TypeError(f"CRIClient wants a CRIEndpoint, not {type(endpoint).__name__} "
+                            "(a repo Hypervisor converts with .cri_endpoint())")
+        self.endpoint = endpoint
+        self.name = endpoint.name
         self.timeout = timeout
         self.slow_timeout = slow_timeout
         self.backoff = backoff
-        self._channel = open_channel(hypervisor)
+        self._poller_gone = 0.0  # monotonic time by which a connectivity probe's poller has exited
+        self._channel = open_channel(endpoint)
         self._runtime = pb_grpc.RuntimeServiceStub(self._channel)
         self._images = pb_grpc.ImageServiceStub(self._channel)
 
@@ -120,24 +147,33 @@ class CRIClient:
         self.close()
 
     def close(self) -> None:
+        linger = self._poller_gone - time.monotonic()
+        if linger > 0:  # let the poller of a _connected() probe see it is unsubscribed
+            time.sleep(linger)
         self._channel.close()
 
     def _connected(self) -> bool:
-        """Whether the channel is connected right now.
+        """Whether the channel is connected right now (asked only after a deadline passed).
 
-        Asked only when a call failed. (A connectivity subscription would do the same,
-        but grpc's polling thread for it races channel.close() and prints a traceback.)
+        A short subscription reads the state grpc's polling thread reports. That thread
+        quits at its next poll after the unsubscribe; close() waits for that, since the
+        thread would otherwise find the channel closed and print a traceback.
         """
+        states: queue.SimpleQueue[grpc.ChannelConnectivity] = queue.SimpleQueue()
+        report = states.put
+        self._channel.subscribe(report, try_to_connect=False)
         try:
-            state = self._channel._channel.check_connectivity_state(False)  # noqa: SLF001
-        except Exception:  # noqa: BLE001 - private API: when in doubt, not connected
+            state = states.get(timeout=_PROBE_TIMEOUT)
+        except queue.Empty:
             return False
-        return state == 2  # grpc's READY
+        finally:
+            self._channel.unsubscribe(report)
+            self._poller_gone = time.monotonic() + _POLL_LINGER
+        return state is grpc.ChannelConnectivity.READY
 
     def _error(self, call: str, err: grpc.RpcError, timeout: float) -> CRIError:
         code: grpc.StatusCode = err.code()  # type: ignore[attr-defined]
         details: str = err.details() or code.name  # type: ignore[attr-defined]
-        connected = self._connected()
         if code == grpc.StatusCode.UNAVAILABLE:
             if "Handshake read failed" in details:  # TCP connected, but no TLS answer
                 reason = Reason.UNREACHABLE
@@ -147,6 +183,7 @@ class CRIClient:
             else:
                 reason = Reason.UNREACHABLE
         elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            connected = self._connected()
             reason = Reason.DEADLINE if connected else Reason.UNREACHABLE
             details = f"no answer within {timeout:g}s" + ("" if connected else " (not connected)")
         elif code == grpc.StatusCode.NOT_FOUND:
@@ -154,7 +191,7 @@ class CRIClient:
         else:
             reason = Reason.RUNTIME
             details = f"{code.name}: {details}"
-        return CRIError(self.hypervisor.name, call, reason, details)
+        return CRIError(self.name, call, reason, details)
 
     def _call(self, call: str, method: Callable[..., Any], request: Any, *,
               read: bool, timeout: float | None = None) -> Any:
@@ -167,19 +204,19 @@ class CRIClient:
             started = time.monotonic()
             try:
                 response = method(request, timeout=remaining)
-                event(log, logging.DEBUG, "cri call", hypervisor=self.hypervisor.name, call=call,
-                                              seconds=round(time.monotonic() - started, 3))
+                event(log, logging.DEBUG, "cri call", hypervisor=self.name, call=call,
+                      seconds=round(time.monotonic() - started, 3))
                 return response
             except grpc.RpcError as err:
                 error = self._error(call, err, budget)
             attempt += 1
             pause = self.backoff * 2 ** (attempt - 1)
             if not read or error.reason not in _RETRYABLE or time.monotonic() + pause >= deadline:
-                event(log, logging.INFO, "cri call failed", hypervisor=self.hypervisor.name, call=call,
-                                                    reason=error.reason.value, attempts=attempt)
+                event(log, logging.INFO, "cri call failed", hypervisor=self.name, call=call,
+                      reason=error.reason.value, attempts=attempt)
                 raise error
-            event(log, logging.DEBUG, "cri call retry", hypervisor=self.hypervisor.name, call=call,
-                                                attempt=attempt, error=str(error))
+            event(log, logging.DEBUG, "cri call retry", hypervisor=self.name, call=call,
+                  attempt=attempt, error=str(error))
             time.sleep(pause)
 
     # ------------------------------------------------------------------ runtime
@@ -214,8 +251,8 @@ class CRIClient:
         r = self._call("RunPodSandbox", self._runtime.RunPodSandbox,
                        pb.RunPodSandboxRequest(config=convert.sandbox_config(spec)),
                        read=False, timeout=self.slow_timeout)
-        event(log, logging.INFO, "sandbox started", hypervisor=self.hypervisor.name, sandbox=spec.name,
-                                           id=r.pod_sandbox_id)
+        event(log, logging.INFO, "sandbox started", hypervisor=self.name, sandbox=spec.name,
+              id=r.pod_sandbox_id)
         return str(r.pod_sandbox_id)
 
     def stop_sandbox(self, sandbox_id: str) -> None:
@@ -271,8 +308,8 @@ class CRIClient:
             sandbox_config=sandbox_config)
         r = self._call("CreateContainer", self._runtime.CreateContainer, request, read=False,
                        timeout=self.slow_timeout)
-        event(log, logging.INFO, "container created", hypervisor=self.hypervisor.name,
-                                             container=spec.name, id=r.container_id)
+        event(log, logging.INFO, "container created", hypervisor=self.name,
+              container=spec.name, id=r.container_id)
         return str(r.container_id)
 
     def _raw_sandbox_status(self, sandbox_id: str) -> pb.PodSandboxStatus:
@@ -336,30 +373,30 @@ class CRIClient:
                    pb.RemoveImageRequest(image=pb.ImageSpec(image=ref)), read=False)
 
 
-def connect(hypervisor: Hypervisor, **kwargs: Any) -> CRIClient:
-    """A client for `hypervisor` (see CRIClient for keyword arguments)."""
-    return CRIClient(hypervisor, **kwargs)
+def connect(endpoint: CRIEndpoint, **kwargs: Any) -> CRIClient:
+    """A client for `endpoint` (see CRIClient for keyword arguments)."""
+    return CRIClient(endpoint, **kwargs)
 
 
-def read_all(hypervisors: Iterable[Hypervisor], read: Callable[[CRIClient], T], *,
+def read_all(endpoints: Iterable[CRIEndpoint], read: Callable[[CRIClient], T], *,
              timeout: float = DEFAULT_TIMEOUT, max_workers: int = 8) -> dict[str, T | CRIError]:
-    """Run the read-only `read(client)` on every hypervisor in parallel threads.
+    """Run the read-only `read(client)` on every endpoint in parallel threads.
 
-    Returns name -> result, or name -> CRIError for hypervisors that failed, ordered by
-    name. Only use this for reads: writes must go to one hypervisor at a time.
+    Returns name -> result, or name -> CRIError for endpoints that failed, ordered by
+    name. Only use this for reads: writes must go to one endpoint at a time.
     """
-    hvs = sorted(hypervisors, key=lambda h: h.name)
+    eps = sorted(endpoints, key=lambda e: e.name)
 
-    def one(hv: Hypervisor) -> T | CRIError:
+    def one(ep: CRIEndpoint) -> T | CRIError:
         try:
-            with CRIClient(hv, timeout=timeout) as client:
+            with CRIClient(ep, timeout=timeout) as client:
                 return read(client)
         except CRIError as err:
             return err
 
-    if not hvs:
+    if not eps:
         return {}
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(hvs)),
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(eps)),
                             thread_name_prefix="cri-read") as pool:
-        results = list(pool.map(one, hvs))
-    return {hv.name: result for hv, result in zip(hvs, results)}
+        results = list(pool.map(one, eps))
+    return {ep.name: result for ep, result in zip(eps, results)}

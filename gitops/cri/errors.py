@@ -1,4 +1,4 @@
-"""CRI errors: which hypervisor, which call, and why."""
+"""CRI errors: which endpoint (named after its hypervisor), which call, and why."""
 from __future__ import annotations
 
 from enum import Enum
@@ -18,7 +18,7 @@ class Reason(str, Enum):
 
 
 class CRIError(GitopsError):
-    """A failed CRI call on one hypervisor."""
+    """A failed CRI call on one endpoint; `hypervisor` is the endpoint's name."""
 
     def __init__(self, hypervisor: str, call: str, reason: Reason, detail: str) -> None:
         self.hypervisor = hypervisor

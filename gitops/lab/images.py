@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gitops.cri._log import event
+from gitops.logs import event
 from gitops.lab.errors import LabError
 
 log = logging.getLogger(__name__)

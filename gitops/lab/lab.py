@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from gitops.cri._log import event
+from gitops.logs import event
 from gitops.cri import CRIClient, CRIError
 from gitops.lab import configs, images, procs, standins
 from gitops.lab.errors import LabError
@@ -221,7 +221,7 @@ def _wait(what: str, check: Callable[[], bool], timeout: float, alive: procs.Pro
 def _cri_ready(hv: Hypervisor) -> Callable[[], bool]:
     def check() -> bool:
         try:
-            with CRIClient(hv, timeout=2) as client:
+            with CRIClient(hv.cri_endpoint(), timeout=2) as client:
                 return client.status().ready
         except CRIError:
             return False
@@ -380,7 +380,7 @@ def _drain(hv: LabHypervisor) -> list[str]:
     """Stop and remove every pod sandbox on a hypervisor (best effort)."""
     removed = []
     try:
-        with CRIClient(hv.local(), timeout=5, slow_timeout=30) as client:
+        with CRIClient(hv.local().cri_endpoint(), timeout=5, slow_timeout=30) as client:
             for sandbox in client.list_sandboxes():
                 client.stop_sandbox(sandbox.id)
                 client.remove_sandbox(sandbox.id)

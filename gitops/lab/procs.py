@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gitops.cri._log import event
+from gitops.logs import event
 from gitops.lab.errors import LabError
 
 log = logging.getLogger(__name__)

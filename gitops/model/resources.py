@@ -6,6 +6,10 @@ validated, the rest of the pipeline works only with these frozen dataclasses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gitops.cri.endpoint import CRIEndpoint
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,16 @@ class Hypervisor:
     labels: dict[str, str] = field(default_factory=dict, compare=False)
     #: where node files (certificates, configs, etcd data) live on the hypervisor
     data_dir: str = DEFAULT_DATA_DIR
+
+    def cri_endpoint(self) -> CRIEndpoint:
+        """How the CRI client reaches this hypervisor's runtime."""
+        from gitops.cri.endpoint import CRIEndpoint  # here: loading the model needs no grpc
+
+        ep = self.endpoint
+        if isinstance(ep, LocalCRIEndpoint):
+            return CRIEndpoint.unix(self.name, ep.path)
+        return CRIEndpoint.tls(self.name, ep.target, ep.ca_certificate, ep.client_certificate,
+                               ep.client_private_key)
 
 
 DEFAULT_SERVICE_CIDR = "10.96.0.0/12"

@@ -5,6 +5,7 @@ Every check takes schema-valid documents and returns diagnostics; none raises.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -16,6 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from gitops.model import versions
 from gitops.model.diagnostics import Diagnostic
 from gitops.model.documents import Document
+from gitops.model.networkdata import NetworkDataError, first_ipv4, network_data_from_secret
+from gitops.model.resources import DATA_DIR_ANNOTATION
 
 HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$")
 
@@ -129,6 +132,22 @@ def hypervisor_tls(docs: list[Document], _everything: list[Document]) -> Iterabl
             yield hv.error(key_path, "private key does not match clientCertificate.certificate")
 
 
+def hypervisor_data_dirs(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
+    """The data-dir annotation is an absolute, normalized path other than `/` (node directories
+    and etcd data are created and removed under it on the hypervisor)."""
+    path = ("metadata", "annotations", DATA_DIR_ANNOTATION)
+    for hv in _of_kind(docs, "Hypervisor"):
+        raw = hv.get(path)
+        if raw is None:
+            continue
+        if not raw.startswith("/"):
+            yield hv.error(path, f"{raw!r} is not an absolute path (e.g. /var/lib/gitops)")
+        elif raw == "/":
+            yield hv.error(path, "'/' is not allowed: use a directory of its own, e.g. /var/lib/gitops")
+        elif os.path.normpath(raw) != raw:
+            yield hv.error(path, f"{raw!r} is not a normalized path (write {os.path.normpath(raw)!r})")
+
+
 def _certificate(doc: Document, path: tuple[str, ...]) -> x509.Certificate | Diagnostic:
     text = doc.get(path)
     try:
@@ -223,8 +242,6 @@ def network_data(docs: list[Document], _everything: list[Document]) -> Iterable[
     A host whose Secret is not in the repo is fine here (an inventory export often
     comes without Secrets); the plan says so if the address is needed.
     """
-    from gitops.sip.networkdata import NetworkDataError, first_ipv4, network_data_from_secret
-
     secrets = {(d.get(("metadata", "namespace"), "default"), d.name): d for d in _of_kind(docs, "Secret")}
     for host in _of_kind(docs, "BareMetalHost"):
         name = host.get(("spec", "networkData", "name"))
@@ -243,6 +260,7 @@ CHECKS: tuple[Check, ...] = (
     node_references,
     hypervisor_addresses,
     hypervisor_tls,
+    hypervisor_data_dirs,
     kubernetes_versions,
     cluster_networks,
     sip_selectors,

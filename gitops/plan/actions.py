@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
+
+from gitops.plan.payloads import Payload, payload_from_dict, payload_to_dict
 
 
 class Kind(str, Enum):
@@ -20,32 +22,28 @@ class Kind(str, Enum):
     LABEL_HOST = "label-host"
 
 
-#: execution order of the kinds; within the last phase a node's etcd member add
-#: comes right before its containers, so members join one at a time
-PHASE = {
-    Kind.ETCD_MEMBER_REMOVE: 0,
-    Kind.REMOVE_CONTAINER: 1,
-    Kind.REMOVE_POD: 2,
-    Kind.CREATE_POD: 3,
-    Kind.GENERATE_KEYS: 4,
-    Kind.WRITE_FILES: 5,
-    Kind.ETCD_MEMBER_ADD: 6,
-    Kind.CREATE_CONTAINER: 6,
-    Kind.RECREATE_CONTAINER: 6,
-    Kind.LABEL_HOST: 7,
-}
+@dataclass(frozen=True)
+class KindInfo:
+    """Everything that differs by kind, in one place (apply's handler is the method named after the kind)."""
 
-SYMBOL = {
-    Kind.ETCD_MEMBER_REMOVE: "-",
-    Kind.REMOVE_CONTAINER: "-",
-    Kind.REMOVE_POD: "-",
-    Kind.CREATE_POD: "+",
-    Kind.GENERATE_KEYS: "+",
-    Kind.WRITE_FILES: "~",
-    Kind.ETCD_MEMBER_ADD: "+",
-    Kind.CREATE_CONTAINER: "+",
-    Kind.RECREATE_CONTAINER: "~",
-    Kind.LABEL_HOST: "~",
+    #: execution order; within phase 6 a node's etcd member add comes right before its
+    #: containers, so members join one at a time
+    phase: int
+    symbol: str  # + ~ -
+    verb: str
+
+
+KINDS: dict[Kind, KindInfo] = {
+    Kind.ETCD_MEMBER_REMOVE: KindInfo(0, "-", "remove etcd member"),
+    Kind.REMOVE_CONTAINER: KindInfo(1, "-", "remove container"),
+    Kind.REMOVE_POD: KindInfo(2, "-", "remove pod"),
+    Kind.CREATE_POD: KindInfo(3, "+", "create pod"),
+    Kind.GENERATE_KEYS: KindInfo(4, "+", "generate keys"),
+    Kind.WRITE_FILES: KindInfo(5, "~", "write files"),
+    Kind.ETCD_MEMBER_ADD: KindInfo(6, "+", "add etcd member"),
+    Kind.CREATE_CONTAINER: KindInfo(6, "+", "create container"),
+    Kind.RECREATE_CONTAINER: KindInfo(6, "~", "recreate container"),
+    Kind.LABEL_HOST: KindInfo(7, "~", "label host"),
 }
 
 
@@ -56,7 +54,9 @@ class Action:
     cluster: str
     node: str
     component: str = ""
+    #: for people: why the action is needed
     reason: str = ""
+    #: for people: what changes (fields, files; `(known after apply)` where it depends on earlier actions)
     details: tuple[str, ...] = ()
     #: the sandbox or container this action removes or replaces
     target_id: str = ""
@@ -64,10 +64,16 @@ class Action:
     prune: bool = False
     #: position of the component in its pod, for ordering
     order: int = 0
+    #: what apply executes (see `gitops.plan.payloads`)
+    payload: Payload | None = field(default=None, compare=False)
+
+    @property
+    def info(self) -> KindInfo:
+        return KINDS[self.kind]
 
     @property
     def symbol(self) -> str:
-        return SYMBOL[self.kind]
+        return KINDS[self.kind].symbol
 
     @property
     def subject(self) -> str:
@@ -75,15 +81,25 @@ class Action:
         return "/".join(parts)
 
     def sort_key(self) -> tuple:
-        phase = PHASE[self.kind]
+        phase = KINDS[self.kind].phase
         sub = 0 if self.kind == Kind.ETCD_MEMBER_ADD else 1
         return (phase, self.cluster, self.node, sub, self.order, self.kind.value, self.component, self.target_id)
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+    def to_dict(self, payload: bool = True) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "payload"}
         data["kind"] = self.kind.value
         data["details"] = list(self.details)
+        if payload:
+            data["payload"] = payload_to_dict(self.payload) if self.payload is not None else None
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Action":
+        raw = data.get("payload")
+        return cls(Kind(data["kind"]), data["hypervisor"], data["cluster"], data["node"], data.get("component", ""),
+                   data.get("reason", ""), tuple(data.get("details", ())), data.get("target_id", ""),
+                   bool(data.get("prune", False)), int(data.get("order", 0)),
+                   payload_from_dict(raw) if raw is not None else None)
 
 
 class UnknownKind(str, Enum):
@@ -139,7 +155,6 @@ class Plan:
     warnings: tuple[str, ...] = ()
     #: source commit the plan was made from, when known
     source: str = ""
-    counts: dict[str, int] = field(default_factory=dict, compare=False)
     #: what could not be observed (unreachable hypervisors...): the plan is incomplete
     unknowns: tuple[Unknown, ...] = ()
 
@@ -161,15 +176,21 @@ class Plan:
         by_symbol = Counter(a.symbol for a in self.actions)
         return {"add": by_symbol["+"], "change": by_symbol["~"], "remove": by_symbol["-"]}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, payloads: bool = True) -> dict[str, Any]:
         return {
             "source": self.source,
             "summary": self.summary(),
-            "actions": [a.to_dict() for a in self.actions],
+            "actions": [a.to_dict(payloads) for a in self.actions],
             "warnings": list(self.warnings),
             "complete": self.complete,
             "unknown": [u.to_dict() for u in self.unknowns],
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        return cls(actions=tuple(Action.from_dict(a) for a in data.get("actions", ())),
+                   warnings=tuple(data.get("warnings", ())), source=data.get("source", ""),
+                   unknowns=tuple(Unknown.from_dict(u) for u in data.get("unknown", ())))
 
 
 def ordered(actions: list[Action]) -> tuple[Action, ...]:

@@ -16,10 +16,29 @@ from dataclasses import dataclass
 from cryptography import x509
 from deepdiff import DeepDiff
 
-from gitops.compile.desired import SPEC_HASH, CertificateSpec, DesiredContainer, DesiredPod, DesiredState
+from gitops.compile.components import AGENT
+from gitops.compile.desired import (
+    AFTER_APPLY,
+    SPEC_HASH,
+    CertificateSpec,
+    DesiredContainer,
+    DesiredPod,
+    DesiredState,
+)
+from gitops.model.resources import CONTROLPLANE
 from gitops.observe import NodeFiles, ObservedContainer, ObservedPod, ObservedState
 from gitops.pki import is_signed_by, load_cert_pem
 from gitops.plan.actions import Action, Kind, Plan, Unknown, UnknownKind, ordered
+from gitops.plan.payloads import (
+    CreateContainer,
+    CreatePod,
+    EtcdMemberChange,
+    GenerateKeys,
+    IssueCertificate,
+    PodRef,
+    Remove,
+    WriteFiles,
+)
 from gitops.state.records import State
 
 MAX_LISTED_CHANGES = 6
@@ -28,23 +47,6 @@ MAX_LISTED_CHANGES = 6
 @dataclass(frozen=True)
 class DiffOptions:
     prune: bool = True
-    renew_before_days: int = 30
-
-
-def learn(state: State, observed: ObservedState, desired_nodes: dict[str, str]) -> State:
-    """Record what only the hypervisors know: each node's service-account public key.
-
-    `desired_nodes` maps node -> cluster for the nodes in the repo.
-    """
-    new = state.copy()
-    for pod in observed.pods():
-        cluster = desired_nodes.get(pod.node)
-        if cluster != pod.cluster or pod.files is None or cluster not in new.clusters:
-            continue
-        public = pod.files.public_keys.get("sa")
-        if public:
-            new.clusters[cluster].set_service_account_key(pod.node, public)
-    return new
 
 
 def diff(desired: DesiredState, observed: ObservedState, state: State, options: DiffOptions,
@@ -67,12 +69,13 @@ def diff(desired: DesiredState, observed: ObservedState, state: State, options: 
         for pod in pods:
             if want is None:
                 if options.prune:
-                    actions.append(_remove_pod(pod, f"Node {node} left the repo", prune=True))
+                    actions.append(_remove_pod(pod, f"Node {node} left the repo", prune=True, wipe=True,
+                                               forget=True))
                 else:
                     warnings.append(f"pod of Node {node} on {pod.hypervisor} is no longer in the repo; "
                                     "pruning is disabled, so it is left running")
             elif pod.hypervisor != want.hypervisor:
-                actions.append(_remove_pod(pod, f"Node {node} moved to hypervisor {want.hypervisor}"))
+                actions.append(_remove_pod(pod, f"Node {node} moved to hypervisor {want.hypervisor}", wipe=True))
             elif pod.cluster != want.cluster:
                 actions.append(_remove_pod(pod, f"Node {node} now belongs to Cluster {want.cluster}"))
             else:
@@ -88,7 +91,7 @@ def diff(desired: DesiredState, observed: ObservedState, state: State, options: 
     for node, want in sorted(desired.pods.items()):
         if want.hypervisor in down:
             continue
-        actions.extend(_pod_actions(want, keepers.get(node), state, options, now))
+        actions.extend(_pod_actions(want, keepers.get(node), state, desired, now))
 
     actions.extend(_etcd_membership(desired, state, down))
     return Plan(actions=ordered(actions), warnings=tuple(warnings), unknowns=unknowns)
@@ -101,12 +104,16 @@ def unreachable(name: str, observed: ObservedState, desired: DesiredState, state
     return Unknown(UnknownKind.HYPERVISOR, name, observed.hypervisors[name].error, tuple(sorted(nodes)))
 
 
-def _remove_pod(pod: ObservedPod, reason: str, prune: bool = False) -> Action:
+def _remove_pod(pod: ObservedPod, reason: str, prune: bool = False, wipe: bool = False,
+                forget: bool = False) -> Action:
+    """Remove a pod; `wipe`: the node leaves this hypervisor, so its files and etcd data go first."""
+    agent = pod.running(AGENT) if wipe and pod.ready else None
     return Action(Kind.REMOVE_POD, pod.hypervisor, pod.cluster, pod.node, reason=reason,
-                  target_id=pod.sandbox_id, prune=prune)
+                  target_id=pod.sandbox_id, prune=prune,
+                  payload=Remove(pod.sandbox_id, wipe_agent_id=agent.id if agent else "", forget=forget))
 
 
-def _pod_actions(want: DesiredPod, have: ObservedPod | None, state: State, options: DiffOptions,
+def _pod_actions(want: DesiredPod, have: ObservedPod | None, state: State, desired: DesiredState,
                  now: dt.datetime) -> list[Action]:
     base = dict(hypervisor=want.hypervisor, cluster=want.cluster, node=want.node)
     actions: list[Action] = []
@@ -116,41 +123,61 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, state: State, optio
         actions.append(_remove_pod(have, why))
     if fresh:
         actions.append(Action(Kind.CREATE_POD, **base, reason="pod does not exist" if have is None
-                              else "replacing the pod", details=(f"files agent ({want.containers[0].spec.image})",)))
+                              else "replacing the pod", details=(f"files agent ({want.containers[0].spec.image})",),
+                              payload=CreatePod(want.sandbox, want.containers[0].spec,
+                                                tuple(sorted({c.spec.image for c in want.containers})),
+                                                _bootstrap(want, state, desired))))
         files: NodeFiles | None = NodeFiles()
         observed: list[ObservedContainer] = []
+        pod = PodRef()
     else:
         assert have is not None
         files = have.files
         observed = list(have.containers)
-    actions.extend(_file_actions(want, files, state, options, now, base))
+        agent = have.running(AGENT)
+        pod = PodRef(have.sandbox_id, agent.id if agent else "")
+    actions.extend(_file_actions(want, files, state, now, base, pod))
     desired_names = {c.spec.name for c in want.containers}
     for index, container in enumerate(want.containers):
         if fresh and index == 0:
             continue  # the agent comes with the pod
         mine = sorted((c for c in observed if c.component == container.spec.name), key=lambda c: c.created_at)
-        actions.extend(_container_actions(container, mine, index, base))
+        actions.extend(_container_actions(want, container, mine, index, base, pod))
     for extra in observed:
         if extra.component not in desired_names:
             actions.append(Action(Kind.REMOVE_CONTAINER, **base, component=extra.component,
-                                  reason="component is no longer part of this node", target_id=extra.id))
+                                  reason="component is no longer part of this node", target_id=extra.id,
+                                  payload=Remove(extra.id)))
     return actions
 
 
-def _container_actions(want: DesiredContainer, have: list[ObservedContainer], index: int, base: dict) -> list[Action]:
+def _bootstrap(want: DesiredPod, state: State, desired: DesiredState) -> tuple[str, ...]:
+    """A control plane with no etcd members yet: its first members start together."""
+    record = state.clusters.get(want.cluster)
+    cluster = desired.clusters.get(want.cluster)
+    if want.role != CONTROLPLANE or record is None or record.etcd_members or cluster is None:
+        return ()
+    return tuple(m.node for m in cluster.etcd_members)
+
+
+def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[ObservedContainer], index: int,
+                       base: dict, ref: PodRef) -> list[Action]:
     name = want.spec.name
+    pending = tuple(f for f in pod.files if not f.known) if not want.known else ()
+    payload = CreateContainer(ref, pod.sandbox, want.spec, pending)
     if not have:
         return [Action(Kind.CREATE_CONTAINER, **base, component=name, order=index, reason="container is missing",
-                       details=(want.spec.image,))]
+                       details=(want.spec.image,), payload=payload)]
     latest = have[-1]
     out = [Action(Kind.REMOVE_CONTAINER, **base, component=name, order=index, target_id=old.id,
-                  reason="superseded container") for old in have[:-1]]
+                  reason="superseded container", payload=Remove(old.id)) for old in have[:-1]]
     if latest.spec_hash != want.spec_hash:
         out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
-                          reason="spec changed", details=tuple(changed_fields(latest.spec, want.summary))))
+                          reason="spec changed", details=tuple(changed_fields(latest.spec, want.summary)),
+                          payload=payload))
     elif latest.state != "running":
         out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
-                          reason=f"container is {latest.state}"))
+                          reason=f"container is {latest.state}", payload=payload))
     return out
 
 
@@ -164,7 +191,9 @@ def changed_fields(before: dict | None, after: dict) -> list[str]:
         for item in items:
             path = item.path(output_format="list")
             shown = _path_text(path)
-            if change_type == "values_changed" and _scalar(item.t1) and _scalar(item.t2):
+            if change_type == "values_changed" and item.t2 == AFTER_APPLY:
+                paths.append(f"{shown}: {AFTER_APPLY}")
+            elif change_type == "values_changed" and _scalar(item.t1) and _scalar(item.t2):
                 paths.append(f"{shown}: {_short(item.t1)} -> {_short(item.t2)}")
             elif "added" in change_type:
                 paths.append(f"{shown}: added")
@@ -195,33 +224,45 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _file_actions(want: DesiredPod, files: NodeFiles | None, state: State, options: DiffOptions,
-                  now: dt.datetime, base: dict) -> list[Action]:
-    if files is None:
+def _file_actions(want: DesiredPod, files: NodeFiles | None, state: State, now: dt.datetime, base: dict,
+                  pod: PodRef) -> list[Action]:
+    if files is None:  # nothing could be checked: everything is written again
         return [Action(Kind.WRITE_FILES, **base, reason="files agent is not running; files cannot be checked",
-                       details=("verify and rewrite every file",))]
-    keys = [k.name for k in want.keys if k.name not in files.keys]
+                       details=("verify and rewrite every file",),
+                       payload=WriteFiles(pod, want.cluster,
+                                          tuple(IssueCertificate(c, want.validity_days) for c in want.certificates),
+                                          want.files))]
+    keys = [k for k in want.keys if k.name not in files.keys]
     key_actions = []
     if keys:
         key_actions.append(Action(Kind.GENERATE_KEYS, **base, reason="keys missing on the hypervisor",
-                                  details=tuple(f"{k}.key" for k in keys)))
+                                  details=tuple(f"{k.name}.key" for k in keys), payload=GenerateKeys(pod, tuple(keys))))
     details: list[str] = []
+    issue: list[IssueCertificate] = []
+    write = []
     authorities = state.clusters.get(want.cluster)
     for cert in want.certificates:
         problem = certificate_problem(cert, files, authorities.authorities[cert.signer].cert_pem
                                       if authorities and cert.signer in authorities.authorities else None,
-                                      options.renew_before_days, now)
+                                      want.renew_before_days, now)
         if problem:
             details.append(f"certificate {cert.name}: {problem}")
+            issue.append(IssueCertificate(cert, want.validity_days))
     for spec in want.files:
         have = files.digests.get(spec.name)
-        if have is None:
+        if spec.bundle is not None:
+            details.append(f"file {spec.name}: {spec.bundle.describe()}")
+        elif have is None:
             details.append(f"file {spec.name}: missing")
         elif have != spec.digest:
             details.append(f"file {spec.name}: content changed")
+        else:
+            continue
+        write.append(spec)
     if details:
         key_actions.append(Action(Kind.WRITE_FILES, **base, reason=f"{len(details)} file(s) to write",
-                                  details=tuple(details)))
+                                  details=tuple(details), payload=WriteFiles(pod, want.cluster, tuple(issue),
+                                                                             tuple(write))))
     return key_actions
 
 
@@ -268,6 +309,10 @@ def _etcd_membership(desired: DesiredState, state: State, down: set[str]) -> lis
         members = {m.node: m for m in want.etcd_members} if want else {}
         if not members:
             continue  # the whole control plane goes: its pods are removed, etcd with them
+        def ask(exclude: str) -> tuple[str, ...]:
+            """The client URLs of the members that stay, the changing one excluded."""
+            return tuple(m.client_url for n, m in sorted(members.items()) if n in recorded and n != exclude)
+
         for node in recorded:
             if node in members:
                 continue
@@ -275,12 +320,14 @@ def _etcd_membership(desired: DesiredState, state: State, down: set[str]) -> lis
             if was_on in down:
                 continue  # its etcd may still run there: leave the membership until it is reachable
             actions.append(Action(Kind.ETCD_MEMBER_REMOVE, was_on, cluster, node,
-                                  reason=f"Node {node} is no longer a controlplane node of {cluster}"))
+                                  reason=f"Node {node} is no longer a controlplane node of {cluster}",
+                                  payload=EtcdMemberChange(node, ask(node))))
         for node, member in sorted(members.items()):
             if node not in recorded and location.get(node) not in down:
                 actions.append(Action(Kind.ETCD_MEMBER_ADD, location.get(node, ""), cluster, node,
-                                      reason="new controlplane node joins etcd", details=(member.peer_url,)))
+                                      reason="new controlplane node joins etcd", details=(member.peer_url,),
+                                      payload=EtcdMemberChange(node, ask(node), member.peer_url)))
     return actions
 
 
-__all__ = ["DiffOptions", "diff", "learn", "unreachable", "certificate_problem", "changed_fields"]
+__all__ = ["DiffOptions", "diff", "unreachable", "certificate_problem", "changed_fields"]

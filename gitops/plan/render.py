@@ -7,20 +7,8 @@ from collections import OrderedDict
 from rich.console import Console
 from rich.markup import escape
 
-from gitops.plan.actions import Action, Kind, Plan, UnknownKind
+from gitops.plan.actions import KINDS, Action, Kind, Plan, UnknownKind
 
-VERB = {
-    Kind.ETCD_MEMBER_REMOVE: "remove etcd member",
-    Kind.REMOVE_CONTAINER: "remove container",
-    Kind.REMOVE_POD: "remove pod",
-    Kind.CREATE_POD: "create pod",
-    Kind.GENERATE_KEYS: "generate keys",
-    Kind.WRITE_FILES: "write files",
-    Kind.ETCD_MEMBER_ADD: "add etcd member",
-    Kind.CREATE_CONTAINER: "create container",
-    Kind.RECREATE_CONTAINER: "recreate container",
-    Kind.LABEL_HOST: "label host",
-}
 COLOUR = {"+": "green", "~": "yellow", "-": "red"}
 
 
@@ -56,7 +44,7 @@ def unknown_lines(plan: Plan) -> list[str]:
 
 
 def describe(action: Action) -> str:
-    what = VERB[action.kind] + (f" {action.component}" if action.component else "")
+    what = KINDS[action.kind].verb + (f" {action.component}" if action.component else "")
     return f"{what}: {action.reason}" if action.reason else what
 
 

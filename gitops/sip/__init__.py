@@ -4,7 +4,9 @@
 * `providers` -- where hosts live: the repo (`FileProvider`, labels kept in an
   overlay the caller records on the status branch) or a Metal3 management
   cluster (`KubernetesProvider`: list, then label patches guarded by resourceVersion);
-* `networkdata` -- a host's IPv4 address from its Metal3 networkData secret.
+* `reconcile` -- the provider a repo configures, and recording a file provider's labels.
+A host's address from its networkData Secret is the model's (`gitops.model.networkdata`);
+the support-service pods are compiled like any other (`gitops.compile.sip_services`).
 """
 from gitops.errors import GitopsError
 

@@ -1,11 +1,10 @@
-"""SIP in the reconcile: which BareMetalHosts exist, what labels the plan changes, and applying them."""
+"""SIP in the reconcile: which BareMetalHosts exist, and labeling them."""
 from __future__ import annotations
 
 from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
-from gitops.plan.actions import Action, Kind
 from gitops.sip.providers import BMHProvider, FileProvider, KubernetesProvider
-from gitops.sip.selection import LabelChange, SIPPlan
+from gitops.sip.selection import LabelChange
 from gitops.state.records import State
 
 
@@ -20,20 +19,6 @@ def provider_for(model: RepoModel, config: RepoConfig, state: State) -> BMHProvi
 def file_hosts(model: RepoModel, state: State) -> list[BareMetalHost]:
     """The repo's hosts with the labels gitops recorded for them (pure)."""
     return FileProvider.from_model(model, state.sip_labels).list_hosts()
-
-
-def label_actions(plan: SIPPlan) -> list[Action]:
-    actions = []
-    for change in plan.changes:
-        details = tuple(f"set {k}={v}" for k, v in change.set) + tuple(f"remove {k}" for k in change.remove)
-        actions.append(Action(Kind.LABEL_HOST, "", change.cluster, change.host, reason=change.reason,
-                              details=details))
-    return actions
-
-
-def warnings(plan: SIPPlan) -> list[str]:
-    return [f"SIPCluster {s.cluster}: {s.condition.reason}: {s.condition.message}"
-            for s in plan.selections if not s.ready]
 
 
 def apply_change(provider: BMHProvider, change: LabelChange, state: State) -> None:

@@ -40,11 +40,11 @@ class ClusterRecord:
         if old and old not in self.retired_service_account_keys:
             self.retired_service_account_keys = sorted([*self.retired_service_account_keys, old])
 
-    def trusted_service_account_keys(self, nodes: set[str] | dict) -> list[str]:
-        """The bundle every API server verifies tokens with: `nodes`' keys and the retired ones, sorted
-        (so a key moving from a removed node to the retired list changes nothing)."""
-        keys = {pem for n, pem in self.service_account_keys.items() if n in nodes}
-        return sorted(keys | set(self.retired_service_account_keys))
+    def trusted_service_account_keys(self) -> list[str]:
+        """The bundle every API server verifies tokens with: every recorded node key and the retired
+        ones, sorted (so a key moving from a removed node to the retired list changes nothing, and a
+        node on its way out is trusted the same before and after it goes)."""
+        return sorted(set(self.service_account_keys.values()) | set(self.retired_service_account_keys))
 
 
 @dataclass

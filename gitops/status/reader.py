@@ -25,6 +25,8 @@ DEFAULT_BRANCH = DEFAULT_STATUS_BRANCH
 
 STATUS_DIR = "status"
 SOURCE = f"{STATUS_DIR}/source.yaml"
+#: the plan the controller last executed, action by action, and its follow-up
+APPLY = f"{STATUS_DIR}/apply.yaml"
 OBSERVED = "observed.yaml"
 KUBECONFIG_DIR = "kubeconfig"
 STATE_DIR = "state"

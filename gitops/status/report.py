@@ -17,6 +17,7 @@ import yaml
 from gitops.compile.desired import DesiredState
 from gitops.model.resources import RepoModel
 from gitops.observe import ObservedState
+from gitops.plan.actions import Action, Plan
 from gitops.sip.selection import SIPPlan
 from gitops.status.reader import SOURCE, kubeconfig_path, resource_path
 
@@ -73,6 +74,40 @@ def source_document(outcome: Outcome, previous: Callable[[str], bytes | None], n
     if outcome.errors:
         status["errors"] = list(outcome.errors)
     return dump({"apiVersion": API_VERSION, "kind": "SourceStatus", "metadata": {"name": "source"},
+                 "status": status})
+
+
+def apply_document(sha: str, plan: Plan, executed: int, error: str, stopped: bool, follow_up: Plan | None,
+                   surprises: list[str], now: dt.datetime) -> bytes:
+    """The plan the controller executed for `sha`, each action with its result, and the follow-up plan.
+
+    `executed`: how many actions (from the first) completed; the next one failed when `error` is set.
+    """
+    def row(index: int, action: Action, result: str | None) -> dict[str, Any]:
+        data = {"index": index + 1, "kind": action.kind.value, "subject": action.subject,
+                "hypervisor": action.hypervisor, "reason": action.reason, "details": list(action.details)}
+        if result is not None:
+            data["result"] = result
+        return data
+
+    def result(index: int) -> str:
+        if index < executed:
+            return "Done"
+        return "Failed" if index == executed and error else "NotRun"
+
+    outcome = "Failed" if error else ("Stopped" if stopped else "Applied")
+    status: dict[str, Any] = {
+        "sha": sha, "time": now.isoformat(timespec="seconds"), "result": outcome,
+        "summary": {**plan.summary(), "executed": executed, "planned": len(plan.actions)},
+        "actions": [row(i, a, result(i)) for i, a in enumerate(plan.actions)],
+    }
+    if error:
+        status["error"] = error
+    if follow_up is not None:
+        status["followUp"] = {"summary": follow_up.summary(),
+                              "actions": [row(i, a, None) for i, a in enumerate(follow_up.actions)],
+                              "why": list(surprises)}
+    return dump({"apiVersion": API_VERSION, "kind": "ApplyRecord", "metadata": {"name": "last-apply"},
                  "status": status})
 
 

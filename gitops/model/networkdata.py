@@ -30,12 +30,12 @@ from typing import Any
 import yaml
 
 from gitops.model.resources import BareMetalHost
-from gitops.sip import SIPError
+from gitops.errors import GitopsError
 
 NETWORK_DATA_KEY = "networkData"
 
 
-class NetworkDataError(SIPError):
+class NetworkDataError(GitopsError):
     """Missing or unusable network data for a host."""
 
 

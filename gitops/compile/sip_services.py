@@ -20,7 +20,7 @@ from gitops.compile.desired import DesiredPod, FileSpec
 from gitops.cri.types import ContainerSpec
 from gitops.model.resources import DEFAULT_AGENT_IMAGE, BareMetalHost, Hypervisor, Node, RepoModel, SIPCluster
 from gitops.sip.jumphost import jumphost_container, jumphost_files
-from gitops.sip.networkdata import NetworkDataError, host_ipv4
+from gitops.model.networkdata import NetworkDataError, host_ipv4
 from gitops.sip.selection import CLUSTER_LABEL, NODE_TYPE_LABEL, STANDBY_LABEL
 from gitops.state.records import NodeRecord
 

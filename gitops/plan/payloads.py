@@ -1,0 +1,154 @@
+"""What each kind of action carries for apply: everything it needs, decided at plan time.
+
+`Action.reason` and `Action.details` are for people; apply reads only these
+payloads. Values that exist only once earlier actions of the same plan ran are
+named, not guessed: a sandbox or agent id left empty is the one the plan's own
+`create-pod` action makes, a file with a `ServiceAccountBundle` is filled from
+the keys its `generate-keys` actions return. Every payload round-trips through
+JSON (`to_dict` / `payload_from_dict`) for saved plans.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Union
+
+from gitops.compile.desired import CertificateSpec, FileSpec, KeySpec, ServiceAccountBundle
+from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """The pod an action works in. Empty ids: the pod is created by an earlier action of the plan."""
+
+    sandbox_id: str = ""
+    #: the running files agent container
+    agent_id: str = ""
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    sandbox: SandboxSpec
+    agent: ContainerSpec
+    #: every image of the pod, pulled before the sandbox starts
+    images: tuple[str, ...]
+    #: a control plane's first pods bootstrap etcd together: the members to record
+    bootstrap_members: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerateKeys:
+    pod: PodRef
+    keys: tuple[KeySpec, ...]
+
+
+@dataclass(frozen=True)
+class IssueCertificate:
+    """Sign the node's certificate request for `spec` with the cluster's `spec.signer` authority."""
+
+    spec: CertificateSpec
+    days: int
+
+
+@dataclass(frozen=True)
+class WriteFiles:
+    pod: PodRef
+    cluster: str
+    certificates: tuple[IssueCertificate, ...] = ()
+    files: tuple[FileSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class EtcdMemberChange:
+    """Add (`peer_url` set) or remove `member`, asking the members at `client_urls`."""
+
+    member: str
+    client_urls: tuple[str, ...]
+    peer_url: str = ""
+
+
+@dataclass(frozen=True)
+class CreateContainer:
+    """Create and start `container` in the pod (after removing `replaces`, for a recreate).
+
+    A container whose spec hash reads files known after apply names them in
+    `files`: apply fills in the hash from what those files end up holding.
+    """
+
+    pod: PodRef
+    sandbox: SandboxSpec
+    container: ContainerSpec
+    files: tuple[FileSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class Remove:
+    """Stop and remove a container or a pod sandbox by id."""
+
+    target_id: str
+    #: wipe the node's files and etcd data first, through this running agent (the node leaves the hypervisor)
+    wipe_agent_id: str = ""
+    #: the node left the repo: free its records (ports, keys, etcd membership) once its pod is gone
+    forget: bool = False
+
+
+@dataclass(frozen=True)
+class LabelHost:
+    host: str  # namespace/name
+    set: tuple[tuple[str, str], ...] = ()
+    remove: tuple[str, ...] = ()
+
+
+Payload = Union[CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange, CreateContainer, Remove, LabelHost]
+TYPES: dict[str, type] = {t.__name__: t for t in (CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange,
+                                                   CreateContainer, Remove, LabelHost)}
+
+
+def payload_to_dict(payload: Payload) -> dict[str, Any]:
+    return {"type": type(payload).__name__, **_plain(asdict(payload))}
+
+
+def payload_from_dict(data: dict[str, Any]) -> Payload:
+    data = dict(data)
+    kind = TYPES[data.pop("type")]
+    return _build(kind, data)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in sorted(value.items())}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+#: nested dataclass fields, by (class, field name)
+_NESTED: dict[tuple[type, str], Any] = {
+    (CreatePod, "sandbox"): SandboxSpec, (CreatePod, "agent"): ContainerSpec,
+    (GenerateKeys, "pod"): PodRef, (GenerateKeys, "keys"): (KeySpec,),
+    (IssueCertificate, "spec"): CertificateSpec,
+    (WriteFiles, "pod"): PodRef, (WriteFiles, "certificates"): (IssueCertificate,), (WriteFiles, "files"): (FileSpec,),
+    (FileSpec, "bundle"): ServiceAccountBundle,
+    (CreateContainer, "pod"): PodRef, (CreateContainer, "sandbox"): SandboxSpec,
+    (CreateContainer, "container"): ContainerSpec, (CreateContainer, "files"): (FileSpec,),
+    (ContainerSpec, "mounts"): (Mount,),
+}
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    out: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        nested = _NESTED.get((cls, f.name))
+        if value is None:
+            out[f.name] = None
+        elif isinstance(nested, tuple):
+            out[f.name] = tuple(_build(nested[0], v) for v in value)
+        elif nested is not None:
+            out[f.name] = _build(nested, value)
+        elif isinstance(value, list):
+            out[f.name] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        else:
+            out[f.name] = value
+    return cls(**out)

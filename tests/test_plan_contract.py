@@ -1,0 +1,154 @@
+"""The plan is the contract (pure parts): complete, carrying its payload, serializable, saved and checked.
+
+The lab tests (test_apply_lab.py) apply saved plans on real containerd and real
+Kubernetes binaries; these check the values the plan carries.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+
+import pytest
+from rich.console import Console
+from test_plan_diff import NOW, converged, nothing_observed, repo, settle  # noqa: F401 - fixture
+
+from gitops.compile import compile_desired
+from gitops.compile.desired import AFTER_APPLY, SPEC_HASH, resolve_container
+from gitops.engine import make_plan
+from gitops.plan.actions import KINDS, Kind, Plan
+from gitops.plan.payloads import CreateContainer, CreatePod, EtcdMemberChange, GenerateKeys, WriteFiles
+from gitops.plan.render import render_json, render_markdown, render_text
+from gitops.plan.saved import SavedPlan, StalePlan, observed_digest, state_digest
+from gitops.state import State
+
+NEW_KEY = "-----BEGIN PUBLIC KEY-----\nMFkwEw-new\n-----END PUBLIC KEY-----\n"
+
+
+def test_every_kind_has_one_entry_and_an_executor_method():
+    from gitops.apply.executor import _Runner
+
+    assert set(KINDS) == set(Kind)
+    for kind in Kind:
+        assert callable(getattr(_Runner, kind.value.replace("-", "_"))), kind
+
+
+def test_the_plan_round_trips_through_json_with_its_payloads(repo):
+    plan = make_plan(repo.model, repo.repo.config, State(), nothing_observed(repo.model), now=NOW).plan
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again == plan
+    assert [a.payload for a in again.actions] == [a.payload for a in plan.actions]
+    assert all(a.payload is not None for a in plan.actions)
+    pods = [a.payload for a in plan.actions if a.kind == Kind.CREATE_POD]
+    assert all(isinstance(p, CreatePod) and p.images for p in pods)
+    # a new control plane's first members start together: the plan says who
+    cp1 = next(a.payload for a in plan.actions if a.kind == Kind.CREATE_POD and a.node == "team-a-cp-1")
+    assert cp1.bootstrap_members == ("team-a-cp-1", "team-a-cp-2", "team-a-cp-3")
+
+
+def test_keys_generated_by_the_plan_make_the_bundle_and_api_server_known_after_apply(repo):
+    """A control plane from nothing: every node's sa-pub.pem and kube-apiserver depend on keys the plan
+    generates, so they are in the plan as (known after apply) instead of in a later round."""
+    planned = make_plan(repo.model, repo.repo.config, State(), nothing_observed(repo.model), now=NOW)
+    actions = [a for a in planned.plan.actions if a.cluster == "team-a" and a.node == "team-a-cp-2"]
+    assert [a.kind for a in actions] == [Kind.CREATE_POD, Kind.GENERATE_KEYS, Kind.WRITE_FILES, *[
+        Kind.CREATE_CONTAINER] * 4]
+    keys, files = actions[1].payload, actions[2].payload
+    assert isinstance(keys, GenerateKeys) and [k.name for k in keys.keys] == ["sa"]
+    assert isinstance(files, WriteFiles)
+    bundle = next(f for f in files.files if f.name == "sa-pub.pem")
+    assert bundle.bundle is not None and bundle.bundle.generated == ("team-a-cp-1", "team-a-cp-2", "team-a-cp-3")
+    assert "file sa-pub.pem: (known after apply): service-account keys generated on team-a-cp-1, team-a-cp-2, " \
+           "team-a-cp-3" in actions[2].details
+    api = next(a.payload for a in actions if a.component == "kube-apiserver")
+    assert isinstance(api, CreateContainer) and api.container.labels[SPEC_HASH] == AFTER_APPLY
+    assert [f.name for f in api.files] == ["sa-pub.pem"]
+    etcd = next(a.payload for a in actions if a.component == "etcd")
+    assert etcd.container.labels[SPEC_HASH] != AFTER_APPLY and not etcd.files  # etcd reads no pending file
+    # apply fills the value in from the generated keys: exactly what the next plan will want
+    state = planned.state.copy()
+    for node in bundle.bundle.generated:
+        state.clusters["team-a"].set_service_account_key(node, NEW_KEY.replace("new", node))
+    contents = {"sa-pub.pem": "".join(state.clusters["team-a"].trusted_service_account_keys())}
+    resolved = resolve_container(api.container, contents)
+    wanted = compile_desired(repo.model, state, now=NOW).desired.pods["team-a-cp-2"]
+    spec = next(c.spec for c in wanted.containers if c.spec.name == "kube-apiserver")
+    assert resolved == spec
+    assert next(f for f in wanted.files if f.name == "sa-pub.pem").content == contents["sa-pub.pem"]
+
+
+def test_a_node_joining_a_running_control_plane_is_planned_in_one_pass(repo):
+    """Scaling 1 -> 2: the new node's key changes the bundle of the running API server, and the etcd
+    member add names the URLs to ask: all in the first plan."""
+    nodes = {n: v for n, v in repo.model.nodes.items() if n != "team-a-cp-2"}
+    small = dataclasses.replace(repo.model, nodes=nodes)
+    state, observed = settle(small)
+    plan = make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan
+    add = next(a for a in plan.actions if a.kind == Kind.ETCD_MEMBER_ADD)
+    assert add.node == "team-a-cp-2" and isinstance(add.payload, EtcdMemberChange)
+    assert add.payload.peer_url.startswith("https://") and len(add.payload.client_urls) == 2
+    running = [a for a in plan.actions if a.node == "team-a-cp-1"]
+    assert [(a.kind, a.component) for a in running] == [(Kind.WRITE_FILES, ""),
+                                                        (Kind.RECREATE_CONTAINER, "kube-apiserver")]
+    assert running[0].details == ("file sa-pub.pem: (known after apply): service-account keys generated on "
+                                  "team-a-cp-2",)
+    assert "files.sa-pub.pem: (known after apply)" in running[1].details
+    out = io.StringIO()
+    render_text(plan, Console(file=out, width=200))
+    assert "(known after apply)" in out.getvalue()
+    assert "(known after apply)" in render_markdown(plan)
+    assert AFTER_APPLY in render_json(plan)
+
+
+def test_saved_plan_round_trip_and_staleness(repo, tmp_path):
+    state, observed = settle(repo.model)
+    planned = make_plan(repo.model, repo.repo.config, state, observed, now=NOW)
+    saved = SavedPlan(planned.plan, "sha256:repo", state_digest(state), observed_digest(observed), planned.state)
+    path = tmp_path / "p.json"
+    saved.write(path)
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    back = SavedPlan.read(path)
+    assert back.plan == saved.plan and back.planned_state.to_dict() == planned.state.to_dict()
+    back.check("sha256:repo", state_digest(state), observed_digest(observed))
+    moved = dataclasses.replace(observed, hypervisors={**observed.hypervisors})
+    first = next(iter(moved.hypervisors))
+    moved.hypervisors[first] = dataclasses.replace(moved.hypervisors[first], pods=())
+    with pytest.raises(StalePlan, match="the live state changed since it was made; nothing was applied"):
+        back.check("sha256:repo", state_digest(state), observed_digest(moved))
+    with pytest.raises(StalePlan, match="the repo and the recorded state changed"):
+        back.check("sha256:other", state_digest(State()), observed_digest(observed))
+
+
+def test_saved_plan_errors_name_the_file(tmp_path):
+    from gitops.errors import GitopsError
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(GitopsError, match=f"{bad}: not a saved plan"):
+        SavedPlan.read(bad)
+    bad.write_text(json.dumps({"format": "gitops.infra/saved-plan", "version": 99}))
+    with pytest.raises(GitopsError, match="saved plan version 99; this gitops reads version 1"):
+        SavedPlan.read(bad)
+
+
+def test_scaling_down_keeps_the_leaving_nodes_keys_trusted_and_restarts_nothing(repo):
+    """Tokens signed by a removed node stay valid: its key moves to the retired list, so the bundle
+    the remaining API server reads does not change, before or after the removal."""
+    state, _ = settle(repo.model)
+    for node in ("team-a-cp-1", "team-a-cp-2", "team-a-cp-3"):  # three distinct keys
+        state.clusters["team-a"].service_account_keys[node] = NEW_KEY.replace("new", node)
+    compiled = compile_desired(repo.model, state, now=NOW)
+    observed = converged(compiled.desired, compiled.state, repo.model)
+    keys = compiled.state.clusters["team-a"].service_account_keys
+    observed = dataclasses.replace(observed, hypervisors={
+        name: dataclasses.replace(hv, pods=tuple(
+            dataclasses.replace(p, files=dataclasses.replace(p.files, public_keys={"sa": keys[p.node]}))
+            if p.node in keys else p for p in hv.pods))
+        for name, hv in observed.hypervisors.items()})
+    assert make_plan(repo.model, repo.repo.config, compiled.state, observed, now=NOW).plan.empty
+    nodes = {n: v for n, v in repo.model.nodes.items() if n not in ("team-a-cp-2", "team-a-cp-3")}
+    plan = make_plan(dataclasses.replace(repo.model, nodes=nodes), repo.repo.config, compiled.state, observed,
+                     now=NOW).plan
+    assert {(a.kind, a.node) for a in plan.actions if a.cluster == "team-a"} >= {
+        (Kind.ETCD_MEMBER_REMOVE, "team-a-cp-2"), (Kind.REMOVE_POD, "team-a-cp-3")}
+    assert not [a for a in plan.actions if a.node == "team-a-cp-1"], plan.actions
