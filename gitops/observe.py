@@ -12,43 +12,25 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gitops.compile.components import AGENT
-from gitops.compile.desired import CLUSTER, COMPONENT, MANAGED, MANAGER, NODE, ROLE, SPEC_ANNOTATION, SPEC_HASH
 from gitops.cri.client import CRIClient, read_all
 from gitops.cri.errors import CRIError
 from gitops.cri.types import ContainerState, SandboxState
 from gitops.model.resources import BareMetalHost, Hypervisor
+from gitops.node import (
+    AGENT,
+    CLUSTER,
+    COMPONENT,
+    MANAGED,
+    MANAGER,
+    NODE,
+    ROLE,
+    SPEC_ANNOTATION,
+    SPEC_HASH,
+    NodeFiles,
+    read_node_files,
+)
 
 log = logging.getLogger(__name__)
-
-
-#: lists the node's files: digests of public ones, names of keys, certificate PEMs,
-#: and the public half of the service-account key. Private keys are never printed.
-OBSERVE_FILES_SCRIPT = r"""
-cd /node/files 2>/dev/null || exit 0
-for f in *; do
-  [ -f "$f" ] || continue
-  case "$f" in
-    *.key) echo "key $f" ;;
-    *) echo "file $f $(sha256sum "$f" | cut -c1-12)" ;;
-  esac
-done
-for f in *.crt; do
-  [ -f "$f" ] && { echo "begin cert $f"; cat "$f"; echo "end"; }
-done
-[ -f sa.key ] && { echo "begin pub sa"; openssl pkey -in sa.key -pubout; echo "end"; }
-exit 0
-"""
-
-
-@dataclass(frozen=True)
-class NodeFiles:
-    """What the files agent saw in the node's /etc/gitops directory."""
-
-    digests: dict[str, str] = field(default_factory=dict)  # public file -> sha256[:12]
-    certificates: dict[str, str] = field(default_factory=dict)  # "etcd-server" -> PEM
-    keys: tuple[str, ...] = ()  # "etcd-server", "sa", ...
-    public_keys: dict[str, str] = field(default_factory=dict)  # "sa" -> public PEM
 
 
 @dataclass(frozen=True)
@@ -126,43 +108,6 @@ class ObservedState:
             hvs[name] = ObservedHypervisor(raw["name"], raw["reachable"], raw.get("error", ""), tuple(pods))
         hosts = data.get("bareMetalHosts")
         return cls(hvs, tuple(BareMetalHost(**h) for h in hosts) if hosts is not None else None)
-
-
-def parse_files_listing(text: str) -> NodeFiles:
-    digests: dict[str, str] = {}
-    keys: list[str] = []
-    blocks: dict[tuple[str, str], list[str]] = {}
-    current: list[str] | None = None
-    for line in text.splitlines():
-        if current is not None:
-            if line == "end":
-                current = None
-            else:
-                current.append(line)
-            continue
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == "file":
-            digests[parts[1]] = parts[2]
-        elif len(parts) == 2 and parts[0] == "key":
-            keys.append(parts[1].removesuffix(".key"))
-        elif len(parts) == 3 and parts[0] == "begin":
-            current = blocks.setdefault((parts[1], parts[2]), [])
-    certs = {name.removesuffix(".crt"): "\n".join(lines) + "\n" for (kind, name), lines in blocks.items()
-             if kind == "cert"}
-    pubs = {name: "\n".join(lines) + "\n" for (kind, name), lines in blocks.items() if kind == "pub"}
-    return NodeFiles(dict(sorted(digests.items())), dict(sorted(certs.items())), tuple(sorted(keys)), pubs)
-
-
-def read_node_files(client: CRIClient, agent_id: str) -> NodeFiles | None:
-    try:
-        code, out, err = client.exec_sync(agent_id, ["sh", "-c", OBSERVE_FILES_SCRIPT], timeout=20)
-    except CRIError as error:
-        log.warning("cannot read node files: %s", error)
-        return None
-    if code != 0:
-        log.warning("files agent %s exited %d: %s", agent_id[:12], code, err.decode(errors="replace").strip())
-        return None
-    return parse_files_listing(out.decode(errors="replace"))
 
 
 def observe_hypervisor(client: CRIClient) -> ObservedHypervisor:

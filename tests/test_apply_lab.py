@@ -29,7 +29,7 @@ import yaml
 from conftest import lab_tempdir, require_root
 
 from gitops.compile.authorities import authority
-from gitops.compile.desired import MANAGED, MANAGER, NODE
+from gitops.node import MANAGED, MANAGER, NODE
 from gitops.cri.client import CRIClient
 from gitops.lab import kubebin
 from gitops.model.validate import load_model

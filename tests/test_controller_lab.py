@@ -26,7 +26,7 @@ import pytest
 import yaml
 from conftest import lab_tempdir, require_root
 
-from gitops.compile.desired import MANAGED, MANAGER, NODE
+from gitops.node import MANAGED, MANAGER, NODE
 from gitops.cri.client import CRIClient
 
 GITOPS = str(Path(sys.executable).parent / "gitops")

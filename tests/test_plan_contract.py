@@ -14,7 +14,8 @@ from rich.console import Console
 from test_plan_diff import NOW, converged, nothing_observed, repo, settle  # noqa: F401 - fixture
 
 from gitops.compile import compile_desired
-from gitops.compile.desired import AFTER_APPLY, SPEC_HASH, resolve_container
+from gitops.compile.desired import AFTER_APPLY, resolve_container
+from gitops.node import SPEC_HASH
 from gitops.engine import make_plan
 from gitops.plan.actions import KINDS, Kind, Plan
 from gitops.plan.payloads import CreateContainer, CreatePod, EtcdMemberChange, GenerateKeys, WriteFiles

@@ -21,7 +21,8 @@ from gitops.compile.desired import DesiredState
 from gitops.engine import MassDeleteRefused, apply_repo, make_plan
 from gitops.model.config import BareMetalSource, RepoConfig
 from gitops.model.validate import validate_repo
-from gitops.observe import NodeFiles, ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
+from gitops.node import NodeFiles
+from gitops.observe import ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
 from gitops.pki import cert_to_pem, generate_key, sign_public_key
 from gitops.plan.actions import Kind, Plan, Unknown, UnknownKind
 from gitops.plan.render import headline, render_json, render_markdown, render_text

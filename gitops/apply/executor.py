@@ -16,14 +16,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gitops.apply import agent
+from gitops import node as agent
 from gitops.apply.etcd import EtcdAdmin
 from gitops.compile.authorities import authority
-from gitops.compile.components import AGENT
 from gitops.compile.desired import FileSpec, resolve_container
 from gitops.cri.client import CRIClient
 from gitops.cri.errors import CRIError, Reason
 from gitops.errors import GitopsError
+from gitops.node import AGENT
 from gitops.pki import load_csr_pem, sign_public_key
 from gitops.pki.x509 import cert_to_pem
 from gitops.plan.actions import Action, Plan

@@ -14,12 +14,6 @@ import uuid
 from dataclasses import asdict, replace
 
 from gitops.compile.desired import (
-    CLUSTER,
-    MANAGED,
-    MANAGER,
-    NODE,
-    ROLE,
-    SPEC_HASH,
     CertificateSpec,
     DesiredContainer,
     DesiredPod,
@@ -37,12 +31,10 @@ from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
 from gitops.model import versions
 from gitops.model.resources import CONTROLPLANE, Cluster, Hypervisor, Node
 from gitops.model.semantics import is_ip
+from gitops.node import AGENT, AGENT_ROOT, CLUSTER, FILES, MANAGED, MANAGER, NODE, ROLE, SPEC_HASH
 from gitops.state.records import ClusterRecord, NodeRecord
 
-FILES = "/etc/gitops"
-AGENT_ROOT = "/node"
 ETCD_DATA = "/var/lib/etcd"
-AGENT = "files"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 API_DNS_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
 

@@ -14,17 +14,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gitops.cri.types import ContainerSpec, SandboxSpec
+from gitops.node import COMPONENT, SPEC_ANNOTATION, SPEC_HASH
 
-LABEL = "gitops.infra"
-MANAGED = f"{LABEL}/managed-by"
-CLUSTER = f"{LABEL}/cluster"
-NODE = f"{LABEL}/node"
-ROLE = f"{LABEL}/role"
-COMPONENT = f"{LABEL}/component"
-SPEC_HASH = f"{LABEL}/spec-hash"
-#: annotation holding the container's spec (JSON, no secrets) so a diff can name changed fields
-SPEC_ANNOTATION = f"{LABEL}/spec"
-MANAGER = "gitops"
 #: what a plan shows for a value that exists only once earlier actions of the same plan ran
 AFTER_APPLY = "(known after apply)"
 

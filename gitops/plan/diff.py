@@ -16,17 +16,16 @@ from dataclasses import dataclass
 from cryptography import x509
 from deepdiff import DeepDiff
 
-from gitops.compile.components import AGENT
 from gitops.compile.desired import (
     AFTER_APPLY,
-    SPEC_HASH,
     CertificateSpec,
     DesiredContainer,
     DesiredPod,
     DesiredState,
 )
 from gitops.model.resources import CONTROLPLANE
-from gitops.observe import NodeFiles, ObservedContainer, ObservedPod, ObservedState
+from gitops.node import AGENT, SPEC_HASH, NodeFiles
+from gitops.observe import ObservedContainer, ObservedPod, ObservedState
 from gitops.pki import is_signed_by, load_cert_pem
 from gitops.plan.actions import Action, Kind, Plan, Unknown, UnknownKind, ordered
 from gitops.plan.payloads import (

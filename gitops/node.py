@@ -1,0 +1,185 @@
+"""A node as gitops manages it on a hypervisor: the labels on its objects and its files agent.
+
+Labels: every sandbox and container gitops creates carries `managed-by=gitops`,
+its cluster, node, role and component, and a spec hash (the container's inputs,
+annotated in full so a diff can name the changed fields). Only objects with the
+managed-by label are ever touched.
+
+The files agent: every node's pod has a `files` container whose host directory
+is mounted read-write at /node (and read-only at /etc/gitops in the components).
+CRI has no file API, so everything goes through ExecSync into that agent:
+* private keys are generated **on the hypervisor** (openssl, umask 077) and never
+  leave it: the agent prints only a certificate signing request or a public key;
+* the controller signs requests with the authority it holds and writes the
+  certificates back; public files (CA certificates, kubeconfigs that point at
+  certificate files, haproxy.cfg) are written the same way;
+* observation lists digests of public files, names of keys, certificate PEMs and
+  the public half of the service-account key.
+So no private key ever appears in a container's arguments, environment, labels or
+annotations, or in a CRI request; node keys never even reach the controller's memory.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gitops.cri.errors import CRIError
+from gitops.errors import GitopsError
+
+if TYPE_CHECKING:
+    from gitops.cri.client import CRIClient
+
+log = logging.getLogger(__name__)
+
+LABEL = "gitops.infra"
+MANAGED = f"{LABEL}/managed-by"
+CLUSTER = f"{LABEL}/cluster"
+NODE = f"{LABEL}/node"
+ROLE = f"{LABEL}/role"
+COMPONENT = f"{LABEL}/component"
+SPEC_HASH = f"{LABEL}/spec-hash"
+#: annotation holding the container's spec (JSON, no secrets) so a diff can name changed fields
+SPEC_ANNOTATION = f"{LABEL}/spec"
+MANAGER = "gitops"
+
+#: the files agent: its component name, where it sees the node's directory, where components read it
+AGENT = "files"
+AGENT_ROOT = "/node"
+FILES = "/etc/gitops"
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """What the files agent saw in the node's /etc/gitops directory."""
+
+    digests: dict[str, str] = field(default_factory=dict)  # public file -> sha256[:12]
+    certificates: dict[str, str] = field(default_factory=dict)  # "etcd-server" -> PEM
+    keys: tuple[str, ...] = ()  # "etcd-server", "sa", ...
+    public_keys: dict[str, str] = field(default_factory=dict)  # "sa" -> public PEM
+
+
+#: lists the node's files: digests of public ones, names of keys, certificate PEMs,
+#: and the public half of the service-account key. Private keys are never printed.
+OBSERVE_FILES_SCRIPT = r"""
+cd /node/files 2>/dev/null || exit 0
+for f in *; do
+  [ -f "$f" ] || continue
+  case "$f" in
+    *.key) echo "key $f" ;;
+    *) echo "file $f $(sha256sum "$f" | cut -c1-12)" ;;
+  esac
+done
+for f in *.crt; do
+  [ -f "$f" ] && { echo "begin cert $f"; cat "$f"; echo "end"; }
+done
+[ -f sa.key ] && { echo "begin pub sa"; openssl pkey -in sa.key -pubout; echo "end"; }
+exit 0
+"""
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+_KEY = r"""
+set -e
+umask 077
+mkdir -p /node/files
+cd /node/files
+if [ ! -s "$1.key" ]; then
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out ".$1.key.tmp" 2>/dev/null
+  mv ".$1.key.tmp" "$1.key"
+fi
+"""
+GENERATE_CSR = _KEY + r"""openssl req -new -key "$1.key" -subj "/CN=$1" 2>/dev/null
+"""
+GENERATE_PUBLIC = _KEY + r"""openssl pkey -in "$1.key" -pubout 2>/dev/null
+"""
+WRITE_FILE = r"""
+set -e
+umask 022
+mkdir -p /node/files
+cd /node/files
+printf '%s' "$2" > ".$1.tmp"
+mv ".$1.tmp" "$1"
+"""
+WIPE = r"""
+rm -rf /node/files /node/etcd
+"""
+
+
+class AgentError(GitopsError):
+    pass
+
+
+def _check(name: str) -> str:
+    if not _NAME.match(name):
+        raise AgentError(f"refusing unsafe file name {name!r}")
+    return name
+
+
+def _run(client: CRIClient, agent_id: str, what: str, script: str, *args: str, timeout: int = 30) -> str:
+    code, out, err = client.exec_sync(agent_id, ["sh", "-c", script, "sh", *args], timeout=timeout)
+    if code != 0:
+        detail = err.decode(errors="replace").strip() or f"exit code {code}"
+        raise AgentError(f"hypervisor {client.name}: files agent: {what} failed: {detail}")
+    return out.decode()
+
+
+def certificate_request(client: CRIClient, agent_id: str, name: str) -> str:
+    """PEM CSR for `<name>.key`, generating the key on the hypervisor if absent."""
+    return _run(client, agent_id, f"key {name}", GENERATE_CSR, _check(name))
+
+
+def public_key(client: CRIClient, agent_id: str, name: str) -> str:
+    """PEM public key of `<name>.key`, generating the key on the hypervisor if absent."""
+    return _run(client, agent_id, f"key {name}", GENERATE_PUBLIC, _check(name))
+
+
+def write_file(client: CRIClient, agent_id: str, name: str, content: str) -> None:
+    """Atomically replace a public file (never a private key)."""
+    if name.endswith(".key"):
+        raise AgentError(f"refusing to send private key {name} over CRI")
+    _run(client, agent_id, f"write {name}", WRITE_FILE, _check(name), content)
+
+
+def wipe(client: CRIClient, agent_id: str) -> None:
+    """Delete the node's files and etcd data (the node left this hypervisor)."""
+    _run(client, agent_id, "wipe", WIPE)
+
+
+def parse_files_listing(text: str) -> NodeFiles:
+    digests: dict[str, str] = {}
+    keys: list[str] = []
+    blocks: dict[tuple[str, str], list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if current is not None:
+            if line == "end":
+                current = None
+            else:
+                current.append(line)
+            continue
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "file":
+            digests[parts[1]] = parts[2]
+        elif len(parts) == 2 and parts[0] == "key":
+            keys.append(parts[1].removesuffix(".key"))
+        elif len(parts) == 3 and parts[0] == "begin":
+            current = blocks.setdefault((parts[1], parts[2]), [])
+    certs = {name.removesuffix(".crt"): "\n".join(lines) + "\n" for (kind, name), lines in blocks.items()
+             if kind == "cert"}
+    pubs = {name: "\n".join(lines) + "\n" for (kind, name), lines in blocks.items() if kind == "pub"}
+    return NodeFiles(dict(sorted(digests.items())), dict(sorted(certs.items())), tuple(sorted(keys)), pubs)
+
+
+def read_node_files(client: CRIClient, agent_id: str) -> NodeFiles | None:
+    try:
+        code, out, err = client.exec_sync(agent_id, ["sh", "-c", OBSERVE_FILES_SCRIPT], timeout=20)
+    except CRIError as error:
+        log.warning("cannot read node files: %s", error)
+        return None
+    if code != 0:
+        log.warning("files agent %s exited %d: %s", agent_id[:12], code, err.decode(errors="replace").strip())
+        return None
+    return parse_files_listing(out.decode(errors="replace"))
