@@ -1,11 +1,13 @@
 """The controller: poll the infra repo, reconcile one commit at a time, report on the status branch.
 
-One reconcile: fetch the branch tip; verify its signature (when required);
-validate it; a commit that fails either is refused as a whole, and the last
-good commit stays in force (it keeps being reconciled, so drift still heals).
-Then take the apply lease, apply serially, observe, and publish status,
-the observed snapshot, encrypted kubeconfigs and the controller state in one
-commit on the status branch, or none when nothing changed.
+One reconcile, as named stages: fetch the branch tip (a `Revision`, the
+artifact later stages read); verify its signature (when required) and validate
+it: a commit that fails either is refused as a whole, and the last good commit
+stays the `Target` (it keeps being reconciled, so drift still heals). Then apply
+under the apply lease (plan, execute, plan the follow-up: an `Applied`, failures
+included, as data), and report: status, the executed plan, the observed
+snapshot, encrypted kubeconfigs and the controller state in one commit on the
+status branch, or none when nothing changed.
 """
 from __future__ import annotations
 
@@ -26,13 +28,16 @@ from gitops.errors import GitopsError
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.metrics import Metrics
 from gitops.model.validate import Validation, validate_repo
-from gitops.engine import apply_repo, bare_metal_hosts, observe_all
+from gitops.engine import Planned, apply_repo, bare_metal_hosts, observe_all
+from gitops.model.config import RepoConfig
+from gitops.model.resources import RepoModel
+from gitops.plan.actions import Plan
 from gitops.sip.selection import SIPPlan, select_hosts
-from gitops.source import GitSource, SignatureError, SignaturePolicy
+from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
 from gitops.status.branch import StatusBranch
 from gitops.status.lease import ApplyLease
 from gitops.status.reader import APPLY, DEFAULT_BRANCH, MANAGED, OBSERVED, PUBLIC, SOURCE, kubeconfig_path
-from gitops.status.report import Outcome, apply_document, dump, resource_documents, sip_documents, source_document
+from gitops.status.report import Outcome, Result, apply_document, dump, resource_documents, sip_documents, source_document
 from gitops.status.state import ControllerStateStore, Sealer
 
 log = logging.getLogger("gitops.controller")
@@ -53,6 +58,40 @@ class ControllerConfig:
     interval: float = 30.0
     lock_ttl: dt.timedelta = field(default_factory=lambda: dt.timedelta(minutes=10))
     status_branch: str | None = None  # overrides gitops.yaml's statusBranch
+
+
+@dataclass(frozen=True)
+class Target:
+    """The validated commit to apply: the new one, or the last good one while the new one is refused."""
+
+    sha: str
+    validation: Validation
+
+    @property
+    def model(self) -> RepoModel:
+        assert self.validation.model is not None
+        return self.validation.model
+
+    @property
+    def config(self) -> RepoConfig:
+        return self.validation.repo.config
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What the apply stage did, as data for the report."""
+
+    result: Result
+    message: str
+    actions: int
+    #: the plan that was executed (None when planning itself failed)
+    plan: Plan | None
+    error: str = ""
+    stopped: bool = False
+    follow_up: Plan | None = None
+    surprises: tuple[str, ...] = ()
+    #: the planning pass after executing (its observation is the live state)
+    after: Planned | None = None
 
 
 class Controller:
@@ -83,96 +122,120 @@ class Controller:
             self.metrics.record(time.monotonic() - started, "error")
             log.error("reconcile failed", extra={"error": str(err)})
             raise
-        self.metrics.record(time.monotonic() - started, outcome.result.lower())
+        self.metrics.record(time.monotonic() - started, outcome.result.value.lower())
         return outcome
 
     def _reconcile(self) -> Outcome:
+        """fetch → verify and validate → choose what is in force → apply → report."""
         now = dt.datetime.now(dt.timezone.utc)
-        sha = self.source.fetch()
-        revision = self.source.checkout(sha)
-        log.info("reconcile", extra={"sha": sha, "subject": revision.subject})
-        refusal: list[str] = []
-        validation: Validation | None = None
-        try:
-            signer = self.source.verify(sha)
-            if signer:
-                log.info("signature verified", extra={"sha": sha, "signer": signer})
-        except SignatureError as err:
-            refusal = [str(err)]
-        if not refusal:
-            validation = validate_repo(revision.path)
-            refusal = [str(d) for d in validation.diagnostics]
+        revision = self._fetch()
+        refusal, validation = self._check(revision)
         branch_name = (validation.repo.config.status_branch if validation is not None and validation.ok
                        else self._last_status_branch())
         status = self.status_branch(branch_name)
         status.sync()
         origin = self.store.restore(status.read)
+        log.info("state restored", extra={"from": origin, "generation": self.store.generation})
         applied_before = status.reader.applied_sha()
+        refused: Outcome | None = None
         if refusal:
-            log.warning("commit refused", extra={"sha": sha, "errors": len(refusal)})
-            outcome = Outcome(sha=sha, result="Refused", errors=tuple(refusal), applied_sha=applied_before,
-                              message=f"commit {sha[:12]} refused: {refusal[0]}" + (
-                                  f" (and {len(refusal) - 1} more)" if len(refusal) > 1 else "")
-                              + (f"; {applied_before[:12]} stays in force" if applied_before else ""))
-            status.publish(lambda s: s.write_tree({SOURCE: source_document(outcome, s.read, now)}, (SOURCE,)),
-                           f"refuse {sha[:12]}: {len(refusal)} error(s)")
-            if applied_before:  # keep the last good commit in force (heal drift)
-                return self._apply(self.source.checkout(applied_before).path, applied_before, status, now,
-                                   refused=outcome, origin=origin, applied_before=applied_before)
-            return outcome
-        assert validation is not None and validation.model is not None
-        return self._apply(revision.path, sha, status, now, origin=origin, validation=validation,
-                           applied_before=applied_before)
+            refused = self._refuse(revision.sha, refusal, applied_before, status, now)
+            if not applied_before:
+                return refused
+            target = Target(applied_before, self._last_good(applied_before))  # keeps healing drift
+        else:
+            assert validation is not None
+            target = Target(revision.sha, validation)
+        applied = self._apply(target, status)
+        return self._report(target, applied, refused, applied_before, status, now)
 
-    def _apply(self, path: Path, sha: str, status: StatusBranch, now: dt.datetime, *, origin: str,
-               refused: Outcome | None = None, validation: Validation | None = None,
-               applied_before: str = "") -> Outcome:
-        validation = validation or validate_repo(path)
+    # ------------------------------------------------------------------ stages
+
+    def _fetch(self) -> Revision:
+        """The branch tip, checked out: the artifact every later stage reads."""
+        sha = self.source.fetch()
+        revision = self.source.checkout(sha)
+        log.info("reconcile", extra={"sha": sha, "subject": revision.subject})
+        return revision
+
+    def _check(self, revision: Revision) -> tuple[list[str], Validation | None]:
+        """(why the commit is refused, its validation): a bad signature or a bad repo refuses it whole."""
+        try:
+            signer = self.source.verify(revision.sha)
+            if signer:
+                log.info("signature verified", extra={"sha": revision.sha, "signer": signer})
+        except SignatureError as err:
+            return [str(err)], None
+        validation = validate_repo(revision.path)
+        return [str(d) for d in validation.diagnostics], validation
+
+    def _refuse(self, sha: str, refusal: list[str], applied_before: str, status: StatusBranch,
+                now: dt.datetime) -> Outcome:
+        log.warning("commit refused", extra={"sha": sha, "errors": len(refusal)})
+        outcome = Outcome(sha=sha, result=Result.REFUSED, errors=tuple(refusal), applied_sha=applied_before,
+                          message=f"commit {sha[:12]} refused: {refusal[0]}" + (
+                              f" (and {len(refusal) - 1} more)" if len(refusal) > 1 else "")
+                          + (f"; {applied_before[:12]} stays in force" if applied_before else ""))
+        status.publish(lambda s: s.write_tree({SOURCE: source_document(outcome, s.read, now)}, (SOURCE,)),
+                       f"refuse {sha[:12]}: {len(refusal)} error(s)")
+        return outcome
+
+    def _last_good(self, sha: str) -> Validation:
+        validation = validate_repo(self.source.checkout(sha).path)
         if validation.model is None:
             raise GitopsError(f"the last good commit {sha[:12]} no longer validates")
-        model, config = validation.model, validation.repo.config
+        return validation
+
+    def _apply(self, target: Target, status: StatusBranch) -> Applied:
+        """Plan and execute under the apply lease; failures become data for the report."""
+        model, config = target.model, target.config
         ApplyLease(status.repo).acquire(self.holder, self.config.lock_ttl)
-        log.info("state restored", extra={"from": origin, "generation": self.store.generation})
-        result_name, message, actions, last = "Applied", f"commit {sha[:12]} applied", 0, None
-        record: bytes | None = None
+        sha = target.sha
         try:
             result = apply_repo(model, config, self.store, allow_mass_delete=self.config.allow_mass_delete,
                                 should_stop=self.stop.is_set, source=sha, progress=_log_progress)
-            actions = len(result.executed)
-            if result.stopped:
-                result_name, message = "Failed", "stopped on request before the plan was done"
-            elif result.after is not None:
-                last = result.after  # its observation is the live state after the apply
-            if result.follow_up is not None:
-                message += (f"; follow-up plan: {len(result.follow_up.actions)} action(s) not known before this "
-                            "apply, applied on the next poll")
-            if result.executed or result.follow_up is not None:
-                record = apply_document(sha, result.plan, actions, "", result.stopped, result.follow_up,
-                                        result.surprises, now)
         except ApplyError as err:
-            result_name, message, actions = "Failed", str(err), len(err.executed)
-            log.error("apply failed", extra={"sha": sha, "error": message})
-            if err.plan is not None:
-                record = apply_document(sha, err.plan, actions, message, False, None, [], now)
+            log.error("apply failed", extra={"sha": sha, "error": str(err)})
+            return Applied(Result.FAILED, str(err), len(err.executed), err.plan, error=str(err))
         except GitopsError as err:
-            result_name, message = "Failed", str(err)
-            log.error("apply failed", extra={"sha": sha, "error": message})
-        observed = last.observed if last is not None else observe_all(model, config)
-        if last is not None:
-            compiled, sip = last.compiled, last.sip
+            log.error("apply failed", extra={"sha": sha, "error": str(err)})
+            return Applied(Result.FAILED, str(err), 0, None, error=str(err))
+        message = f"commit {sha[:12]} applied"
+        if result.stopped:
+            return Applied(Result.FAILED, "stopped on request before the plan was done", len(result.executed),
+                           result.plan, stopped=True)
+        if result.follow_up is not None:
+            message += (f"; follow-up plan: {len(result.follow_up.actions)} action(s) not known before this "
+                        "apply, applied on the next poll")
+        return Applied(Result.APPLIED, message, len(result.executed), result.plan, follow_up=result.follow_up,
+                       surprises=tuple(result.surprises), after=result.after)
+
+    def _report(self, target: Target, applied: Applied, refused: Outcome | None, applied_before: str,
+                status: StatusBranch, now: dt.datetime) -> Outcome:
+        """One status commit: source, the executed plan, resources, SIPClusters, kubeconfigs, state."""
+        model, config, sha = target.model, target.config, target.sha
+        in_force = sha if applied.result == Result.APPLIED else applied_before
+        if in_force == sha:
+            self._record_status_branch(config.status_branch)
+        if refused is not None:
+            report = Outcome(sha=refused.sha, result=Result.REFUSED, message=refused.message, errors=refused.errors,
+                             applied_sha=in_force, actions=applied.actions)
         else:
+            report = Outcome(sha=sha, result=applied.result, message=applied.message, applied_sha=in_force,
+                             actions=applied.actions)
+        record = None
+        if applied.plan is not None and (applied.actions or applied.error or applied.follow_up is not None):
+            record = apply_document(sha, applied.plan, applied.actions, applied.error, applied.stopped,
+                                    applied.follow_up, list(applied.surprises), now)
+        last = applied.after
+        if last is not None:  # its observation is the live state after the apply
+            observed, compiled, sip = last.observed, last.compiled, last.sip
+        else:
+            observed = observe_all(model, config)
             hosts = bare_metal_hosts(model, config, self.store.load(), observed)
             compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable,
                                        hosts=hosts or ())
             sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else SIPPlan((), ())
-        in_force = sha if result_name == "Applied" else applied_before
-        if in_force == sha:
-            self._record_status_branch(config.status_branch)
-        if refused is not None:
-            report = Outcome(sha=refused.sha, result="Refused", message=refused.message, errors=refused.errors,
-                             applied_sha=in_force, actions=actions)
-        else:
-            report = Outcome(sha=sha, result=result_name, message=message, applied_sha=in_force, actions=actions)
         placements = {n: (r.hypervisor, dict(r.ports)) for n, r in self.store.state.nodes.items()}
 
         def write(branch: StatusBranch) -> None:
@@ -187,9 +250,9 @@ class Controller:
                                            (PUBLIC, self.sealer.path)}))
             branch.write_tree(files, MANAGED + (SOURCE,))
 
-        summary = f"{report.result.lower()} {sha[:12]}: {actions} action(s)"
+        summary = f"{report.result.value.lower()} {sha[:12]}: {applied.actions} action(s)"
         committed = status.publish(write, summary)
-        log.info("reconciled", extra={"sha": sha, "result": report.result, "actions": actions,
+        log.info("reconciled", extra={"sha": sha, "result": report.result.value, "actions": applied.actions,
                                       "status_commit": committed or ""})
         return report
 

@@ -19,6 +19,7 @@ from gitops.errors import GitopsError
 from gitops.metrics import serve
 from gitops.source import SignaturePolicy
 from gitops.status.reader import StatusReader
+from gitops.status.report import Result
 
 log = logging.getLogger("gitops.controller")
 
@@ -84,8 +85,8 @@ def reconcile(once: bool, **options) -> None:
         outcome = controller.reconcile_once()
     finally:
         controller.release()
-    click.echo(f"{outcome.result}: {outcome.message}")
-    if outcome.result != "Applied":
+    click.echo(f"{outcome.result.value}: {outcome.message}")
+    if outcome.result != Result.APPLIED:
         raise SystemExit(1)
 
 

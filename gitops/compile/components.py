@@ -134,15 +134,31 @@ def _files_mount(base: str) -> Mount:
 
 def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cluster_record: ClusterRecord,
                   peers: dict[str, tuple[Hypervisor, NodeRecord]]):
+    """Files, certificates, keys and the four components of a controlplane node, in start order."""
+    files_mount = _files_mount(node_dir(hv, node))
+    local_api = f"https://{hv.ip_address}:{record.ports['apiserver']}"
+    files = (
+        _service_account_bundle(cluster.name, cluster_record, peers),
+        FileSpec("controller-manager.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "controller-manager")),
+        FileSpec("scheduler.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "scheduler")),
+    )
+    components = (
+        _etcd(node, cluster, hv, record, files_mount),
+        _apiserver(node, cluster, hv, record, files_mount),
+        _controller_manager(cluster, hv, record, files_mount),
+        _scheduler(cluster, hv, record, files_mount),
+    )
+    return files, _controlplane_certificates(node, cluster, hv, peers), (KeySpec("sa", "service-account"),), components
+
+
+def _controlplane_certificates(node: Node, cluster: Cluster, hv: Hypervisor,
+                               peers: dict[str, tuple[Hypervisor, NodeRecord]]) -> list[CertificateSpec]:
+    """The node's leaf certificates; the API server's names every way a client reaches it."""
     ip = hv.ip_address
-    ports = record.ports
-    base = node_dir(hv, node)
-    files_mount = _files_mount(base)
-    ingress_ips = sorted({p_hv.ip_address for name, (p_hv, _) in peers.items()
-                          if p_hv.public})
+    ingress_ips = sorted({p_hv.ip_address for p_hv, _ in peers.values() if p_hv.public})
     host_ips = [h for h in cluster.endpoint_hosts if is_ip(h)]
     host_names = [h for h in cluster.endpoint_hosts if not is_ip(h)]
-    certs = [
+    return [
         CertificateSpec("etcd-server", "etcd", node.name, dns_names=("localhost", node.name),
                         ip_addresses=(ip, "127.0.0.1"), server=True, client=True),
         CertificateSpec("etcd-peer", "etcd", node.name, dns_names=("localhost", node.name),
@@ -158,15 +174,11 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
         CertificateSpec("controller-manager", "cluster", "system:kube-controller-manager", client=True),
         CertificateSpec("scheduler", "cluster", "system:kube-scheduler", client=True),
     ]
-    keys = (KeySpec("sa", "service-account"),)
-    local_api = f"https://{ip}:{ports['apiserver']}"
-    files = (
-        _service_account_bundle(cluster.name, cluster_record, peers),
-        FileSpec("controller-manager.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "controller-manager")),
-        FileSpec("scheduler.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "scheduler")),
-    )
+
+
+def _etcd(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
     member = etcd_member(hv, node, record)
-    etcd = ContainerSpec(
+    return ContainerSpec(
         name="etcd",
         image=cluster.image("etcd"),
         command=("etcd",),
@@ -190,17 +202,22 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
             f"--peer-key-file={FILES}/etcd-peer.key",
             "--snapshot-count=10000",
         ),
-        mounts=(files_mount, Mount(ETCD_DATA, f"{base}/etcd")),
+        mounts=(files_mount, Mount(ETCD_DATA, f"{node_dir(hv, node)}/etcd")),
     )
-    apiserver = ContainerSpec(
+
+
+def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
+    """Stacked etcd: each API server talks to its node's own member."""
+    ip = hv.ip_address
+    return ContainerSpec(
         name="kube-apiserver",
         image=cluster.image("kubeApiserver"),
         command=("kube-apiserver",),
         args=(
             f"--advertise-address={ip}",
             f"--bind-address={ip}",
-            f"--secure-port={ports['apiserver']}",
-            f"--etcd-servers={member.client_url}",
+            f"--secure-port={record.ports['apiserver']}",
+            f"--etcd-servers={etcd_member(hv, node, record).client_url}",
             f"--etcd-cafile={FILES}/etcd-ca.crt",
             f"--etcd-certfile={FILES}/apiserver-etcd-client.crt",
             f"--etcd-keyfile={FILES}/apiserver-etcd-client.key",
@@ -228,45 +245,48 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
         ),
         mounts=(files_mount,),
     )
-    controller_manager = ContainerSpec(
-        name="kube-controller-manager",
-        image=cluster.image("kubeControllerManager"),
-        command=("kube-controller-manager",),
+
+
+def _leader_elected(name: str, image: str, hv: Hypervisor, port: int, kubeconfig: str, cluster: Cluster,
+                    files_mount: Mount, before: tuple[str, ...] = (), after: tuple[str, ...] = ()) -> ContainerSpec:
+    """A component that serves on its own port, talks to the local API server and elects a leader
+    (controller-manager, scheduler): the flags they share, with their own `before` and `after`
+    --leader-elect (the order is part of the spec hash, so it stays as it always was)."""
+    return ContainerSpec(
+        name=name,
+        image=image,
+        command=(name,),
         args=(
-            f"--bind-address={ip}",
-            f"--secure-port={ports['controller-manager']}",
-            f"--kubeconfig={FILES}/controller-manager.kubeconfig",
-            f"--authentication-kubeconfig={FILES}/controller-manager.kubeconfig",
-            f"--authorization-kubeconfig={FILES}/controller-manager.kubeconfig",
+            f"--bind-address={hv.ip_address}",
+            f"--secure-port={port}",
+            f"--kubeconfig={FILES}/{kubeconfig}",
+            f"--authentication-kubeconfig={FILES}/{kubeconfig}",
+            f"--authorization-kubeconfig={FILES}/{kubeconfig}",
+            *before,
+            "--leader-elect=true",
+            *after,
+            *_no_insecure_port(cluster, "--port=0"),
+        ),
+        mounts=(files_mount,),
+    )
+
+
+def _controller_manager(cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
+    return _leader_elected(
+        "kube-controller-manager", cluster.image("kubeControllerManager"), hv, record.ports["controller-manager"],
+        "controller-manager.kubeconfig", cluster, files_mount, before=(
             f"--client-ca-file={FILES}/ca.crt",
             f"--requestheader-client-ca-file={FILES}/front-proxy-ca.crt",
             f"--root-ca-file={FILES}/ca.crt",
             f"--service-account-private-key-file={FILES}/sa.key",
             f"--service-cluster-ip-range={cluster.service_cidr}",
             f"--cluster-cidr={cluster.pod_cidr}",
-            "--leader-elect=true",
-            "--use-service-account-credentials=true",
-            "--controllers=*,bootstrapsigner,tokencleaner",
-            *_no_insecure_port(cluster, "--port=0"),
-        ),
-        mounts=(files_mount,),
-    )
-    scheduler = ContainerSpec(
-        name="kube-scheduler",
-        image=cluster.image("kubeScheduler"),
-        command=("kube-scheduler",),
-        args=(
-            f"--bind-address={ip}",
-            f"--secure-port={ports['scheduler']}",
-            f"--kubeconfig={FILES}/scheduler.kubeconfig",
-            f"--authentication-kubeconfig={FILES}/scheduler.kubeconfig",
-            f"--authorization-kubeconfig={FILES}/scheduler.kubeconfig",
-            "--leader-elect=true",
-            *_no_insecure_port(cluster, "--port=0"),
-        ),
-        mounts=(files_mount,),
-    )
-    return files, certs, keys, (etcd, apiserver, controller_manager, scheduler)
+        ), after=("--use-service-account-credentials=true", "--controllers=*,bootstrapsigner,tokencleaner"))
+
+
+def _scheduler(cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
+    return _leader_elected("kube-scheduler", cluster.image("kubeScheduler"), hv, record.ports["scheduler"],
+                           "scheduler.kubeconfig", cluster, files_mount)
 
 
 def _service_account_bundle(cluster: str, record: ClusterRecord,

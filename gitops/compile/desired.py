@@ -3,8 +3,8 @@
 A node becomes one pod sandbox (host network) holding a `files` agent
 container and the node's components. Certificates and configuration reach
 the components as files in a host directory the agent writes (see
-`gitops.compile.files` for why and how); nothing secret is ever put in a
-container's arguments, environment, labels or annotations.
+`gitops.node` for why and how); nothing secret is ever put in a container's
+arguments, environment, labels or annotations.
 """
 from __future__ import annotations
 

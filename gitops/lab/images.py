@@ -304,9 +304,3 @@ def build_archive(images: Sequence[tuple[ImageRecipe, Sequence[str]]], target: P
 def build_image(recipe: ImageRecipe, out_dir: Path) -> Path:
     """Write `recipe` as a docker-archive tarball under `out_dir`; returns its path."""
     return build_archive([(recipe, ())], out_dir / recipe.filename)
-
-
-def build_images(recipes: Iterable[ImageRecipe], out_dir: Path) -> dict[str, Path]:
-    """Build every recipe into its own tarball; returns image ref -> tarball path."""
-    layers = _Layers()
-    return {r.ref: build_archive([(r, ())], out_dir / r.filename, layers) for r in recipes}

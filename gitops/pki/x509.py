@@ -83,16 +83,9 @@ def create_ca(common_name: str, *, organizations: Sequence[str] = (), days: int 
     """A self-signed CA certificate (basicConstraints CA:true, keyCertSign/cRLSign)."""
     key = key or generate_key()
     name = _name(common_name, organizations)
-    not_before, not_after = _validity(days, now)
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
+        _builder(name, name, key.public_key(), days, now)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(
             digital_signature=True, content_commitment=False, key_encipherment=False,
@@ -102,6 +95,21 @@ def create_ca(common_name: str, *, organizations: Sequence[str] = (), days: int 
         .sign(key, _hash_for(key))
     )
     return CertKey(cert, key)
+
+
+def _builder(subject: x509.Name, issuer: x509.Name, public_key: PublicKey, days: int,
+             now: dt.datetime | None) -> x509.CertificateBuilder:
+    """What every certificate has: names, key, a random serial and its validity window."""
+    not_before, not_after = _validity(days, now)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+    )
 
 
 def _san(dns_names: Iterable[str], ip_addresses: Iterable[str]) -> list[x509.GeneralName]:
@@ -136,18 +144,11 @@ def sign_public_key(ca: CertKey, public_key: PublicKey, common_name: str, *,
     """A leaf certificate for a public key whose private half lives elsewhere (e.g. a CSR's)."""
     if not (server or client):
         raise PKIError("a certificate must be for server and/or client authentication")
-    not_before, not_after = _validity(days, now)
     usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (
         [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
     is_rsa = isinstance(public_key, rsa.RSAPublicKey)
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name, organizations))
-        .issuer_name(ca.cert.subject)
-        .public_key(public_key)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
+        _builder(_name(common_name, organizations), ca.cert.subject, public_key, days, now)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(
             digital_signature=True, content_commitment=False, key_encipherment=is_rsa,

@@ -10,13 +10,14 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import yaml
 
-from gitops.compile.desired import DesiredState
+from gitops.compile.desired import DesiredPod, DesiredState
 from gitops.model.resources import RepoModel
-from gitops.observe import ObservedState
+from gitops.observe import ObservedPod, ObservedState
 from gitops.plan.actions import Action, Plan
 from gitops.sip.selection import SIPPlan
 from gitops.status.reader import SOURCE, kubeconfig_path, resource_path
@@ -24,12 +25,31 @@ from gitops.status.reader import SOURCE, kubeconfig_path, resource_path
 API_VERSION = "gitops.infra/v1alpha1"
 
 
+class Result(StrEnum):
+    """How one reconcile of one commit ended."""
+
+    APPLIED = "Applied"
+    REFUSED = "Refused"
+    FAILED = "Failed"
+
+
+class Reason(StrEnum):
+    """The Ready condition's reason on status/source.yaml, one per result."""
+
+    RECONCILED = "Reconciled"
+    COMMIT_REFUSED = "CommitRefused"
+    APPLY_FAILED = "ApplyFailed"
+
+
+REASON = {Result.APPLIED: Reason.RECONCILED, Result.REFUSED: Reason.COMMIT_REFUSED, Result.FAILED: Reason.APPLY_FAILED}
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How one reconcile of one commit ended."""
 
     sha: str
-    result: str  # Applied | Refused | Failed
+    result: Result
     message: str = ""
     errors: tuple[str, ...] = ()
     applied_sha: str = ""  # the commit in force afterwards (the last good one)
@@ -63,12 +83,12 @@ def condition(kind: str, status: bool | None, reason: str, message: str,
 
 def source_document(outcome: Outcome, previous: Callable[[str], bytes | None], now: dt.datetime) -> bytes:
     before = _previous_conditions(previous, SOURCE)
-    ok = outcome.result == "Applied"
-    reason = {"Applied": "Reconciled", "Refused": "CommitRefused", "Failed": "ApplyFailed"}[outcome.result]
+    ok = outcome.result == Result.APPLIED
+    reason = REASON[outcome.result].value
     status: dict[str, Any] = {
         "lastSeenSHA": outcome.sha,
         "appliedSHA": outcome.applied_sha,
-        "result": outcome.result,
+        "result": outcome.result.value,
         "conditions": [condition("Ready", ok, reason, outcome.message, before, now)],
     }
     if outcome.errors:
@@ -111,85 +131,127 @@ def apply_document(sha: str, plan: Plan, executed: int, error: str, stopped: boo
                  "status": status})
 
 
+@dataclass(frozen=True)
+class Phase:
+    """A resource's phase and its Ready condition's status, reason and message."""
+
+    phase: str
+    ready: bool | None
+    reason: str
+    message: str
+
+
 def resource_documents(model: RepoModel, desired: DesiredState, observed: ObservedState, outcome: Outcome,
                        previous: Callable[[str], bytes | None], now: dt.datetime,
                        placements: dict[str, tuple[str, dict[str, int]]]) -> dict[str, bytes]:
     """status/<Kind>/<name>.yaml for every Cluster, Node and Hypervisor of the applied model."""
-    out: dict[str, bytes] = {}
+    nodes = _node_documents(model, desired, observed, outcome, previous, now, placements)
+    node_phase = {name: phase for name, (phase, _) in nodes.items()}
+    out = {rel: doc for _, (_, (rel, doc)) in nodes.items()}
+    out.update(_cluster_documents(model, desired, node_phase, outcome, previous, now))
+    out.update(_hypervisor_documents(model, observed, previous, now))
+    return out
+
+
+def node_phase(want: DesiredPod | None, observed: ObservedState, have: ObservedPod | None,
+               outcome: Outcome) -> tuple[Phase, dict[str, str]]:
+    """A Node's phase from its desired and observed pod, and each component's state."""
+    components: dict[str, str] = {}
+    if want is None:
+        return Phase("Pending", False, "NotPlaced", "no reachable hypervisor can take it yet"), components
+    if not observed.hypervisors.get(want.hypervisor) or not observed.hypervisors[want.hypervisor].reachable:
+        return Phase("Unknown", None, "HypervisorUnreachable",
+                     f"hypervisor {want.hypervisor} could not be reached"), components
+    missing = []
+    for container in want.containers:
+        running = have.running(container.spec.name) if have else None
+        state = "missing"
+        if running is not None:
+            state = "running" if running.spec_hash == container.spec_hash else "outdated"
+        elif have is not None and any(c.component == container.spec.name for c in have.containers):
+            state = next(c.state for c in sorted(have.containers, key=lambda c: -c.created_at)
+                         if c.component == container.spec.name)
+        components[container.spec.name] = state
+        if state != "running":
+            missing.append(f"{container.spec.name} {state}")
+    if have is None:
+        phase = Phase("Progressing", False, "PodMissing", "the pod does not exist")
+    elif missing:
+        phase = Phase("Progressing", False, "ComponentsNotReady", ", ".join(missing))
+    else:
+        phase = Phase("Ready", True, "AllComponentsRunning", "all components run")
+    if outcome.result == Result.FAILED and phase.phase == "Progressing":
+        phase = Phase("Failed", False, "ApplyFailed", f"{phase.message}; {outcome.message}")
+    return phase, components
+
+
+def _node_documents(model: RepoModel, desired: DesiredState, observed: ObservedState, outcome: Outcome,
+                    previous: Callable[[str], bytes | None], now: dt.datetime,
+                    placements: dict[str, tuple[str, dict[str, int]]]) -> dict[str, tuple[str, tuple[str, bytes]]]:
+    """Node name -> (phase, (path, document))."""
     pods = {p.node: p for p in observed.pods() if p.node in desired.pods
             and p.hypervisor == desired.pods[p.node].hypervisor}
-    node_phase: dict[str, str] = {}
+    out = {}
     for name, node in sorted(model.nodes.items()):
         rel = resource_path("Node", name)
-        want = desired.pods.get(name)
-        components: dict[str, str] = {}
-        if want is None:
-            phase, ready, reason, message = "Pending", False, "NotPlaced", "no reachable hypervisor can take it yet"
-        elif not observed.hypervisors.get(want.hypervisor) or not observed.hypervisors[want.hypervisor].reachable:
-            phase, ready, reason, message = "Unknown", None, "HypervisorUnreachable", \
-                f"hypervisor {want.hypervisor} could not be reached"
-        else:
-            have = pods.get(name)
-            missing = []
-            for container in want.containers:
-                running = have.running(container.spec.name) if have else None
-                state = "missing"
-                if running is not None:
-                    state = "running" if running.spec_hash == container.spec_hash else "outdated"
-                elif have is not None and any(c.component == container.spec.name for c in have.containers):
-                    state = next(c.state for c in sorted(have.containers, key=lambda c: -c.created_at)
-                                 if c.component == container.spec.name)
-                components[container.spec.name] = state
-                if state != "running":
-                    missing.append(f"{container.spec.name} {state}")
-            if have is None:
-                phase, ready, reason, message = "Progressing", False, "PodMissing", "the pod does not exist"
-            elif missing:
-                phase, ready, reason, message = "Progressing", False, "ComponentsNotReady", ", ".join(missing)
-            else:
-                phase, ready, reason, message = "Ready", True, "AllComponentsRunning", "all components run"
-        if outcome.result == "Failed" and phase == "Progressing":
-            phase, reason, message = "Failed", "ApplyFailed", f"{message}; {outcome.message}"
-        node_phase[name] = phase
+        phase, components = node_phase(desired.pods.get(name), observed, pods.get(name), outcome)
         placed = placements.get(name)
         status: dict[str, Any] = {
-            "phase": phase,
+            "phase": phase.phase,
             "observedSourceSHA": outcome.applied_sha,
-            "conditions": [condition("Ready", ready, reason, message, _previous_conditions(previous, rel), now)],
+            "conditions": [condition("Ready", phase.ready, phase.reason, phase.message,
+                                     _previous_conditions(previous, rel), now)],
             "components": components,
         }
         if placed:
             status["hypervisor"], status["ports"] = placed
-        out[rel] = dump({"apiVersion": API_VERSION, "kind": "NodeStatus", "metadata": {"name": name},
-                         "spec": {"cluster": node.cluster, "role": node.role}, "status": status})
+        out[name] = (phase.phase, (rel, dump({"apiVersion": API_VERSION, "kind": "NodeStatus",
+                                              "metadata": {"name": name},
+                                              "spec": {"cluster": node.cluster, "role": node.role},
+                                              "status": status})))
+    return out
+
+
+def cluster_phase(phases: dict[str, str], endpoint: str | None) -> Phase:
+    """A Cluster's phase from its Nodes' phases."""
+    not_ready = [f"{n} {p}" for n, p in phases.items() if p != "Ready"]
+    if not phases:
+        return Phase("Pending", False, "NoNodes", "the cluster has no Node")
+    if any(p == "Unknown" for p in phases.values()):
+        return Phase("Unknown", None, "NodesUnknown", ", ".join(not_ready))
+    if not_ready:
+        failed = any(p == "Failed" for p in phases.values())
+        return Phase("Failed" if failed else "Progressing", False, "NodesNotReady", ", ".join(not_ready))
+    if endpoint is None:
+        return Phase("Ready", True, "NoIngress", "all nodes ready; no ingress node")
+    return Phase("Ready", True, "AllNodesReady", "all nodes ready")
+
+
+def _cluster_documents(model: RepoModel, desired: DesiredState, node_phases: dict[str, str], outcome: Outcome,
+                       previous: Callable[[str], bytes | None], now: dt.datetime) -> dict[str, bytes]:
+    out = {}
     for name in sorted(model.clusters):
         rel = resource_path("Cluster", name)
-        nodes = sorted(n for n, node in model.nodes.items() if node.cluster == name)
-        phases = {n: node_phase[n] for n in nodes}
+        phases = {n: node_phases[n] for n in sorted(n for n, node in model.nodes.items() if node.cluster == name)}
         endpoint = desired.clusters[name].api_endpoint if name in desired.clusters else None
-        not_ready = [f"{n} {p}" for n, p in phases.items() if p != "Ready"]
-        if not nodes:
-            phase, ready, reason, message = "Pending", False, "NoNodes", "the cluster has no Node"
-        elif any(p == "Unknown" for p in phases.values()):
-            phase, ready, reason, message = "Unknown", None, "NodesUnknown", ", ".join(not_ready)
-        elif not_ready:
-            failed = any(p == "Failed" for p in phases.values())
-            phase, ready, reason, message = ("Failed" if failed else "Progressing"), False, "NodesNotReady", \
-                ", ".join(not_ready)
-        elif endpoint is None:
-            phase, ready, reason, message = "Ready", True, "NoIngress", "all nodes ready; no ingress node"
-        else:
-            phase, ready, reason, message = "Ready", True, "AllNodesReady", "all nodes ready"
+        phase = cluster_phase(phases, endpoint)
         status = {
-            "phase": phase,
+            "phase": phase.phase,
             "observedSourceSHA": outcome.applied_sha,
-            "conditions": [condition("Ready", ready, reason, message, _previous_conditions(previous, rel), now)],
+            "conditions": [condition("Ready", phase.ready, phase.reason, phase.message,
+                                     _previous_conditions(previous, rel), now)],
             "endpoints": {"api": endpoint} if endpoint else {},
             "nodes": phases,
             "kubeconfig": kubeconfig_path(name) if endpoint else None,
         }
         out[rel] = dump({"apiVersion": API_VERSION, "kind": "ClusterStatus", "metadata": {"name": name},
                          "status": status})
+    return out
+
+
+def _hypervisor_documents(model: RepoModel, observed: ObservedState, previous: Callable[[str], bytes | None],
+                          now: dt.datetime) -> dict[str, bytes]:
+    out = {}
     for name in sorted(model.hypervisors):
         rel = resource_path("Hypervisor", name)
         seen = observed.hypervisors.get(name)
