@@ -1,0 +1,71 @@
+"""The package's layering: data flows one way, and no folder imports a folder above it.
+
+Ranks go from the bottom (no gitops imports but the bottom) to the top (the
+command line). A module may import its own package and anything of a lower
+rank; an import of an equal or higher rank is a loop between folders.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gitops"
+
+RANK = {
+    # bottom: no repo model, no I/O policy
+    "errors": 0, "__version__": 0,
+    "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1,
+    "cri": 2, "pki": 2, "state": 2,
+    "node": 3, "model": 3, "kubeconfig": 3,
+    "sip": 4,
+    # the stages: compile and observe feed plan, plan feeds apply, the engine owns the loop
+    "compile": 5, "observe": 5, "lab": 5,
+    "plan": 6,
+    "apply": 7,
+    "engine": 8,
+    "status": 9, "source": 9,
+    "controller": 10,
+    "cli": 11, "__main__": 12,
+}
+
+
+def _unit(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    return rel.parts[0]
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gitops":
+            parts = node.module.split(".")
+            out |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("gitops.")}
+    return out
+
+
+def test_every_folder_has_a_rank():
+    units = {_unit(p) for p in PACKAGE.rglob("*.py")} - {"__init__"}
+    assert units <= set(RANK), sorted(units - set(RANK))
+
+
+def test_no_folder_imports_a_folder_above_it_or_beside_it():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "pb" in path.relative_to(PACKAGE).parts:
+            continue  # generated protobuf code
+        unit = _unit(path)
+        for target in sorted(_imports(path) - {unit}):
+            if RANK.get(target, 99) >= RANK.get(unit, -1):
+                wrong.append(f"{path.relative_to(PACKAGE.parent)} ({unit}, rank {RANK.get(unit)}) imports "
+                             f"gitops.{target} (rank {RANK.get(target)})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_apply_contains_no_planning():
+    """apply executes payloads: it imports no diff, no engine, no compile entry point."""
+    for path in (PACKAGE / "apply").rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        for forbidden in ("gitops.plan.diff", "gitops.engine", "compile_desired", "make_plan", "certificate_problem"):
+            assert forbidden not in text, f"{path.name} uses {forbidden}"
