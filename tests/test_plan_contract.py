@@ -153,3 +153,43 @@ def test_scaling_down_keeps_the_leaving_nodes_keys_trusted_and_restarts_nothing(
     assert {(a.kind, a.node) for a in plan.actions if a.cluster == "team-a"} >= {
         (Kind.ETCD_MEMBER_REMOVE, "team-a-cp-2"), (Kind.REMOVE_POD, "team-a-cp-3")}
     assert not [a for a in plan.actions if a.node == "team-a-cp-1"], plan.actions
+
+
+def test_a_joining_member_is_a_learner_promoted_right_after_its_etcd_starts(repo):
+    nodes = {n: v for n, v in repo.model.nodes.items() if n != "team-a-cp-2"}
+    state, observed = settle(dataclasses.replace(repo.model, nodes=nodes))
+    plan = make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan
+    joining = [(a.kind, a.component) for a in plan.actions if a.node == "team-a-cp-2"]
+    assert joining == [(Kind.CREATE_POD, ""), (Kind.GENERATE_KEYS, ""), (Kind.WRITE_FILES, ""),
+                       (Kind.ETCD_MEMBER_ADD, ""), (Kind.CREATE_CONTAINER, "etcd"),
+                       (Kind.ETCD_MEMBER_PROMOTE, "etcd"), (Kind.CREATE_CONTAINER, "kube-apiserver"),
+                       (Kind.CREATE_CONTAINER, "kube-controller-manager"), (Kind.CREATE_CONTAINER, "kube-scheduler")]
+    promote = next(a for a in plan.actions if a.kind == Kind.ETCD_MEMBER_PROMOTE)
+    assert isinstance(promote.payload, EtcdMemberChange)
+    assert promote.payload.client_url and len(promote.payload.client_urls) == 2 and promote.payload.timeout == 60
+    assert "as a learner" in next(a for a in plan.actions if a.kind == Kind.ETCD_MEMBER_ADD).reason
+
+
+def test_an_etcd_spec_change_rolls_one_member_at_a_time_with_health_gates(repo):
+    state, observed = settle(repo.model)
+    cluster = dataclasses.replace(repo.model.clusters["team-b"],
+                                  image_overrides={"etcd": "registry.example.com/etcd:3.5.17-0"})
+    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": cluster})
+    config = dataclasses.replace(repo.repo.config, etcd_health_timeout=90)
+    plan = make_plan(model, config, state, observed, now=NOW).plan
+    etcd = [a for a in plan.actions if a.component == "etcd"]
+    assert [a.node for a in etcd] == ["team-b-cp-1", "team-b-cp-2", "team-b-cp-3"]
+    for action in etcd:
+        gate = action.payload.etcd
+        assert gate is not None and gate.timeout == 90 and len(gate.peers) == 2
+        assert gate.client_url not in gate.peers
+        assert any(d.startswith("one member at a time: the 2 other member(s) healthy before") for d in action.details)
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))).actions[0].payload == etcd[0].payload
+    # a missing etcd is started without a gate: it is down already
+    first = next(p for p in observed.hypervisors.values() if any(x.node == "team-b-cp-1" for x in p.pods))
+    gone = dataclasses.replace(observed, hypervisors={**observed.hypervisors, first.name: dataclasses.replace(
+        first, pods=tuple(dataclasses.replace(x, containers=tuple(c for c in x.containers if c.component != "etcd"))
+                          if x.node == "team-b-cp-1" else x for x in first.pods))})
+    heal = [a for a in make_plan(repo.model, repo.repo.config, state, gone, now=NOW).plan.actions]
+    assert [(a.kind, a.node, a.component) for a in heal] == [(Kind.CREATE_CONTAINER, "team-b-cp-1", "etcd")]
+    assert heal[0].payload.etcd is None

@@ -28,7 +28,7 @@ SETTLE = 45.0
 #: etcd's answers (HTTP 500 through the gateway) that mean "not now": a member just added has
 #: not started yet, a leader election is under way, or a request timed out during one
 TRANSIENT = ("not enough started members", "unhealthy cluster", "leader changed", "request timed out",
-             "no leader")
+             "no leader", "can only promote a learner member which is in sync with leader")
 
 
 class EtcdError(GitopsError):
@@ -42,6 +42,7 @@ class Member:
     id: str
     name: str
     peer_urls: tuple[str, ...]
+    learner: bool = False
 
 
 class EtcdAdmin:
@@ -89,9 +90,9 @@ class EtcdAdmin:
                 errors.append(f"{url}: {getattr(err, 'reason', err)}")
         raise EtcdError(f"etcd {path}: no member answered ({'; '.join(errors)})", retryable=True)
 
-    def _settled(self, change):
+    def _settled(self, change, timeout: float = SETTLE):
         """Run an idempotent membership change, retrying while etcd settles."""
-        deadline = time.monotonic() + SETTLE
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 return change()
@@ -102,15 +103,50 @@ class EtcdAdmin:
 
     def members(self) -> list[Member]:
         data = self._post("/v3/cluster/member/list", {})
-        return sorted((Member(str(m["ID"]), m.get("name", ""), tuple(m.get("peerURLs", [])))
+        return sorted((Member(str(m["ID"]), m.get("name", ""), tuple(m.get("peerURLs", [])),
+                              bool(m.get("isLearner", False)))
                        for m in data.get("members", [])), key=lambda m: (m.name, m.id))
 
-    def add(self, peer_url: str) -> None:
-        """Add a member by peer URL; a member already holding that URL is success."""
+    def add(self, peer_url: str, learner: bool = False) -> None:
+        """Add a member by peer URL (as a non-voting learner when asked); one already holding it is success."""
         def change() -> None:
             if not any(peer_url in m.peer_urls for m in self.members()):
-                self._post("/v3/cluster/member/add", {"peerURLs": [peer_url]})
+                self._post("/v3/cluster/member/add", {"peerURLs": [peer_url], "isLearner": learner})
         self._settled(change)
+
+    def promote(self, peer_url: str, timeout: float = SETTLE) -> None:
+        """Make the learner at `peer_url` a voting member, retrying while it catches up; a voter is success."""
+        def change() -> None:
+            for m in self.members():
+                if peer_url in m.peer_urls:
+                    if m.learner:
+                        self._post("/v3/cluster/member/promote", {"ID": m.id})
+                    return
+            raise EtcdError(f"no etcd member with peer URL {peer_url} to promote")
+        self._settled(change, timeout)
+
+    def wait_healthy(self, urls: list[str], timeout: float, what: str) -> None:
+        """Until every member at `urls` answers /health true (it has a leader, no alarm, and serves a
+        quorum read), or raise after `timeout` seconds naming the members that are not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            sick = [f"{url} ({why})" for url in urls if (why := self._unhealthy(url))]
+            if not sick:
+                return
+            if time.monotonic() > deadline:
+                raise EtcdError(f"{what}: etcd not healthy after {timeout:.0f}s: {'; '.join(sick)}")
+            time.sleep(1.0)
+
+    def _unhealthy(self, url: str) -> str:
+        """Why the member at `url` is not healthy, or "" when it is."""
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=TIMEOUT, context=self._ctx) as response:
+                data = json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as err:
+            return f"HTTP {err.code}"
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            return str(getattr(err, "reason", err))
+        return "" if str(data.get("health")) == "true" else (data.get("reason") or "health false")
 
     def remove(self, name: str, peer_url: str | None = None) -> bool:
         """Remove the member called `name` (or holding `peer_url`); False when absent."""

@@ -205,22 +205,39 @@ class _Runner:
         for spec in p.files:
             agent.write_file(client, agent_id, spec.name, self.content(spec))
 
+    def etcd(self, cluster: str, client_urls: tuple[str, ...]) -> EtcdAdmin:
+        return EtcdAdmin(authority(self.state.clusters[cluster].authorities, "etcd"), list(client_urls))
+
     def etcd_member_add(self, action: Action, p: EtcdMemberChange) -> None:
         record = self.state.clusters[action.cluster]
-        with EtcdAdmin(authority(record.authorities, "etcd"), list(p.client_urls)) as etcd:
-            etcd.add(p.peer_url)
+        with self.etcd(action.cluster, p.client_urls) as etcd:
+            etcd.wait_healthy(list(p.client_urls), p.timeout, f"before adding {p.member}")
+            etcd.add(p.peer_url, learner=True)
         if p.member not in record.etcd_members:
             record.etcd_members.append(p.member)
         self.save()
 
+    def etcd_member_promote(self, action: Action, p: EtcdMemberChange) -> None:
+        with self.etcd(action.cluster, p.client_urls) as etcd:
+            etcd.promote(p.peer_url, p.timeout)
+            etcd.wait_healthy([p.client_url, *p.client_urls], p.timeout, f"after promoting {p.member}")
+
     def etcd_member_remove(self, action: Action, p: EtcdMemberChange) -> None:
         record = self.state.clusters[action.cluster]
-        with EtcdAdmin(authority(record.authorities, "etcd"), list(p.client_urls)) as etcd:
+        with self.etcd(action.cluster, p.client_urls) as etcd:
+            etcd.wait_healthy(list(p.client_urls), p.timeout, f"before removing {p.member}")
             etcd.remove(p.member)
         record.etcd_members = [m for m in record.etcd_members if m != p.member]
         self.save()
 
     def create_container(self, action: Action, p: CreateContainer) -> None:
+        if p.etcd is not None:
+            self._etcd_gate(action, p, before=True)
+        self._create_container(action, p)
+        if p.etcd is not None:
+            self._etcd_gate(action, p, before=False)
+
+    def _create_container(self, action: Action, p: CreateContainer) -> None:
         client = self.client(action.hypervisor)
         spec = resolve_container(p.container, {f.name: self.content(f) for f in p.files})
         client.pull_image(spec.image)
@@ -231,8 +248,22 @@ class _Runner:
             self.pods[action.node] = PodRef(ref.sandbox_id, container_id)
 
     def recreate_container(self, action: Action, p: CreateContainer) -> None:
+        if p.etcd is not None:
+            self._etcd_gate(action, p, before=True)
         self._remove_container(action.hypervisor, action.target_id)
-        self.create_container(action, p)
+        self._create_container(action, p)
+        if p.etcd is not None:
+            self._etcd_gate(action, p, before=False)
+
+    def _etcd_gate(self, action: Action, p: CreateContainer, before: bool) -> None:
+        """One etcd member at a time: the others healthy before it changes, it healthy after."""
+        assert p.etcd is not None
+        urls = p.etcd.peers if before else (p.etcd.client_url,)
+        if not urls:
+            return
+        what = f"{'before' if before else 'after'} changing etcd on {action.node}"
+        with self.etcd(action.cluster, p.etcd.peers or (p.etcd.client_url,)) as etcd:
+            etcd.wait_healthy(list(urls), p.etcd.timeout, what)
 
     def remove_container(self, action: Action, p: Remove) -> None:
         self._remove_container(action.hypervisor, p.target_id)

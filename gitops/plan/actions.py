@@ -17,6 +17,7 @@ class Kind(str, Enum):
     GENERATE_KEYS = "generate-keys"
     WRITE_FILES = "write-files"
     ETCD_MEMBER_ADD = "etcd-member-add"
+    ETCD_MEMBER_PROMOTE = "etcd-member-promote"
     CREATE_CONTAINER = "create-container"
     RECREATE_CONTAINER = "recreate-container"
     LABEL_HOST = "label-host"
@@ -26,8 +27,8 @@ class Kind(str, Enum):
 class KindInfo:
     """Everything that differs by kind, in one place (apply's handler is the method named after the kind)."""
 
-    #: execution order; within phase 6 a node's etcd member add comes right before its
-    #: containers, so members join one at a time
+    #: execution order; within phase 6 a node's etcd member add (as a learner) comes right before
+    #: its containers and its promotion right after its etcd container, so members join one at a time
     phase: int
     symbol: str  # + ~ -
     verb: str
@@ -41,6 +42,7 @@ KINDS: dict[Kind, KindInfo] = {
     Kind.GENERATE_KEYS: KindInfo(4, "+", "generate keys"),
     Kind.WRITE_FILES: KindInfo(5, "~", "write files"),
     Kind.ETCD_MEMBER_ADD: KindInfo(6, "+", "add etcd member"),
+    Kind.ETCD_MEMBER_PROMOTE: KindInfo(6, "~", "promote etcd member"),
     Kind.CREATE_CONTAINER: KindInfo(6, "+", "create container"),
     Kind.RECREATE_CONTAINER: KindInfo(6, "~", "recreate container"),
     Kind.LABEL_HOST: KindInfo(7, "~", "label host"),

@@ -10,6 +10,7 @@ Rules that keep a reconciler safe:
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from gitops.plan.actions import Action, Kind, Plan, Unknown, UnknownKind, ordere
 from gitops.plan.payloads import (
     CreateContainer,
     CreatePod,
+    EtcdHealth,
     EtcdMemberChange,
     GenerateKeys,
     IssueCertificate,
@@ -46,6 +48,8 @@ MAX_LISTED_CHANGES = 6
 @dataclass(frozen=True)
 class DiffOptions:
     prune: bool = True
+    #: seconds an etcd step waits for the members' health (spec.etcd.healthTimeoutSeconds)
+    etcd_health_timeout: int = 60
 
 
 def diff(desired: DesiredState, observed: ObservedState, state: State, options: DiffOptions,
@@ -90,9 +94,9 @@ def diff(desired: DesiredState, observed: ObservedState, state: State, options: 
     for node, want in sorted(desired.pods.items()):
         if want.hypervisor in down:
             continue
-        actions.extend(_pod_actions(want, keepers.get(node), state, desired, now))
+        actions.extend(_pod_actions(want, keepers.get(node), state, desired, now, options))
 
-    actions.extend(_etcd_membership(desired, state, down))
+    actions.extend(_etcd_membership(desired, state, down, options.etcd_health_timeout))
     return Plan(actions=ordered(actions), warnings=tuple(warnings), unknowns=unknowns)
 
 
@@ -113,7 +117,7 @@ def _remove_pod(pod: ObservedPod, reason: str, prune: bool = False, wipe: bool =
 
 
 def _pod_actions(want: DesiredPod, have: ObservedPod | None, state: State, desired: DesiredState,
-                 now: dt.datetime) -> list[Action]:
+                 now: dt.datetime, options: DiffOptions) -> list[Action]:
     base = dict(hypervisor=want.hypervisor, cluster=want.cluster, node=want.node)
     actions: list[Action] = []
     fresh = have is None or not have.ready or have.spec_hash != want.sandbox.labels.get(SPEC_HASH)
@@ -141,7 +145,8 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, state: State, desir
         if fresh and index == 0:
             continue  # the agent comes with the pod
         mine = sorted((c for c in observed if c.component == container.spec.name), key=lambda c: c.created_at)
-        actions.extend(_container_actions(want, container, mine, index, base, pod))
+        etcd = _etcd_health(want, container, state, desired, options) if container.spec.name == "etcd" else None
+        actions.extend(_container_actions(want, container, mine, index, base, pod, etcd))
     for extra in observed:
         if extra.component not in desired_names:
             actions.append(Action(Kind.REMOVE_CONTAINER, **base, component=extra.component,
@@ -159,8 +164,27 @@ def _bootstrap(want: DesiredPod, state: State, desired: DesiredState) -> tuple[s
     return tuple(m.node for m in cluster.etcd_members)
 
 
+def _etcd_health(pod: DesiredPod, container: DesiredContainer, state: State, desired: DesiredState,
+                 options: DiffOptions) -> EtcdHealth | None:
+    """A running cluster's etcd member: the others must be healthy before its container changes, and it
+    after. None while the cluster bootstraps (its members start together) or for a joining learner
+    (its promotion waits for it)."""
+    record = state.clusters.get(pod.cluster)
+    cluster = desired.clusters.get(pod.cluster)
+    if record is None or cluster is None or pod.node not in record.etcd_members:
+        return None
+    members = {m.node: m for m in cluster.etcd_members}
+    if pod.node not in members:
+        return None
+    peers = tuple(m.client_url for n, m in sorted(members.items()) if n in record.etcd_members and n != pod.node)
+    return EtcdHealth(members[pod.node].client_url, peers, options.etcd_health_timeout)
+
+
 def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[ObservedContainer], index: int,
-                       base: dict, ref: PodRef) -> list[Action]:
+                       base: dict, ref: PodRef, etcd: EtcdHealth | None = None) -> list[Action]:
+    """`etcd`: the member's health gate, used when a running etcd is replaced (a deliberate disruption).
+    A missing or exited etcd is started without one: it is down already, and waiting for quorum
+    before starting it could wait for members that only start later in the plan."""
     name = want.spec.name
     pending = tuple(f for f in pod.files if not f.known) if not want.known else ()
     payload = CreateContainer(ref, pod.sandbox, want.spec, pending)
@@ -171,8 +195,13 @@ def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[Obser
     out = [Action(Kind.REMOVE_CONTAINER, **base, component=name, order=index, target_id=old.id,
                   reason="superseded container", payload=Remove(old.id)) for old in have[:-1]]
     if latest.spec_hash != want.spec_hash:
+        gate: tuple[str, ...] = ()
+        if etcd is not None and latest.state == "running":
+            payload = dataclasses.replace(payload, etcd=etcd)
+            gate = (f"one member at a time: the {len(etcd.peers)} other member(s) healthy before, this one "
+                    f"healthy after (up to {etcd.timeout}s each)",)
         out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
-                          reason="spec changed", details=tuple(changed_fields(latest.spec, want.summary)),
+                          reason="spec changed", details=(*changed_fields(latest.spec, want.summary), *gate),
                           payload=payload))
     elif latest.state != "running":
         out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
@@ -296,10 +325,13 @@ def certificate_problem(spec: CertificateSpec, files: NodeFiles, ca_pem: str | N
     return None
 
 
-def _etcd_membership(desired: DesiredState, state: State, down: set[str]) -> list[Action]:
-    """Members join and leave one at a time, around their pods."""
+def _etcd_membership(desired: DesiredState, state: State, down: set[str], timeout: int) -> list[Action]:
+    """Members join and leave one at a time, around their pods; a new member joins as a learner
+    and is promoted right after its etcd container started and caught up (etcd 3.4+)."""
     actions: list[Action] = []
     location = {p.node: p.hypervisor for p in desired.pods.values()}
+    order = {p.node: next((i for i, c in enumerate(p.containers) if c.spec.name == "etcd"), 0)
+             for p in desired.pods.values()}
     for cluster, record in sorted(state.clusters.items()):
         recorded = list(record.etcd_members)
         if not recorded:
@@ -308,6 +340,7 @@ def _etcd_membership(desired: DesiredState, state: State, down: set[str]) -> lis
         members = {m.node: m for m in want.etcd_members} if want else {}
         if not members:
             continue  # the whole control plane goes: its pods are removed, etcd with them
+
         def ask(exclude: str) -> tuple[str, ...]:
             """The client URLs of the members that stay, the changing one excluded."""
             return tuple(m.client_url for n, m in sorted(members.items()) if n in recorded and n != exclude)
@@ -320,12 +353,21 @@ def _etcd_membership(desired: DesiredState, state: State, down: set[str]) -> lis
                 continue  # its etcd may still run there: leave the membership until it is reachable
             actions.append(Action(Kind.ETCD_MEMBER_REMOVE, was_on, cluster, node,
                                   reason=f"Node {node} is no longer a controlplane node of {cluster}",
-                                  payload=EtcdMemberChange(node, ask(node))))
+                                  details=(f"the {len(ask(node))} member(s) that stay must be healthy first",),
+                                  payload=EtcdMemberChange(node, ask(node), timeout=timeout)))
         for node, member in sorted(members.items()):
             if node not in recorded and location.get(node) not in down:
-                actions.append(Action(Kind.ETCD_MEMBER_ADD, location.get(node, ""), cluster, node,
-                                      reason="new controlplane node joins etcd", details=(member.peer_url,),
-                                      payload=EtcdMemberChange(node, ask(node), member.peer_url)))
+                where = location.get(node, "")
+                actions.append(Action(Kind.ETCD_MEMBER_ADD, where, cluster, node,
+                                      reason="new controlplane node joins etcd, as a learner",
+                                      details=(member.peer_url, f"the {len(ask(node))} member(s) must be healthy first"),
+                                      payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout)))
+                actions.append(Action(Kind.ETCD_MEMBER_PROMOTE, where, cluster, node, component="etcd",
+                                      order=order.get(node, 0),
+                                      reason="the learner votes once it has caught up",
+                                      details=(f"then waits until it is healthy (up to {timeout}s)",),
+                                      payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout,
+                                                               member.client_url)))
     return actions
 
 

@@ -59,11 +59,28 @@ class WriteFiles:
 
 @dataclass(frozen=True)
 class EtcdMemberChange:
-    """Add (`peer_url` set) or remove `member`, asking the members at `client_urls`."""
+    """Add (`peer_url` set: as a learner), promote or remove `member`, asking the members at `client_urls`.
+
+    Before the change every member at `client_urls` must be healthy with a leader; a promotion
+    waits until the learner has caught up, then until it is healthy; all within `timeout` seconds.
+    """
 
     member: str
     client_urls: tuple[str, ...]
     peer_url: str = ""
+    timeout: int = 60
+    #: the member's own client URL (promotion: where to check it is healthy afterwards)
+    client_url: str = ""
+
+
+@dataclass(frozen=True)
+class EtcdHealth:
+    """An etcd container change on a running cluster: the other members (`peers`) must be healthy
+    before it, and the member at `client_url` healthy after it, within `timeout` seconds."""
+
+    client_url: str
+    peers: tuple[str, ...]
+    timeout: int = 60
 
 
 @dataclass(frozen=True)
@@ -78,6 +95,8 @@ class CreateContainer:
     sandbox: SandboxSpec
     container: ContainerSpec
     files: tuple[FileSpec, ...] = ()
+    #: etcd on a running cluster: one member at a time, health checked before and after
+    etcd: EtcdHealth | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +149,7 @@ _NESTED: dict[tuple[type, str], Any] = {
     (FileSpec, "bundle"): ServiceAccountBundle,
     (CreateContainer, "pod"): PodRef, (CreateContainer, "sandbox"): SandboxSpec,
     (CreateContainer, "container"): ContainerSpec, (CreateContainer, "files"): (FileSpec,),
+    (CreateContainer, "etcd"): EtcdHealth,
     (ContainerSpec, "mounts"): (Mount,),
 }
 
