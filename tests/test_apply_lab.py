@@ -494,8 +494,13 @@ def test_scaling_from_3_to_1_controlplane_node_and_back_keeps_the_data(world):
     assert "file sa-pub.pem: (known after apply): service-account keys generated on team-a-cp-2, " \
            "team-a-cp-3" in plan
     assert "~ recreate container kube-apiserver: spec changed" in plan  # team-a-cp-1's, for the new bundle
+    # each new member joins as a learner and votes once caught up, one at a time
+    assert plan.count("+ add etcd member: new controlplane node joins etcd, as a learner") == 2
+    assert plan.count("~ promote etcd member etcd: the learner votes once it has caught up") == 2
     assert_complete(world.apply().stdout)
     assert etcd_members(world, "team-a") == ["team-a-cp-1", "team-a-cp-2", "team-a-cp-3"]
+    members = json.loads(etcdctl(world, "team-a", "member", "list", "-w", "json").stdout)["members"]
+    assert not [m["name"] for m in members if m.get("isLearner")], members
     wait_ready(world, "team-a")
     for name, made in (("e2e", "before"), ("e2e-small", "at-one")):
         assert kubectl(world, "team-a", "-n", "default", "get", "configmap", name,
