@@ -61,7 +61,7 @@ _REQUIRED = ("containerd", "ctr", "runc", "containerd-shim-runc-v2")
 
 def default_dir() -> Path:
     """$GITOPS_LAB_DIR, else ./.lab."""
-    return Path(os.environ.get("GITOPS_LAB_DIR") or ".lab").absolute()
+    return Path(os.environ.get("GITOPS_LAB_DIR") or ".lab").resolve()
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ def _load(lab_dir: Path) -> LabInfo | None:
 
 def info(lab_dir: Path | None = None) -> LabInfo:
     """The lab recorded in `lab_dir`; LabError if there is none."""
-    lab_dir = (lab_dir or default_dir()).absolute()
+    lab_dir = (lab_dir or default_dir()).resolve()
     found = _load(lab_dir)
     if found is None:
         raise LabError(f"no lab in {lab_dir} (gitops lab up)")
@@ -295,7 +295,7 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
     `kubernetes_versions`, also tagged under the upstream names a default Cluster
     uses (`etcd_version` names the etcd alias).
     """
-    lab_dir = (lab_dir or default_dir()).absolute()
+    lab_dir = (lab_dir or default_dir()).resolve()
     versions = tuple(dict.fromkeys(standins.normalize_version(v) for v in kubernetes_versions))
     if not etcd_version.strip():
         raise LabError("--etcd-version must not be empty")
@@ -411,7 +411,7 @@ def down(lab_dir: Path | None = None) -> DownReport:
     processes whose command line names the lab directory (containerd shims) and their
     descendants are signalled; never this process or its ancestors (sudo, time, a shell).
     """
-    lab_dir = (lab_dir or default_dir()).absolute()
+    lab_dir = (lab_dir or default_dir()).resolve()
     if not lab_dir.exists():
         return DownReport((), (), False)
     state = _load(lab_dir)
