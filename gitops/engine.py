@@ -64,7 +64,7 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable,
                                hosts=relabeled(hosts or [], sip))
     found = diff(compiled.desired, observed, compiled.state, DiffOptions(prune=config.prune.enabled,
-                                                                                 etcd_health_timeout=config.etcd_health_timeout), now=now)
+                                                                                 health_timeout=config.health_timeout), now=now)
     plan = Plan(actions=ordered(list(found.actions) + label_actions(sip)),
                 warnings=tuple(list(found.warnings) + warnings + list(compiled.deferred)), source=source,
                 unknowns=tuple(list(found.unknowns) + unknowns + _orphans(model, compiled.state)))

@@ -94,6 +94,10 @@ def test_a_node_joining_a_running_control_plane_is_planned_in_one_pass(repo):
     assert running[0].details == ("file sa-pub.pem: (known after apply): service-account keys generated on "
                                   "team-a-cp-2",)
     assert "files.sa-pub.pem: (known after apply)" in running[1].details
+    # a running API server is replaced one at a time: ready again before anything else goes
+    ready = running[1].payload.ready
+    assert ready is not None and ready.url.startswith("https://127.0.10.") and ready.url.endswith("/readyz")
+    assert "one at a time: waits until its /readyz answers ok (up to 60s)" in running[1].details
     out = io.StringIO()
     render_text(plan, Console(file=out, width=200))
     assert "(known after apply)" in out.getvalue()
@@ -175,7 +179,7 @@ def test_an_etcd_spec_change_rolls_one_member_at_a_time_with_health_gates(repo):
     cluster = dataclasses.replace(repo.model.clusters["team-b"],
                                   image_overrides={"etcd": "registry.example.com/etcd:3.5.17-0"})
     model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": cluster})
-    config = dataclasses.replace(repo.repo.config, etcd_health_timeout=90)
+    config = dataclasses.replace(repo.repo.config, health_timeout=90)
     plan = make_plan(model, config, state, observed, now=NOW).plan
     etcd = [a for a in plan.actions if a.component == "etcd"]
     assert [a.node for a in etcd] == ["team-b-cp-1", "team-b-cp-2", "team-b-cp-3"]

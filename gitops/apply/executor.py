@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import ssl
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +32,7 @@ from gitops.pki import load_csr_pem, sign_public_key
 from gitops.pki.x509 import cert_to_pem
 from gitops.plan.actions import Action, Plan
 from gitops.plan.payloads import (
+    ApiReady,
     CreateContainer,
     CreatePod,
     EtcdMemberChange,
@@ -254,6 +259,27 @@ class _Runner:
         self._create_container(action, p)
         if p.etcd is not None:
             self._etcd_gate(action, p, before=False)
+        if p.ready is not None:
+            self._wait_ready(action, p.ready)
+
+    def _wait_ready(self, action: Action, ready: ApiReady) -> None:
+        """Until the API server's own /readyz answers ok (TLS verified against the cluster CA)."""
+        context = ssl.create_default_context(cadata=self.state.clusters[action.cluster].authorities["cluster"].cert_pem)
+        deadline = time.monotonic() + ready.timeout
+        last = ""
+        while True:
+            try:
+                with urllib.request.urlopen(ready.url, timeout=5, context=context) as response:
+                    if response.status == 200 and response.read().strip() == b"ok":
+                        return
+            except urllib.error.HTTPError as err:
+                last = f"HTTP {err.code}"
+            except (urllib.error.URLError, OSError) as err:
+                last = str(getattr(err, "reason", err))
+            if time.monotonic() > deadline:
+                raise ApplyError(f"kube-apiserver on {action.node} not ready after {ready.timeout}s ({ready.url}: "
+                                 f"{last}); stopping before any other API server is touched")
+            time.sleep(0.5)
 
     def _etcd_gate(self, action: Action, p: CreateContainer, before: bool) -> None:
         """One etcd member at a time: the others healthy before it changes, it healthy after."""

@@ -77,7 +77,9 @@ def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cl
         *files,
     )
     pod = assemble_pod(node, hv, cluster.image("agent"), files, certs, keys, components)
-    return replace(pod, validity_days=cluster.validity_days, renew_before_days=cluster.renew_before_days)
+    api_url = f"https://{hv.ip_address}:{record.ports['apiserver']}" if node.role == CONTROLPLANE else ""
+    return replace(pod, validity_days=cluster.validity_days, renew_before_days=cluster.renew_before_days,
+                   api_url=api_url)
 
 
 def assemble_pod(node: Node, hv: Hypervisor, agent_image: str, files: tuple[FileSpec, ...],

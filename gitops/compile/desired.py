@@ -154,6 +154,8 @@ class DesiredPod:
     #: certificate lifetime and renewal window (the Cluster's spec.certificates)
     validity_days: int = 365
     renew_before_days: int = 30
+    #: a controlplane node's own API server (https://ip:port), "" for other roles
+    api_url: str = ""
 
 
 @dataclass(frozen=True)

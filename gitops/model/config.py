@@ -31,8 +31,8 @@ class RepoConfig:
     prune: PrunePolicy = field(default_factory=PrunePolicy)
     renew_before_days: int = 30
     bare_metal: BareMetalSource = field(default_factory=BareMetalSource)
-    #: etcd steps wait at most this long for the members' health (spec.etcd.healthTimeoutSeconds)
-    etcd_health_timeout: int = 60
+    #: etcd steps and API server replacements wait at most this long for health (spec.rollout.healthTimeoutSeconds)
+    health_timeout: int = 60
 
     @classmethod
     def from_spec(cls, spec: dict) -> "RepoConfig":
@@ -48,7 +48,7 @@ class RepoConfig:
                 max_deletes=prune.get("maxDeletes", PrunePolicy.max_deletes),
             ),
             renew_before_days=spec.get("certificates", {}).get("renewBeforeDays", defaults.renew_before_days),
-            etcd_health_timeout=spec.get("etcd", {}).get("healthTimeoutSeconds", defaults.etcd_health_timeout),
+            health_timeout=spec.get("rollout", {}).get("healthTimeoutSeconds", defaults.health_timeout),
             bare_metal=BareMetalSource(
                 provider=spec.get("bareMetal", {}).get("provider", "file"),
                 kubeconfig=spec.get("bareMetal", {}).get("kubeconfig"),

@@ -30,6 +30,7 @@ from gitops.observe import ObservedContainer, ObservedPod, ObservedState
 from gitops.pki import is_signed_by, load_cert_pem
 from gitops.plan.actions import Action, Kind, Plan, Unknown, UnknownKind, ordered
 from gitops.plan.payloads import (
+    ApiReady,
     CreateContainer,
     CreatePod,
     EtcdHealth,
@@ -48,8 +49,8 @@ MAX_LISTED_CHANGES = 6
 @dataclass(frozen=True)
 class DiffOptions:
     prune: bool = True
-    #: seconds an etcd step waits for the members' health (spec.etcd.healthTimeoutSeconds)
-    etcd_health_timeout: int = 60
+    #: seconds an etcd step or an API server replacement waits for health (spec.rollout.healthTimeoutSeconds)
+    health_timeout: int = 60
 
 
 def diff(desired: DesiredState, observed: ObservedState, state: State, options: DiffOptions,
@@ -96,7 +97,7 @@ def diff(desired: DesiredState, observed: ObservedState, state: State, options: 
             continue
         actions.extend(_pod_actions(want, keepers.get(node), state, desired, now, options))
 
-    actions.extend(_etcd_membership(desired, state, down, options.etcd_health_timeout))
+    actions.extend(_etcd_membership(desired, state, down, options.health_timeout))
     return Plan(actions=ordered(actions), warnings=tuple(warnings), unknowns=unknowns)
 
 
@@ -146,7 +147,9 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, state: State, desir
             continue  # the agent comes with the pod
         mine = sorted((c for c in observed if c.component == container.spec.name), key=lambda c: c.created_at)
         etcd = _etcd_health(want, container, state, desired, options) if container.spec.name == "etcd" else None
-        actions.extend(_container_actions(want, container, mine, index, base, pod, etcd))
+        ready = ApiReady(f"{want.api_url}/readyz", options.health_timeout) \
+            if container.spec.name == "kube-apiserver" and want.api_url else None
+        actions.extend(_container_actions(want, container, mine, index, base, pod, etcd, ready))
     for extra in observed:
         if extra.component not in desired_names:
             actions.append(Action(Kind.REMOVE_CONTAINER, **base, component=extra.component,
@@ -177,12 +180,14 @@ def _etcd_health(pod: DesiredPod, container: DesiredContainer, state: State, des
     if pod.node not in members:
         return None
     peers = tuple(m.client_url for n, m in sorted(members.items()) if n in record.etcd_members and n != pod.node)
-    return EtcdHealth(members[pod.node].client_url, peers, options.etcd_health_timeout)
+    return EtcdHealth(members[pod.node].client_url, peers, options.health_timeout)
 
 
 def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[ObservedContainer], index: int,
-                       base: dict, ref: PodRef, etcd: EtcdHealth | None = None) -> list[Action]:
-    """`etcd`: the member's health gate, used when a running etcd is replaced (a deliberate disruption).
+                       base: dict, ref: PodRef, etcd: EtcdHealth | None = None,
+                       ready: ApiReady | None = None) -> list[Action]:
+    """`etcd`: the member's health gate, used when a running etcd is replaced (a deliberate disruption);
+    `ready`: the same for a running API server, which must be ready again before the next one goes.
     A missing or exited etcd is started without one: it is down already, and waiting for quorum
     before starting it could wait for members that only start later in the plan."""
     name = want.spec.name
@@ -200,6 +205,9 @@ def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[Obser
             payload = dataclasses.replace(payload, etcd=etcd)
             gate = (f"one member at a time: the {len(etcd.peers)} other member(s) healthy before, this one "
                     f"healthy after (up to {etcd.timeout}s each)",)
+        if ready is not None and latest.state == "running":
+            payload = dataclasses.replace(payload, ready=ready)
+            gate = (f"one at a time: waits until its /readyz answers ok (up to {ready.timeout}s)",)
         out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
                           reason="spec changed", details=(*changed_fields(latest.spec, want.summary), *gate),
                           payload=payload))

@@ -84,6 +84,15 @@ class EtcdHealth:
 
 
 @dataclass(frozen=True)
+class ApiReady:
+    """A running API server replaced: apply waits until `url` (its own /readyz, verified against the
+    cluster CA) answers ok, within `timeout` seconds, before the next action replaces another."""
+
+    url: str
+    timeout: int = 60
+
+
+@dataclass(frozen=True)
 class CreateContainer:
     """Create and start `container` in the pod (after removing `replaces`, for a recreate).
 
@@ -97,6 +106,8 @@ class CreateContainer:
     files: tuple[FileSpec, ...] = ()
     #: etcd on a running cluster: one member at a time, health checked before and after
     etcd: EtcdHealth | None = None
+    #: a running API server: ready again before the next one goes
+    ready: ApiReady | None = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +160,7 @@ _NESTED: dict[tuple[type, str], Any] = {
     (FileSpec, "bundle"): ServiceAccountBundle,
     (CreateContainer, "pod"): PodRef, (CreateContainer, "sandbox"): SandboxSpec,
     (CreateContainer, "container"): ContainerSpec, (CreateContainer, "files"): (FileSpec,),
-    (CreateContainer, "etcd"): EtcdHealth,
+    (CreateContainer, "etcd"): EtcdHealth, (CreateContainer, "ready"): ApiReady,
     (ContainerSpec, "mounts"): (Mount,),
 }
 
