@@ -14,6 +14,9 @@ digest of the gitops code that determines spec hashes).
 Then it measures, in this process only (the generator runs in a forked child
 so that its memory does not count):
 
+* a bare floor: PyYAML's CSafeLoader over every repo file and, per document,
+  one jsonschema Draft 2020-12 validator of its kind's schema; the least any
+  planner must spend to read and check this repo (make_plan is compared to it);
 * validate_repo on the generated repo;
 * loading the recorded state and the observed snapshot from JSON;
 * make_plan against the converged observed state (asserts an empty plan);
@@ -23,8 +26,9 @@ so that its memory does not count):
 
 Run from the repo root:
 
-    /tmp/venvtest/bin/python benchmarks/plan_scale.py            # 1000 clusters / 50 hypervisors
-    /tmp/venvtest/bin/python benchmarks/plan_scale.py --quick    # 50 clusters, a fast sanity run
+    .venv/bin/python benchmarks/plan_scale.py            # 1000 clusters / 50 hypervisors
+    .venv/bin/python benchmarks/plan_scale.py --quick    # 50 clusters, a fast sanity run
+    .venv/bin/python benchmarks/plan_scale.py --json     # the table, then the figures as JSON on the last line
 """
 from __future__ import annotations
 
@@ -52,12 +56,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+import yaml  # noqa: E402
 from cryptography.hazmat.primitives import serialization  # noqa: E402
+from jsonschema import Draft202012Validator  # noqa: E402
 
 from gitops.compile import compile_desired  # noqa: E402
 from gitops.compile.desired import SPEC_ANNOTATION, SPEC_HASH, DesiredState  # noqa: E402
 from gitops.engine import make_plan  # noqa: E402
 from gitops.model.resources import RepoModel  # noqa: E402
+from gitops.model.schemas import schema  # noqa: E402
 from gitops.model.validate import validate_repo  # noqa: E402
 from gitops.observe import (  # noqa: E402
     NodeFiles,
@@ -344,6 +351,20 @@ def repeated(results: dict, label: str, times: int, fn):
     return out
 
 
+def bare_floor(root: Path) -> int:
+    """Load every YAML file of the repo with CSafeLoader and check each document with a
+    Draft 2020-12 validator of its kind's schema: the floor under validating and planning.
+    Returns the number of documents (every one must be valid)."""
+    documents = 0
+    for path in sorted(root.rglob("*.yaml")):
+        for doc in yaml.load_all(path.read_bytes(), Loader=yaml.CSafeLoader):
+            if doc is None:
+                continue
+            Draft202012Validator(schema(doc["kind"])).validate(doc)
+            documents += 1
+    return documents
+
+
 def changed_model(model: RepoModel, cluster: str) -> RepoModel:
     c = model.clusters[cluster]
     changed = dataclasses.replace(c, image_overrides={**c.image_overrides, "etcd": CHANGED_IMAGE})
@@ -411,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs of each make_plan; the best is shown (default 3)")
     ap.add_argument("--profile", action="store_true", help="cProfile the unchanged make_plan and print hot spots")
     ap.add_argument("--no-tracemalloc", action="store_true", help="skip the (slower) traced pass")
+    ap.add_argument("--json", action="store_true",
+                    help="end with the figures as one JSON object on the last line")
     args = ap.parse_args(argv)
     if args.quick:
         args.clusters, args.hypervisors = 50, 10
@@ -425,8 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         with timed(t, "generate repo YAML"):
             write_repo(root, p)
         n_files = sum(1 for _ in root.rglob("*.yaml"))
-        with timed(t, "validate_repo"):
-            validation = validate_repo(root)
+        n_docs = repeated(t, "bare floor (CSafeLoader + Draft202012Validator)", args.repeat, lambda: bare_floor(root))
+        validation = repeated(t, "validate_repo", args.repeat, lambda: validate_repo(root))
         if validation.model is None:
             for d in validation.diagnostics[:20]:
                 print(d, file=sys.stderr)
@@ -495,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = [
         ("clusters / nodes / hypervisors", f"{p.clusters} / {n_nodes} / {p.hypervisors} "
                                            f"({p.private} private, {p.public} public)"),
-        ("repo YAML files", str(n_files)),
+        ("repo YAML files / documents", f"{n_files} / {n_docs}"),
         ("observed pods / containers / leaf certs", f"{n_pods} / {n_containers} / {n_certs}"),
         ("state.json / observed.json size", f"{fmt_mib(state_path.stat().st_size)} / "
                                             f"{fmt_mib(observed_path.stat().st_size)}"),
@@ -535,7 +558,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label:<{width}}{value}")
     if profile_text:
         print("\ncProfile of make_plan (converged):\n" + profile_text)
+    if args.json:
+        print(json.dumps(figures(p, t, untraced_rss, target)))
     return 0
+
+
+def figures(p: Params, t: dict[str, tuple], rss: int, target: str) -> dict[str, float | int]:
+    """The headline figures, for --json (seconds: best of --repeat)."""
+    return {
+        "clusters": p.clusters,
+        "hypervisors": p.hypervisors,
+        "bare_floor_s": round(t["bare floor (CSafeLoader + Draft202012Validator)"][0], 3),
+        "validate_s": round(t["validate_repo"][0], 3),
+        "plan_converged_s": round(t["make_plan, converged (no change)"][0], 3),
+        "plan_one_change_s": round(t[f"make_plan, one cluster changed ({target} etcd image)"][0], 3),
+        "rss_mib": round(rss / 2**20, 1),
+    }
 
 
 if __name__ == "__main__":
