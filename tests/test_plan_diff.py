@@ -24,6 +24,7 @@ from gitops.model.validate import validate_repo
 from gitops.observe import NodeFiles, ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
 from gitops.pki import cert_to_pem, generate_key, sign_public_key
 from gitops.plan.actions import Kind, Plan, Unknown, UnknownKind
+from gitops.plan.diff import CERTIFICATE_FACTS
 from gitops.plan.render import headline, render_json, render_markdown, render_text
 from gitops.state import LocalDirStore, State
 
@@ -286,6 +287,26 @@ def test_expiring_certificate_is_renewed(repo):
     files = [a for a in plan.actions if a.kind == Kind.WRITE_FILES]
     assert len(files) == 6  # every controlplane node
     assert any(d.startswith("certificate etcd-server: expires 2027-11-01") for d in files[0].details)
+
+
+def test_certificates_are_verified_once_per_content_and_still_checked_against_now(repo):
+    state, observed = settle(repo.model)
+    CERTIFICATE_FACTS.clear()
+    assert make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan.actions == ()
+    parsed = CERTIFICATE_FACTS.misses
+    assert parsed == sum(len(p.files.certificates) for p in observed.pods())
+    # the same certificates later: nothing parsed or verified again, yet the renewal window is the new one
+    later = NOW + dt.timedelta(days=340)
+    files = [a for a in make_plan(repo.model, repo.repo.config, state, observed, now=later).plan.actions
+             if a.kind == Kind.WRITE_FILES]
+    assert CERTIFICATE_FACTS.misses == parsed and len(files) == 6
+    # a new authority: the same certificate content is checked against it, and refused
+    rotated = state.copy()
+    del rotated.clusters["team-a"].authorities["etcd"]
+    plan = make_plan(repo.model, repo.repo.config, rotated, observed, now=NOW).plan
+    details = [d for a in plan.actions if a.kind == Kind.WRITE_FILES and a.cluster == "team-a" for d in a.details]
+    assert "certificate etcd-server: not signed by the current authority" in details
+    assert CERTIFICATE_FACTS.misses > parsed
 
 
 def test_mass_delete_is_refused_before_touching_anything(repo, tmp_path):
