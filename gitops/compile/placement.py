@@ -145,6 +145,13 @@ def _allocate_ports(model: RepoModel, taken: dict[str, Counter[int]], node: Node
     and follows `record`'s changes; the ports `record` held during this call stay used in it."""
     hv = model.hypervisors[record.hypervisor]
     wanted = PORTS_BY_ROLE[node.role]
+    cluster = model.clusters.get(node.cluster)
+    if pinned is None and cluster is not None and cluster.api_port is not None and node.role != CONTROLPLANE:
+        pinned = ("apiserver", cluster.api_port)
+    if (len(record.ports) == len(wanted) and all(record.ports.get(k) in hv.port_range for k in wanted)
+            and (pinned is None or record.ports.get(pinned[0]) == pinned[1])):
+        record.ports = dict(sorted(record.ports.items()))  # already allocated: nothing to take or give back
+        return
     counts = taken.setdefault(hv.name, Counter())
     counts.subtract(record.ports.values())
     record.ports = {k: v for k, v in record.ports.items() if k in wanted and v in hv.port_range}
@@ -162,9 +169,6 @@ def _allocate_ports(model: RepoModel, taken: dict[str, Counter[int]], node: Node
         counts[port] += 1
         held.add(port)
 
-    cluster = model.clusters.get(node.cluster)
-    if pinned is None and cluster is not None and cluster.api_port is not None and node.role != CONTROLPLANE:
-        pinned = ("apiserver", cluster.api_port)
     if pinned is not None and record.ports.get(pinned[0]) != pinned[1]:
         purpose, fixed = pinned
         if fixed not in hv.port_range:
