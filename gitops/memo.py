@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
+_MISSING = object()
 
 
 class Memo(Generic[K, V]):
@@ -34,10 +35,11 @@ class Memo(Generic[K, V]):
     def get(self, key: K, compute: Callable[[], V]) -> V:
         """The value stored under `key`, else `compute()` (stored; not under the lock)."""
         with self._lock:
-            if key in self._data:
+            value = self._data.get(key, _MISSING)
+            if value is not _MISSING:
                 self._data.move_to_end(key)
                 self.hits += 1
-                return self._data[key]
+                return value  # type: ignore[return-value]
             self.misses += 1
         value = compute()
         with self._lock:
@@ -53,14 +55,7 @@ class Memo(Generic[K, V]):
             self.hits = self.misses = 0
 
 
-def key_of(*parts: str | bytes | None) -> bytes:
-    """A digest of `parts` (None and "" differ; no part can run into the next)."""
-    h = hashlib.sha256()
-    for part in parts:
-        if part is None:
-            h.update(b"\x00")
-            continue
-        data = part.encode() if isinstance(part, str) else part
-        h.update(b"\x01" + len(data).to_bytes(8, "big"))
-        h.update(data)
-    return h.digest()
+def key_of(*parts: str | None) -> bytes:
+    """A digest of `parts`: each is length-prefixed, so none can run into the next; None and "" differ."""
+    text = "".join(["~" if part is None else f"{len(part)}:{part}" for part in parts])
+    return hashlib.sha256(text.encode()).digest()

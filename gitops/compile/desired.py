@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from gitops.cri.types import ContainerSpec, SandboxSpec
@@ -89,8 +90,9 @@ class FileSpec:
     def known(self) -> bool:
         return self.bundle is None
 
-    @property
+    @cached_property
     def digest(self) -> str:
+        """Computed once per FileSpec: compiled pods are reused from plan to plan."""
         return file_digest(self.content) if self.bundle is None else AFTER_APPLY
 
 
