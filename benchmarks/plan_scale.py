@@ -585,6 +585,7 @@ def figures(p: Params, t: dict[str, tuple], rss: int) -> dict[str, float | int]:
         "plan_one_change_s": round(t[ONE_CHANGE][0], 3),
         "plan_converged_over_floor": round(t[CONVERGED][0] / t[FLOOR][0], 2),
         "rss_mib": round(rss / 2**20, 1),
+        "rss_after_plans_mib": round(t[ONE_CHANGE][1] / 2**20, 1),  # before the snapshot is written
     }
 
 
