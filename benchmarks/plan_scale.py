@@ -14,17 +14,23 @@ digest of the gitops code that determines spec hashes).
 Then it measures, in this process only (the generator runs in a forked child
 so that its memory does not count):
 
+* a bare floor: PyYAML's CSafeLoader over every repo file and, per document,
+  one jsonschema Draft 2020-12 validator of its kind's schema; the least any
+  planner must spend to read and check this repo (make_plan is compared to it);
 * validate_repo on the generated repo;
 * loading the recorded state and the observed snapshot from JSON;
-* make_plan against the converged observed state (asserts an empty plan);
-* make_plan with one cluster changed (an image override; asserts that only
-  that cluster is touched);
+* make_plan against the converged observed state (asserts an empty plan): the
+  first plan of the process (nothing compiled or certificate verified yet),
+  then the steady state of a controller planning again and again;
+* make_plan with one cluster changed since the last plan (each run gives that
+  cluster's etcd a new image; asserts that only that cluster is touched);
 * peak memory: tracemalloc peak over snapshot load + make_plan, and ru_maxrss.
 
 Run from the repo root:
 
-    /tmp/venvtest/bin/python benchmarks/plan_scale.py            # 1000 clusters / 50 hypervisors
-    /tmp/venvtest/bin/python benchmarks/plan_scale.py --quick    # 50 clusters, a fast sanity run
+    .venv/bin/python benchmarks/plan_scale.py            # 1000 clusters / 50 hypervisors
+    .venv/bin/python benchmarks/plan_scale.py --quick    # 50 clusters, a fast sanity run
+    .venv/bin/python benchmarks/plan_scale.py --json     # the table, then the figures as JSON on the last line
 """
 from __future__ import annotations
 
@@ -52,12 +58,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+import yaml  # noqa: E402
 from cryptography.hazmat.primitives import serialization  # noqa: E402
+from jsonschema import Draft202012Validator  # noqa: E402
 
 from gitops.compile import compile_desired  # noqa: E402
 from gitops.compile.desired import SPEC_ANNOTATION, SPEC_HASH, DesiredState  # noqa: E402
 from gitops.engine import make_plan  # noqa: E402
 from gitops.model.resources import RepoModel  # noqa: E402
+from gitops.model.schemas import schema  # noqa: E402
 from gitops.model.validate import validate_repo  # noqa: E402
 from gitops.observe import (  # noqa: E402
     NodeFiles,
@@ -79,7 +88,7 @@ HASHED_SOURCES = ("gitops/compile", "gitops/observe.py", "gitops/state", "gitops
 CONTROLPLANE_PER_CLUSTER = 3
 PORTS = {"controlplane": 5, "controlplane-ingress": 1}
 PORT_BASE = 20000
-CHANGED_IMAGE = "registry.example.com/etcd:3.5.17-0"
+CHANGED_IMAGE = "registry.example.com/etcd:3.5.17-{}"  # one new tag per run
 
 
 # --------------------------------------------------------------------------- the repo
@@ -329,14 +338,14 @@ def timed(results: dict, label: str):
 
 
 def repeated(results: dict, label: str, times: int, fn):
-    """Run `fn` `times` times; record the best time (and all of them); return the last result."""
+    """Run `fn(run)` `times` times; record the best time (and all of them); return the last result."""
     runs = []
     out = None
-    for _ in range(times):
+    for run in range(times):
         out = None  # let the previous result go before the next run
         gc.collect()
         t = time.perf_counter()
-        out = fn()
+        out = fn(run)
         runs.append(time.perf_counter() - t)
     results[label] = (min(runs), maxrss())
     if times > 1:
@@ -344,19 +353,33 @@ def repeated(results: dict, label: str, times: int, fn):
     return out
 
 
-def changed_model(model: RepoModel, cluster: str) -> RepoModel:
+def bare_floor(root: Path) -> int:
+    """Load every YAML file of the repo with CSafeLoader and check each document with a
+    Draft 2020-12 validator of its kind's schema: the floor under validating and planning.
+    Returns the number of documents (every one must be valid)."""
+    documents = 0
+    for path in sorted(root.rglob("*.yaml")):
+        for doc in yaml.load_all(path.read_bytes(), Loader=yaml.CSafeLoader):
+            if doc is None:
+                continue
+            Draft202012Validator(schema(doc["kind"])).validate(doc)
+            documents += 1
+    return documents
+
+
+def changed_model(model: RepoModel, cluster: str, image: str) -> RepoModel:
     c = model.clusters[cluster]
-    changed = dataclasses.replace(c, image_overrides={**c.image_overrides, "etcd": CHANGED_IMAGE})
+    changed = dataclasses.replace(c, image_overrides={**c.image_overrides, "etcd": image})
     return dataclasses.replace(model, clusters={**model.clusters, cluster: changed})
 
 
-def check_changed_plan(plan, cluster: str) -> None:
+def check_changed_plan(plan, cluster: str, image: str) -> None:
     others = sorted({a.cluster for a in plan.actions} - {cluster})
     assert not others, f"plan touches other clusters: {others[:5]}"
     etcd = [(a.kind, a.node, a.component) for a in plan.actions]
     want = [(Kind.RECREATE_CONTAINER, f"{cluster}-cp-{n}", "etcd") for n in range(1, CONTROLPLANE_PER_CLUSTER + 1)]
     assert etcd == want, f"unexpected plan for {cluster}: {etcd}"
-    assert all(any(CHANGED_IMAGE in d for d in a.details) for a in plan.actions), [a.details for a in plan.actions]
+    assert all(any(image in d for d in a.details) for a in plan.actions), [a.details for a in plan.actions]
 
 
 def fmt_s(seconds: float) -> str:
@@ -411,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs of each make_plan; the best is shown (default 3)")
     ap.add_argument("--profile", action="store_true", help="cProfile the unchanged make_plan and print hot spots")
     ap.add_argument("--no-tracemalloc", action="store_true", help="skip the (slower) traced pass")
+    ap.add_argument("--json", action="store_true",
+                    help="end with the figures as one JSON object on the last line")
     args = ap.parse_args(argv)
     if args.quick:
         args.clusters, args.hypervisors = 50, 10
@@ -425,8 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         with timed(t, "generate repo YAML"):
             write_repo(root, p)
         n_files = sum(1 for _ in root.rglob("*.yaml"))
-        with timed(t, "validate_repo"):
-            validation = validate_repo(root)
+        n_docs = repeated(t, FLOOR, args.repeat, lambda _: bare_floor(root))
+        validation = repeated(t, "validate_repo", args.repeat, lambda _: validate_repo(root))
         if validation.model is None:
             for d in validation.diagnostics[:20]:
                 print(d, file=sys.stderr)
@@ -446,8 +471,9 @@ def main(argv: list[str] | None = None) -> int:
             observed = ObservedState.from_dict(raw)
         del raw
 
-        planned = repeated(t, "make_plan, converged (no change)", args.repeat,
-                           lambda: make_plan(model, config, state, observed, now=NOW))
+        with timed(t, COLD):  # nothing compiled or verified yet in this process
+            make_plan(model, config, state, observed, now=NOW)
+        planned = repeated(t, CONVERGED, args.repeat, lambda _: make_plan(model, config, state, observed, now=NOW))
         plan = planned.plan
         assert plan.actions == (), f"converged system planned {len(plan.actions)} actions, e.g. " \
             f"{plan.actions[:3]}" + (" (cached snapshot: try --rebuild)" if cached else "")
@@ -455,12 +481,13 @@ def main(argv: list[str] | None = None) -> int:
         del planned, plan
 
         target = sorted(model.clusters)[len(model.clusters) // 2]
-        other = changed_model(model, target)
-        planned = repeated(t, f"make_plan, one cluster changed ({target} etcd image)", args.repeat,
-                           lambda: make_plan(other, config, state, observed, now=NOW))
-        check_changed_plan(planned.plan, target)
+        # each run changes the etcd image of `target` again: one cluster changed since the last plan
+        others = [changed_model(model, target, CHANGED_IMAGE.format(run)) for run in range(args.repeat)]
+        planned = repeated(t, ONE_CHANGE, args.repeat, lambda run: make_plan(others[run], config, state, observed,
+                                                                             now=NOW))
+        check_changed_plan(planned.plan, target, CHANGED_IMAGE.format(args.repeat - 1))
         n_changed = len(planned.plan.actions)
-        del planned, other
+        del planned, others
 
         # the snapshot as the status branch writes it after each observation
         with timed(t, "write observed JSON (to_dict + dumps)"):
@@ -471,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()
-            make_plan(model, config, state, observed, now=NOW)
+            make_plan(model, config, state, observed, now=NOW)  # converged, caches warm
             prof.disable()
             out = io.StringIO()
             stats = pstats.Stats(prof, stream=out).strip_dirs()
@@ -495,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = [
         ("clusters / nodes / hypervisors", f"{p.clusters} / {n_nodes} / {p.hypervisors} "
                                            f"({p.private} private, {p.public} public)"),
-        ("repo YAML files", str(n_files)),
+        ("repo YAML files / documents", f"{n_files} / {n_docs}"),
         ("observed pods / containers / leaf certs", f"{n_pods} / {n_containers} / {n_certs}"),
         ("state.json / observed.json size", f"{fmt_mib(state_path.stat().st_size)} / "
                                             f"{fmt_mib(observed_path.stat().st_size)}"),
@@ -509,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, (secs, rss, *runs) in t.items():
         extra = f"   (runs: {', '.join(f'{r:.2f}' for r in runs[0])} s)" if runs else ""
         rows.append((label, f"{fmt_s(secs):>9}   rss {fmt_mib(rss):>8}{extra}"))
-    rows.append(("  -> changed plan actions", f"{n_changed} (all in {target})"))
+    rows.append(("  -> changed plan actions", f"{n_changed} (all in {target}: etcd image)"))
     mem = [("ru_maxrss (generator child excluded)", fmt_mib(untraced_rss))]
     if traced:
         mem += [
@@ -535,7 +562,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label:<{width}}{value}")
     if profile_text:
         print("\ncProfile of make_plan (converged):\n" + profile_text)
+    if args.json:
+        print(json.dumps(figures(p, t, untraced_rss)))
     return 0
+
+
+FLOOR = "bare floor (CSafeLoader + Draft202012Validator)"
+COLD = "make_plan, converged, first in this process"
+CONVERGED = "make_plan, converged (no change)"
+ONE_CHANGE = "make_plan, one cluster changed since the last plan"
+
+
+def figures(p: Params, t: dict[str, tuple], rss: int) -> dict[str, float | int]:
+    """The headline figures, for --json (seconds: best of --repeat, but the first plan's)."""
+    return {
+        "clusters": p.clusters,
+        "hypervisors": p.hypervisors,
+        "bare_floor_s": round(t[FLOOR][0], 3),
+        "validate_s": round(t["validate_repo"][0], 3),
+        "plan_first_s": round(t[COLD][0], 3),
+        "plan_converged_s": round(t[CONVERGED][0], 3),
+        "plan_one_change_s": round(t[ONE_CHANGE][0], 3),
+        "plan_converged_over_floor": round(t[CONVERGED][0] / t[FLOOR][0], 2),
+        "rss_mib": round(rss / 2**20, 1),
+        "rss_after_plans_mib": round(t[ONE_CHANGE][1] / 2**20, 1),  # before the snapshot is written
+    }
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import pytest
 from repo_helpers import EXAMPLE_REPO
 from rich.console import Console
 
-from gitops.compile import compile_desired
+from gitops.compile import COMPILED_CLUSTERS, compile_desired
 from gitops.compile.authorities import authority
 from gitops.compile.desired import DesiredState
 from gitops.engine import MassDeleteRefused, apply_repo, make_plan
@@ -25,6 +25,7 @@ from gitops.node import NodeFiles
 from gitops.observe import ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
 from gitops.pki import cert_to_pem, generate_key, sign_public_key
 from gitops.plan.actions import Kind, Plan, Unknown, UnknownKind
+from gitops.plan.diff import CERTIFICATE_FACTS
 from gitops.plan.render import headline, render_json, render_markdown, render_text
 from gitops.state import LocalDirStore, State
 
@@ -287,6 +288,50 @@ def test_expiring_certificate_is_renewed(repo):
     files = [a for a in plan.actions if a.kind == Kind.WRITE_FILES]
     assert len(files) == 6  # every controlplane node
     assert any(d.startswith("certificate etcd-server: expires 2027-11-01") for d in files[0].details)
+
+
+def test_certificates_are_verified_once_per_content_and_still_checked_against_now(repo):
+    state, observed = settle(repo.model)
+    CERTIFICATE_FACTS.clear()
+    assert make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan.actions == ()
+    parsed = CERTIFICATE_FACTS.misses
+    assert parsed == sum(len(p.files.certificates) for p in observed.pods())
+    # the same certificates later: nothing parsed or verified again, yet the renewal window is the new one
+    later = NOW + dt.timedelta(days=340)
+    files = [a for a in make_plan(repo.model, repo.repo.config, state, observed, now=later).plan.actions
+             if a.kind == Kind.WRITE_FILES]
+    assert CERTIFICATE_FACTS.misses == parsed and len(files) == 6
+    # a new authority: the same certificate content is checked against it, and refused
+    rotated = state.copy()
+    del rotated.clusters["team-a"].authorities["etcd"]
+    plan = make_plan(repo.model, repo.repo.config, rotated, observed, now=NOW).plan
+    details = [d for a in plan.actions if a.kind == Kind.WRITE_FILES and a.cluster == "team-a" for d in a.details]
+    assert "certificate etcd-server: not signed by the current authority" in details
+    assert CERTIFICATE_FACTS.misses > parsed
+
+
+def test_a_plan_recompiles_only_the_clusters_whose_inputs_changed(repo):
+    state, observed = settle(repo.model)
+    COMPILED_CLUSTERS.clear()
+    first = make_plan(repo.model, repo.repo.config, state, observed, now=NOW)
+    assert COMPILED_CLUSTERS.misses == len(repo.model.clusters) and first.plan.actions == ()
+    again = make_plan(repo.model, repo.repo.config, state, observed, now=NOW)
+    assert COMPILED_CLUSTERS.misses == len(repo.model.clusters)
+    assert again.compiled.desired == first.compiled.desired and again.compiled.state == first.compiled.state
+    # an image override in team-a: only team-a is compiled again, and the plan is what a fresh compile gives
+    cluster = repo.model.clusters["team-a"]
+    changed = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-a": dataclasses.replace(
+        cluster, image_overrides={**cluster.image_overrides, "etcd": "registry.example.com/etcd:3.5.17-0"})})
+    plan = make_plan(changed, repo.repo.config, state, observed, now=NOW).plan
+    assert COMPILED_CLUSTERS.misses == len(repo.model.clusters) + 1
+    COMPILED_CLUSTERS.clear()
+    assert make_plan(changed, repo.repo.config, state, observed, now=NOW).plan == plan
+    assert {(a.kind, a.cluster, a.component) for a in plan.actions} == {(Kind.RECREATE_CONTAINER, "team-a", "etcd")}
+    # a recorded port is an input too
+    moved = state.copy()
+    moved.nodes["team-b-cp-1"].ports["scheduler"] += 1000
+    make_plan(repo.model, repo.repo.config, moved, observed, now=NOW)
+    assert COMPILED_CLUSTERS.misses == len(repo.model.clusters) + 1
 
 
 def test_mass_delete_is_refused_before_touching_anything(repo, tmp_path):

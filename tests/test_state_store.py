@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import stat
+from dataclasses import MISSING, fields
 
 import pytest
 
@@ -29,3 +30,33 @@ def test_corrupt_state_is_a_clear_error(tmp_path):
     (tmp_path / "state.json").write_text("{not json")
     with pytest.raises(GitopsError, match="corrupt state file"):
         LocalDirStore(tmp_path).load()
+
+
+def test_copy_is_deep_and_misses_no_field():
+    """Every field set to something other than its default: a field copy() forgets shows up as a difference."""
+    state = State(
+        clusters={"c1": ClusterRecord(authorities={"etcd": CertRecord("CERT", "KEY")}, admin=CertRecord("A", "AK"),
+                                      service_account_keys={"n1": "PUB"}, etcd_members=["n1"],
+                                      retired_service_account_keys=["OLD"])},
+        nodes={"n1": NodeRecord("c1", "hv-1", {"etcd-client": 31000}, "n1=https://x:1", "new")},
+        sip_labels={"metal3/host-1": {"role": "lb", "gone": None}},
+    )
+    for record in (state, *state.clusters.values(), *state.nodes.values(), state.clusters["c1"].admin):
+        for f in fields(record):
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            assert getattr(record, f.name) != default, (type(record).__name__, f.name)
+    copied = state.copy()
+    assert copied == state and copied.to_dict() == state.to_dict()
+    copied.clusters["c1"].authorities["etcd"].key_pem = "OTHER"
+    copied.clusters["c1"].admin.cert_pem = "B"
+    copied.clusters["c1"].service_account_keys["n2"] = "PUB2"
+    copied.clusters["c1"].etcd_members.append("n2")
+    copied.clusters["c1"].retired_service_account_keys.append("OLDER")
+    copied.nodes["n1"].ports["etcd-peer"] = 31001
+    copied.sip_labels["metal3/host-1"]["role"] = "jump"
+    assert state.to_dict() == State.from_dict(state.to_dict()).to_dict() and copied != state
+    assert state.clusters["c1"] == ClusterRecord(authorities={"etcd": CertRecord("CERT", "KEY")},
+                                                 admin=CertRecord("A", "AK"), service_account_keys={"n1": "PUB"},
+                                                 etcd_members=["n1"], retired_service_account_keys=["OLD"])
+    assert state.nodes["n1"].ports == {"etcd-client": 31000}
+    assert state.sip_labels == {"metal3/host-1": {"role": "lb", "gone": None}}

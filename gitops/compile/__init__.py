@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 from gitops.compile.authorities import ensure_authorities
 from gitops.compile.components import etcd_member, pod_for
-from gitops.compile.desired import DesiredCluster, DesiredState
+from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState
 from gitops.compile.placement import PlacementError, place
-from gitops.model.resources import CONTROLPLANE, BareMetalHost, Hypervisor, RepoModel
+from gitops.memo import Memo, key_of
+from gitops.model.resources import CONTROLPLANE, BareMetalHost, Cluster, Hypervisor, Node, RepoModel
 from gitops.compile.sip_services import pinned_ports, service_nodes, service_pods
-from gitops.state.records import NodeRecord, State
+from gitops.state.records import ClusterRecord, NodeRecord, State
 
 __all__ = ["Compiled", "PlacementError", "compile_desired"]
 
@@ -48,32 +49,48 @@ def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None =
     pods = {}
     clusters = {}
     for name, cluster in sorted(model.clusters.items()):
+        nodes = model.nodes_of(name)
         placed: dict[str, tuple[Hypervisor, NodeRecord]] = {
             node.name: (model.hypervisors[new.nodes[node.name].hypervisor], new.nodes[node.name])
-            for node in model.nodes_of(name) if node.name in new.nodes
+            for node in nodes if node.name in new.nodes
         }
         _freeze_etcd_flags(new, name, model, placed)
         record = new.clusters[name]
-        for node in sorted(model.nodes_of(name), key=lambda n: n.name):
-            if node.name not in placed:
-                continue
-            hv, node_record = placed[node.name]
-            pods[node.name] = pod_for(node, cluster, hv, node_record, record, placed)
-        members = tuple(
-            etcd_member(hv, model.nodes[n], rec) for n, (hv, rec) in sorted(placed.items())
-            if model.nodes[n].role == CONTROLPLANE
-        )
-        ingress = sorted((n, hv, rec) for n, (hv, rec) in placed.items() if model.nodes[n].role != CONTROLPLANE)
-        endpoint = None
-        if ingress:
-            _, hv, rec = ingress[0]
-            endpoint = f"https://{hv.ip_address}:{rec.ports['apiserver']}"
-        clusters[name] = DesiredCluster(name=name, etcd_members=members, api_endpoint=endpoint)
+        cluster_pods, clusters[name] = COMPILED_CLUSTERS.get(
+            _cluster_key(cluster, nodes, placed, record),
+            lambda: _compile_cluster(cluster, {n.name: n for n in nodes}, placed, record))
+        pods.update((pod.node, pod) for pod in cluster_pods)
     if services:
         placed = {n: (model.hypervisors[new.nodes[n].hypervisor], new.nodes[n]) for n in services if n in new.nodes}
         pods.update(service_pods(model, placed, hosts, deferred))
     return Compiled(desired=DesiredState(pods=dict(sorted(pods.items())), clusters=clusters), state=new,
                     deferred=tuple(deferred))
+
+
+#: compiled clusters by a digest of their inputs: a plan recompiles only the clusters that changed
+#: (a fleet larger than this recompiles every cluster on every plan)
+COMPILED_CLUSTERS: Memo[bytes, tuple[tuple[DesiredPod, ...], DesiredCluster]] = Memo(maxsize=1 << 16)
+
+
+def _cluster_key(cluster: Cluster, nodes: list[Node], placed: dict[str, tuple[Hypervisor, NodeRecord]],
+                 record: ClusterRecord) -> bytes:
+    """A digest of everything a cluster's pods are made of: the Cluster, its Nodes, their hypervisors and
+    records (etcd flags frozen), the cluster's record. The reprs of these dataclasses show every field."""
+    return key_of(repr((cluster, sorted(nodes, key=lambda n: n.name), sorted(placed.items()), record)))
+
+
+def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str, tuple[Hypervisor, NodeRecord]],
+                     record: ClusterRecord) -> tuple[tuple[DesiredPod, ...], DesiredCluster]:
+    """The pods of a cluster's placed nodes (by name) and the cluster's etcd members and API endpoint."""
+    pods = tuple(pod_for(nodes[n], cluster, hv, rec, record, placed) for n, (hv, rec) in sorted(placed.items()))
+    members = tuple(etcd_member(hv, nodes[n], rec) for n, (hv, rec) in sorted(placed.items())
+                    if nodes[n].role == CONTROLPLANE)
+    ingress = sorted((n, hv, rec) for n, (hv, rec) in placed.items() if nodes[n].role != CONTROLPLANE)
+    endpoint = None
+    if ingress:
+        _, hv, rec = ingress[0]
+        endpoint = f"https://{hv.ip_address}:{rec.ports['apiserver']}"
+    return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint)
 
 
 def _freeze_etcd_flags(state: State, cluster: str, model: RepoModel,

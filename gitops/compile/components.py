@@ -9,7 +9,6 @@ directory written by the pod's `files` agent container.
 from __future__ import annotations
 
 import ipaddress
-import json
 import uuid
 from dataclasses import asdict, replace
 
@@ -126,8 +125,7 @@ def finish_container(spec: ContainerSpec, pod_labels: dict[str, str], files: tup
         {c.name: asdict(c) for c in certs if f"{FILES}/{c.name}." in text},
     )
     full = identify(replace(spec, log_path=f"{spec.name}.log"), pod_labels, inputs)
-    # the summary is what the annotation will read back as: JSON types (lists, not tuples)
-    return DesiredContainer(spec=full, spec_hash=full.labels[SPEC_HASH], summary=json.loads(canonical_json(inputs)))
+    return DesiredContainer(spec=full, spec_hash=full.labels[SPEC_HASH])
 
 
 def _files_mount(base: str) -> Mount:

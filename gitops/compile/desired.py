@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from gitops.cri.types import ContainerSpec, SandboxSpec
@@ -80,8 +81,9 @@ class FileSpec:
     def known(self) -> bool:
         return self.bundle is None
 
-    @property
+    @cached_property
     def digest(self) -> str:
+        """Computed once per FileSpec: compiled pods are reused from plan to plan."""
         return file_digest(self.content) if self.bundle is None else AFTER_APPLY
 
 
@@ -104,12 +106,16 @@ class DesiredContainer:
     #: the spec's identity: changes whenever anything the container runs with changes
     #: (AFTER_APPLY while a file it reads is known after apply)
     spec_hash: str
-    #: the part of the spec shown in diffs (everything but labels/annotations)
-    summary: dict[str, Any] = field(hash=False, compare=False)
 
     @property
     def known(self) -> bool:
         return self.spec_hash != AFTER_APPLY
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """What the spec hash covers, as the observed annotation reads back (JSON types: lists, not
+        tuples); decoded when a diff needs it, not kept: compiled pods stay cached between plans."""
+        return json.loads(self.spec.annotations[SPEC_ANNOTATION])
 
 
 def hash_inputs(container: dict[str, Any], files: dict[str, str], certificates: dict[str, Any]) -> dict[str, Any]:

@@ -51,12 +51,14 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
     down = frozenset(unavailable)
     new = state.copy()
     errors: list[str] = []
-    for node in sorted(model.nodes.values(), key=lambda n: n.name):
+    nodes = sorted(model.nodes.values(), key=lambda n: n.name)
+    spread = _Spread(new)
+    for node in nodes:
         record = new.nodes.get(node.name)
         if record is not None and _fits(model, node, record):
             continue
         try:
-            hypervisor = _choose(model, new, node, down)
+            hypervisor = _choose(model, spread, node, down)
         except Deferred as note:
             if deferred is not None:
                 deferred.append(str(note))
@@ -64,18 +66,48 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
         except PlacementError as err:
             errors.append(str(err))
             continue
-        new.nodes[node.name] = NodeRecord(cluster=node.cluster, hypervisor=hypervisor.name)
-    for node in sorted(model.nodes.values(), key=lambda n: n.name):
+        placed = NodeRecord(cluster=node.cluster, hypervisor=hypervisor.name)
+        spread.move(record, placed)
+        new.nodes[node.name] = placed
+    taken = _ports_by_hypervisor(new)
+    for node in nodes:
         record = new.nodes.get(node.name)
         if record is None:
             continue
         try:
-            _allocate_ports(model, new, node, record, (fixed or {}).get(node.name))
+            _allocate_ports(model, taken, node, record, (fixed or {}).get(node.name))
         except PlacementError as err:
             errors.append(str(err))
     if errors:
         raise PlacementError("cannot place every node:\n" + "\n".join(f"  - {e}" for e in errors))
     return new
+
+
+class _Spread:
+    """How many recorded nodes each hypervisor holds, overall and per cluster (kept up to date)."""
+
+    def __init__(self, state: State):
+        self.overall: Counter[str] = Counter()
+        self.by_cluster: dict[str, Counter[str]] = {}
+        for record in state.nodes.values():
+            self._count(record, 1)
+
+    def _count(self, record: NodeRecord, n: int) -> None:
+        self.overall[record.hypervisor] += n
+        self.by_cluster.setdefault(record.cluster, Counter())[record.hypervisor] += n
+
+    def move(self, old: NodeRecord | None, new: NodeRecord) -> None:
+        if old is not None:
+            self._count(old, -1)
+        self._count(new, 1)
+
+
+def _ports_by_hypervisor(state: State) -> dict[str, Counter[int]]:
+    """How many records hold each port, per hypervisor (a bad state may hold a port twice)."""
+    taken: dict[str, Counter[int]] = {}
+    for record in state.nodes.values():
+        taken.setdefault(record.hypervisor, Counter()).update(record.ports.values())
+    return taken
 
 
 def _eligible(hv: Hypervisor, node: Node) -> bool:
@@ -89,7 +121,7 @@ def _fits(model: RepoModel, node: Node, record: NodeRecord) -> bool:
     return node.hypervisor is None or node.hypervisor == record.hypervisor
 
 
-def _choose(model: RepoModel, state: State, node: Node, down: frozenset[str]) -> Hypervisor:
+def _choose(model: RepoModel, spread: _Spread, node: Node, down: frozenset[str]) -> Hypervisor:
     kind = "private" if node.role == CONTROLPLANE else "public"
     if node.hypervisor is not None:
         hv = model.hypervisors[node.hypervisor]
@@ -102,41 +134,59 @@ def _choose(model: RepoModel, state: State, node: Node, down: frozenset[str]) ->
         raise PlacementError(f"Node {node.name} (role {node.role}): no {kind} hypervisor in the repo")
     if not candidates:
         raise Deferred(f"Node {node.name} is not placed yet: every {kind} hypervisor is unreachable")
-    same_cluster = Counter(r.hypervisor for r in state.nodes.values() if r.cluster == node.cluster)
-    overall = Counter(r.hypervisor for r in state.nodes.values())
+    same_cluster = spread.by_cluster.get(node.cluster, Counter())
+    overall = spread.overall
     return min(candidates, key=lambda hv: (same_cluster[hv.name], overall[hv.name], hv.name))
 
 
-def _allocate_ports(model: RepoModel, state: State, node: Node, record: NodeRecord,
+def _allocate_ports(model: RepoModel, taken: dict[str, Counter[int]], node: Node, record: NodeRecord,
                     pinned: tuple[str, int] | None = None) -> None:
+    """Give `record` the ports its role needs. `taken` counts every record's ports per hypervisor
+    and follows `record`'s changes; the ports `record` held during this call stay used in it."""
     hv = model.hypervisors[record.hypervisor]
     wanted = PORTS_BY_ROLE[node.role]
-    record.ports = {k: v for k, v in record.ports.items() if k in wanted and v in hv.port_range}
-    used = {port for name, r in state.nodes.items() if r.hypervisor == hv.name and name != node.name
-            for port in r.ports.values()}
-    used |= set(record.ports.values())
     cluster = model.clusters.get(node.cluster)
     if pinned is None and cluster is not None and cluster.api_port is not None and node.role != CONTROLPLANE:
         pinned = ("apiserver", cluster.api_port)
+    if (len(record.ports) == len(wanted) and all(record.ports.get(k) in hv.port_range for k in wanted)
+            and (pinned is None or record.ports.get(pinned[0]) == pinned[1])):
+        record.ports = dict(sorted(record.ports.items()))  # already allocated: nothing to take or give back
+        return
+    counts = taken.setdefault(hv.name, Counter())
+    counts.subtract(record.ports.values())
+    record.ports = {k: v for k, v in record.ports.items() if k in wanted and v in hv.port_range}
+    counts.update(record.ports.values())
+    held = set(record.ports.values())
+
+    def used(port: int) -> bool:
+        return port in held or counts[port] > 0
+
+    def take(purpose: str, port: int) -> None:
+        old = record.ports.get(purpose)
+        if old is not None:
+            counts[old] -= 1
+        record.ports[purpose] = port
+        counts[port] += 1
+        held.add(port)
+
     if pinned is not None and record.ports.get(pinned[0]) != pinned[1]:
         purpose, fixed = pinned
         if fixed not in hv.port_range:
             raise PlacementError(f"Node {node.name}: {purpose} port {fixed} is outside "
                                  f"Hypervisor {hv.name}'s range {hv.port_range.low}-{hv.port_range.high}")
-        if fixed in used:
+        if used(fixed):
             raise PlacementError(f"Node {node.name}: {purpose} port {fixed} on Hypervisor {hv.name} is already taken")
-        record.ports[purpose] = fixed
-        used.add(fixed)
-    free = (p for p in range(hv.port_range.low, hv.port_range.high + 1) if p not in used)
+        take(purpose, fixed)
+    free = (p for p in range(hv.port_range.low, hv.port_range.high + 1) if not used(p))
     for purpose in wanted:
         if purpose in record.ports:
             continue
         port = next(free, None)
         if port is None:
+            in_use = held | {p for p, n in counts.items() if n > 0}
             raise PlacementError(
                 f"Node {node.name}: Hypervisor {hv.name} has no free port left in "
-                f"{hv.port_range.low}-{hv.port_range.high} for {purpose} ({len(used)} in use); "
+                f"{hv.port_range.low}-{hv.port_range.high} for {purpose} ({len(in_use)} in use); "
                 "widen spec.portRange or add a hypervisor")
-        record.ports[purpose] = port
-        used.add(port)
+        take(purpose, port)
     record.ports = dict(sorted(record.ports.items()))

@@ -6,6 +6,7 @@ validated, the rest of the pipeline works only with these frozen dataclasses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -220,4 +221,13 @@ class RepoModel:
     secrets: dict[str, dict] = field(default_factory=dict, hash=False)
 
     def nodes_of(self, cluster: str) -> list[Node]:
-        return [n for n in self.nodes.values() if n.cluster == cluster]
+        """The nodes of `cluster`, in `nodes` order."""
+        return list(self._nodes_by_cluster.get(cluster, ()))
+
+    @cached_property
+    def _nodes_by_cluster(self) -> dict[str, tuple[Node, ...]]:
+        """Nodes grouped by cluster, built once (the model is never mutated; `replace` makes a new one)."""
+        grouped: dict[str, list[Node]] = {}
+        for node in self.nodes.values():
+            grouped.setdefault(node.cluster, []).append(node)
+        return {name: tuple(nodes) for name, nodes in grouped.items()}

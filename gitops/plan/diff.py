@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import sys
 from dataclasses import dataclass
+from functools import lru_cache
 
 from cryptography import x509
 from deepdiff import DeepDiff
@@ -24,6 +26,7 @@ from gitops.compile.desired import (
     DesiredPod,
     DesiredState,
 )
+from gitops.memo import Memo, key_of
 from gitops.model.resources import CONTROLPLANE
 from gitops.node import AGENT, SPEC_HASH, NodeFiles
 from gitops.observe import ObservedContainer, ObservedPod, ObservedState
@@ -310,27 +313,72 @@ def certificate_problem(spec: CertificateSpec, files: NodeFiles, ca_pem: str | N
         return "missing"
     if spec.name not in files.keys:
         return "its key is missing"
-    try:
-        cert = load_cert_pem(pem)
-    except Exception:  # noqa: BLE001 - any unreadable certificate is reissued
+    facts = certificate_facts(pem, ca_pem)
+    if facts is None:
         return "unreadable"
-    if ca_pem is not None and not is_signed_by(cert, load_cert_pem(ca_pem)):
+    if not facts.signed:
         return "not signed by the current authority"
-    if cert.not_valid_after_utc - now <= dt.timedelta(days=renew_before_days):
-        return f"expires {cert.not_valid_after_utc:%Y-%m-%d} (renewal window {renew_before_days} days)"
-    cn = [a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)]
-    orgs = sorted(a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.ORGANIZATION_NAME))
-    if cn != [spec.common_name] or orgs != sorted(spec.organizations):
+    if facts.not_after - now <= dt.timedelta(days=renew_before_days):
+        return f"expires {facts.not_after:%Y-%m-%d} (renewal window {renew_before_days} days)"
+    if facts.common_names != (spec.common_name,) or facts.organizations != tuple(sorted(spec.organizations)):
         return "subject changed"
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        dns = sorted(san.get_values_for_type(x509.DNSName))
-        ips = sorted(str(ip) for ip in san.get_values_for_type(x509.IPAddress))
-    except x509.ExtensionNotFound:
-        dns, ips = [], []
-    if dns != sorted(spec.dns_names) or ips != sorted(spec.ip_addresses):
+    if facts.dns_names != tuple(sorted(spec.dns_names)) or facts.ip_addresses != tuple(sorted(spec.ip_addresses)):
         return "subject alternative names changed"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class CertificateFacts:
+    """What a certificate says, once parsed and checked against an authority; no clock involved."""
+
+    #: directly issued by the authority (True when there is none to check against)
+    signed: bool
+    not_after: dt.datetime
+    common_names: tuple[str, ...]
+    organizations: tuple[str, ...]  # sorted, as are the SANs
+    dns_names: tuple[str, ...]
+    ip_addresses: tuple[str, ...]
+
+
+#: one entry per (certificate, authority) content: 24 per cluster, ~0.5 KiB each
+CERTIFICATE_FACTS: Memo[bytes, CertificateFacts | None] = Memo(maxsize=1 << 19)
+
+
+def certificate_facts(pem: str, ca_pem: str | None) -> CertificateFacts | None:
+    """The facts of `pem` (None: unreadable), parsed and verified once per content of `pem` and `ca_pem`."""
+    return CERTIFICATE_FACTS.get(key_of(pem, ca_pem), lambda: _read_certificate(pem, ca_pem))
+
+
+def _read_certificate(pem: str, ca_pem: str | None) -> CertificateFacts | None:
+    try:
+        cert = load_cert_pem(pem)
+        subject = cert.subject
+        try:
+            san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            dns = sorted(san.get_values_for_type(x509.DNSName))
+            ips = sorted(str(ip) for ip in san.get_values_for_type(x509.IPAddress))
+        except x509.ExtensionNotFound:
+            dns, ips = [], []
+    except Exception:  # noqa: BLE001 - any unreadable certificate is reissued
+        return None
+    return CertificateFacts(
+        signed=ca_pem is None or is_signed_by(cert, _authority(ca_pem)),
+        not_after=cert.not_valid_after_utc,
+        common_names=_attributes(subject, x509.NameOID.COMMON_NAME),
+        organizations=tuple(sorted(_attributes(subject, x509.NameOID.ORGANIZATION_NAME))),
+        dns_names=tuple(map(sys.intern, dns)),
+        ip_addresses=tuple(map(sys.intern, ips)),
+    )
+
+
+def _attributes(subject: x509.Name, oid: x509.ObjectIdentifier) -> tuple[str, ...]:
+    return tuple(sys.intern(str(a.value)) for a in subject.get_attributes_for_oid(oid))
+
+
+@lru_cache(maxsize=4096)
+def _authority(ca_pem: str) -> x509.Certificate:
+    """An authority's certificate, parsed once (a cluster's three CAs sign ~24 node certificates)."""
+    return load_cert_pem(ca_pem)
 
 
 def _etcd_membership(desired: DesiredState, state: State, down: set[str], timeout: int) -> list[Action]:

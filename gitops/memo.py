@@ -1,0 +1,61 @@
+"""A bounded, thread-safe least-recently-used map for results of pure functions.
+
+Keys are digests of a computation's inputs, so a cache holds no inputs alive and a
+hit is exactly the value the computation would return again. Only immutable
+values (frozen dataclasses, tuples) belong in it: callers share them.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+_MISSING = object()
+
+
+class Memo(Generic[K, V]):
+    """At most `maxsize` entries; the least recently used goes first."""
+
+    def __init__(self, maxsize: int):
+        if maxsize < 1:
+            raise ValueError("maxsize must be at least 1")
+        self.maxsize = maxsize
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, key: K, compute: Callable[[], V]) -> V:
+        """The value stored under `key`, else `compute()` (stored; not under the lock)."""
+        with self._lock:
+            value = self._data.get(key, _MISSING)
+            if value is not _MISSING:
+                self._data.move_to_end(key)
+                self.hits += 1
+                return value  # type: ignore[return-value]
+            self.misses += 1
+        value = compute()
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self.hits = self.misses = 0
+
+
+def key_of(*parts: str | None) -> bytes:
+    """A digest of `parts`: each is length-prefixed, so none can run into the next; None and "" differ."""
+    text = "".join(["~" if part is None else f"{len(part)}:{part}" for part in parts])
+    return hashlib.sha256(text.encode()).digest()
