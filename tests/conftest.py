@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# as the `gitops` command does: gRPC's C core would print TLS handshake failures the tests provoke
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
 
 def require_root() -> None:
     """Skip (with the reason) when not root: containerd needs it. Missing binaries fail instead."""

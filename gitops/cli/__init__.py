@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import click
@@ -31,6 +32,9 @@ def cli(verbose: int) -> None:
 
 
 def _register() -> None:
+    # gRPC's C core logs TLS handshake failures to stderr, where gitops reports them as CRIErrors
+    # already; the command (not the library) quiets it, before its commands load grpc.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     from gitops.cli import controller, cri, lab, reconcile, validate
 
     for module in (validate, reconcile, controller, cri, lab):

@@ -9,7 +9,6 @@ endpoint, the call and the reason.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import re
 import time
@@ -17,10 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-# gRPC's C core logs handshake failures to stderr; gitops reports them as CRIError instead.
-os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-
-import grpc  # noqa: E402
+import grpc
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -367,10 +363,6 @@ class CRIClient:
         r = self._call("PullImage", self._images.PullImage,
                        pb.PullImageRequest(image=pb.ImageSpec(image=ref)), read=False, timeout=timeout)
         return str(r.image_ref)
-
-    def remove_image(self, ref: str) -> None:
-        self._call("RemoveImage", self._images.RemoveImage,
-                   pb.RemoveImageRequest(image=pb.ImageSpec(image=ref)), read=False)
 
 
 def connect(endpoint: CRIEndpoint, **kwargs: Any) -> CRIClient:
