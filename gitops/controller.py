@@ -231,7 +231,7 @@ class Controller:
         if last is not None:  # its observation is the live state after the apply
             observed, compiled, sip = last.observed, last.compiled, last.sip
         else:
-            observed = observe_all(model, config)
+            observed = observe_all(model, config, self.store.load())
             hosts = bare_metal_hosts(model, config, self.store.load(), observed)
             compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable,
                                        hosts=hosts or ())

@@ -124,3 +124,16 @@ def images_alias_cmd(src: str, dst: str, lab_dir: Path | None) -> None:
 
 
 COMMANDS: list[click.Command] = [lab]
+
+
+
+@lab.command("worker")
+@click.option("--number", type=int, default=1, show_default=True, help="Which lab worker (lab-worker-N).")
+@_DIR
+def worker_cmd(number: int, lab_dir: Path | None) -> None:
+    """Start a lab worker's own containerd (bridge CNI, its own address); print the `gitops join` flags
+    for it, one per line."""
+    from gitops.lab.worker import prepare
+
+    for flag in prepare(number, lab_dir).join_flags():
+        click.echo(flag)

@@ -72,7 +72,8 @@ def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exi
     if status_ref:
         state, observed, source = snapshot_from_status(repo, status_ref)
     else:
-        state, observed, source = state_store(repo, state_dir).load(), observe_all(model, result.repo.config), ""
+        state = state_store(repo, state_dir).load()
+        observed, source = observe_all(model, result.repo.config, state), ""
     planned = make_plan(model, result.repo.config, state, observed, source=source)
     show(planned.plan, fmt, output)
     if out is not None:
@@ -136,7 +137,7 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
     result = load(repo)
     model, config = result.model, result.repo.config
     store = state_store(repo, state_dir)
-    observed = observe_all(model, config)
+    observed = observe_all(model, config, store.load())
     if saved is not None:
         try:
             saved.check(repo_digest(result.repo.root, result.repo.files), state_digest(store.load()),
