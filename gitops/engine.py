@@ -110,7 +110,7 @@ def observe_all(model: RepoModel, config: RepoConfig, state: State | None = None
 
 
 def cluster_targets(model: RepoModel, state: State, observed: ObservedState) -> list[ClusterTarget]:
-    """Each cluster with a running kube-apiserver, reached directly at the first such one (by node name)."""
+    """Each cluster with a running kube-apiserver, reached directly at its running ones (by node name)."""
     running: dict[str, list[str]] = {}
     for pod in observed.pods():
         if pod.cluster in model.clusters and pod.running("kube-apiserver") and pod.node in state.nodes:
@@ -118,13 +118,14 @@ def cluster_targets(model: RepoModel, state: State, observed: ObservedState) -> 
     targets = []
     for cluster, nodes in sorted(running.items()):
         record = state.clusters.get(cluster)
-        node = state.nodes[min(nodes)]
-        hv = model.hypervisors.get(node.hypervisor)
-        if record is None or record.admin is None or hv is None or "apiserver" not in node.ports:
+        if record is None or record.admin is None:
             continue
-        targets.append(ClusterTarget(cluster, f"https://{hv.ip_address}:{node.ports['apiserver']}",
-                                     record.authorities["cluster"].cert_pem, record.admin.cert_pem,
-                                     record.admin.key_pem))
+        servers = tuple(f"https://{model.hypervisors[state.nodes[n].hypervisor].ip_address}:"
+                        f"{state.nodes[n].ports['apiserver']}" for n in sorted(nodes)
+                        if state.nodes[n].hypervisor in model.hypervisors and "apiserver" in state.nodes[n].ports)
+        if servers:
+            targets.append(ClusterTarget(cluster, servers, record.authorities["cluster"].cert_pem,
+                                         record.admin.cert_pem, record.admin.key_pem))
     return targets
 
 

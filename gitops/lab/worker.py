@@ -74,11 +74,14 @@ def release(hv_dir: Path) -> list[str]:
     record = hv_dir / RECORD
     if not record.exists():
         return []
-    worker = LabWorker(**json.loads(record.read_text()))
+    try:
+        ip = str(json.loads(record.read_text())["node_ip"])
+    except (OSError, ValueError, KeyError) as err:
+        raise LabError(f"unreadable worker record {record}: {err}") from None
     done = []
-    if _has_address(worker.node_ip):
-        _ip("addr", "del", f"{worker.node_ip}/32", "dev", "lo")
-        done.append(f"{worker.name} address {worker.node_ip}")
+    if _has_address(ip):
+        _ip("addr", "del", f"{ip}/32", "dev", "lo")
+        done.append(f"worker address {ip}")
     record.unlink()
     return done
 

@@ -29,7 +29,8 @@ class ClusterTarget:
     """How to reach a cluster's API as its admin."""
 
     cluster: str
-    server: str
+    #: the cluster's running API servers, tried in order until one answers
+    servers: tuple[str, ...]
     ca_pem: str = field(repr=False)
     cert_pem: str = field(repr=False)
     key_pem: str = field(repr=False)
@@ -84,19 +85,26 @@ class ObservedCluster:
 
 
 def observe_cluster(target: ClusterTarget, timeout: float = 5.0) -> ObservedCluster:
-    try:
-        with KubeAPI(target.server, target.ca_pem, Credentials(target.cert_pem, target.key_pem),
-                     timeout=timeout) as api:
-            objects: dict[str, str] = {}
-            for collection in COLLECTIONS:
-                for item in api.list(collection, f"{MANAGED}={MANAGER}"):
-                    meta = item.get("metadata") or {}
-                    objects[f"{collection}/{meta.get('name')}"] = (meta.get("annotations") or {}).get(SPEC_HASH, "")
-            workers = tuple(sorted((_worker(n) for n in api.list("/api/v1/nodes")), key=lambda w: w.name))
-            csrs = tuple(sorted(filter(None, (_pending(c) for c in api.list(CSRS))), key=lambda c: c.name))
-    except KubeAPIError as err:
-        log.info("cluster API unreachable: %s", err)
-        return ObservedCluster(target.cluster, reachable=False, error=str(err))
+    """The first API server that answers tells; the cluster is unreachable when none does."""
+    errors = []
+    for server in target.servers:
+        try:
+            return _observe(target, server, timeout)
+        except KubeAPIError as err:
+            errors.append(str(err))
+    log.info("cluster API unreachable: %s", "; ".join(errors))
+    return ObservedCluster(target.cluster, reachable=False, error="; ".join(errors))
+
+
+def _observe(target: ClusterTarget, server: str, timeout: float) -> ObservedCluster:
+    with KubeAPI(server, target.ca_pem, Credentials(target.cert_pem, target.key_pem), timeout=timeout) as api:
+        objects: dict[str, str] = {}
+        for collection in COLLECTIONS:
+            for item in api.list(collection, f"{MANAGED}={MANAGER}"):
+                meta = item.get("metadata") or {}
+                objects[f"{collection}/{meta.get('name')}"] = (meta.get("annotations") or {}).get(SPEC_HASH, "")
+        workers = tuple(sorted((_worker(n) for n in api.list("/api/v1/nodes")), key=lambda w: w.name))
+        csrs = tuple(sorted(filter(None, (_pending(c) for c in api.list(CSRS))), key=lambda c: c.name))
     return ObservedCluster(target.cluster, True, objects=dict(sorted(objects.items())), workers=workers,
                            pending_csrs=csrs)
 
