@@ -87,11 +87,12 @@ def _binary(name: str, given: str | None) -> str:
     if found:
         return found
     from gitops.lab import kubebin  # the binaries scripts/build-kubernetes.sh cached
+    from gitops.lab.errors import LabError
 
-    cached = kubebin.cache_root() / kubebin.BUILT_VERSION / name
-    if cached.exists():
-        return str(cached)
-    raise GitopsError(f"no {name} binary: pass --{name} PATH")
+    try:
+        return str(kubebin.binary(name))
+    except LabError as err:
+        raise GitopsError(f"no {name} on PATH and {err}; or pass --{name} PATH") from None
 
 
 @click.command()
