@@ -69,7 +69,8 @@ def _recipient_warnings(repo: LoadedRepo, identities: list | None, opened: Opene
         return []
     if any(public_recipient(i) in recipients for i in identities):
         return []
-    return [Diagnostic(CONFIG_FILE, 1, "GitopsConfig", "spec.secrets.recipients",
+    return [Diagnostic(CONFIG_FILE, _line_of(repo.root / CONFIG_FILE, "recipients:"), "GitopsConfig",
+                       "spec.secrets.recipients",
                        f"the identity's recipient {public_recipient(identities[0])} is not listed: values "
                        "re-encrypted by `gitops secrets encrypt` or `rekey` will not be readable with it")]
 
@@ -81,6 +82,14 @@ class InvalidRepo(GitopsError):
         self.diagnostics = diagnostics
         lines = "\n".join(str(d) for d in diagnostics)
         super().__init__(f"repo is invalid ({len(diagnostics)} error(s)):\n{lines}")
+
+
+def _line_of(path: Path, needle: str) -> int:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return 1
+    return next((number for number, line in enumerate(lines, 1) if line.strip().startswith(needle)), 1)
 
 
 def load_model(root: str | os.PathLike[str], identity: str | None = None) -> RepoModel:
