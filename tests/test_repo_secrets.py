@@ -377,3 +377,52 @@ def test_the_controller_decrypts_with_its_identity_and_writes_no_key_anywhere(re
                     if p.is_file() and ".git" not in p.parts)
     for where, text in (("logs", logs), ("status branch", status), ("workdir", local)):
         assert "PRIVATE KEY" not in text and body not in text, where
+
+
+# --- the lab's example repo (no lab started: the lab's description is made up) -------------
+
+def _fake_lab(tmp_path: Path):
+    from gitops.lab.lab import LabHypervisor, LabInfo
+    from gitops.model.resources import PortRange
+
+    ca, ca_key = make_cert("lab ca", ca=True)
+    client, client_key = make_cert("gitops", issuer_key=ca_key, issuer=ca)
+    hvs = []
+    for n, public in ((1, True), (2, False), (3, False)):
+        remote = f"tcp://127.0.99.{n}:10250" if n == 3 else ""
+        hvs.append(LabHypervisor(f"hv-{n}", public, f"127.0.99.{n}", PortRange(30000 + 1000 * n, 30999 + 1000 * n),
+                                 str(tmp_path / f"hv-{n}"), str(tmp_path / f"hv-{n}.sock"), remote,
+                                 ca_pem=pem_cert(ca), client_cert_pem=pem_cert(client),
+                                 client_key_pem=pem_key(client_key) if remote else ""))
+    return LabInfo(tmp_path, tuple(hvs), {}, ()), pem_key(client_key)
+
+
+def test_lab_example_repo_keeps_plaintext_keys_allowed_by_default(tmp_path: Path):
+    from gitops.lab.example import write_example_repo
+
+    lab, key = _fake_lab(tmp_path)
+    write_example_repo(lab, tmp_path / "repo")
+    validation = validate_repo(tmp_path / "repo")
+    assert validation.ok, validation.diagnostics
+    assert [w.file for w in validation.warnings] == ["hypervisors/hv-private-2.yaml"]
+    assert validation.model.hypervisors["hv-private-2"].endpoint.client_private_key == key
+
+
+def test_lab_example_repo_encrypts_its_client_key_for_the_given_recipient(tmp_path: Path, ident):
+    from gitops.lab.example import example_source, write_example_repo
+
+    lab, key = _fake_lab(tmp_path)
+    repo = tmp_path / "repo"
+    result = gitops("secrets", "list", str(example_source()))
+    assert "PLAINTEXT" in result.output  # the shipped example: a throwaway key, allowed
+    write_example_repo(lab, repo, recipients=[ident.recipient])
+    assert "PRIVATE KEY" not in "".join(p.read_text() for p in repo.rglob("*.yaml"))
+    validation = validate_repo(repo, ident.text)
+    assert validation.ok and not validation.warnings, validation.diagnostics + validation.warnings
+    assert validation.model.hypervisors["hv-private-2"].endpoint.client_private_key == key
+    assert not validate_repo(repo).ok  # plan and apply need the identity now
+    config_before = (example_source() / "gitops.yaml").read_text().splitlines()
+    config_after = (repo / "gitops.yaml").read_text().splitlines()
+    changed = [(a, b) for a, b in zip(config_before, config_after) if a != b]
+    assert len(config_before) == len(config_after) and [b.strip() for _, b in changed] == [
+        f"- {ident.recipient}  # set by gitops lab example-repo --encrypt-to", "allowPlaintext: false"]
