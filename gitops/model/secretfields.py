@@ -24,6 +24,8 @@ SECRET_FIELDS: dict[str, tuple[FieldPath, ...]] = {
     "Hypervisor": (("spec", "remoteCRIEndpoint", "clientCertificate", "privateKey"),),
 }
 
+#: both PEM keys and armored age files start with it: a cheap test before the others (repos at scale)
+PEM_MARK = "-----BEGIN"
 #: any PEM private key: PKCS#8, RSA, EC, OPENSSH, ENCRYPTED ...
 PRIVATE_KEY = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")
 
@@ -74,7 +76,7 @@ def plaintext_findings(docs: list[Document], allow: bool) -> Iterator[Diagnostic
     for doc in docs:
         secret = set(declared(doc.kind))
         for path, value in strings(doc.data):
-            if not PRIVATE_KEY.search(value):
+            if PEM_MARK not in value or not PRIVATE_KEY.search(value):
                 continue
             if path in secret:
                 how = f"encrypt it: gitops secrets encrypt {doc.file} --field {format_path(path)}"
@@ -101,7 +103,7 @@ def open_secrets(docs: list[Document], config: RepoConfig,
     for doc in docs:
         secret = set(declared(doc.kind))
         for path, value in strings(doc.data):
-            if not is_armored(value):
+            if PEM_MARK not in value or not is_armored(value):
                 continue
             if path not in secret:
                 out.errors.append(doc.error(path, "age-encrypted value in a field gitops does not decrypt "
