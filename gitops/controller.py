@@ -166,7 +166,7 @@ class Controller:
                 log.info("signature verified", extra={"sha": revision.sha, "signer": signer})
         except SignatureError as err:
             return [str(err)], None
-        validation = validate_repo(revision.path)
+        validation = validate_repo(revision.path, self.config.identity)  # decrypts secret fields in memory
         return [str(d) for d in validation.diagnostics], validation
 
     def _refuse(self, sha: str, refusal: list[str], applied_before: str, status: StatusBranch,
@@ -181,7 +181,7 @@ class Controller:
         return outcome
 
     def _last_good(self, sha: str) -> Validation:
-        validation = validate_repo(self.source.checkout(sha).path)
+        validation = validate_repo(self.source.checkout(sha).path, self.config.identity)
         if validation.model is None:
             raise GitopsError(f"the last good commit {sha[:12]} no longer validates")
         return validation

@@ -90,11 +90,14 @@ def down_cmd(lab_dir: Path | None) -> None:
 @lab.command("example-repo")
 @click.argument("target", type=click.Path(file_okay=False, path_type=Path))
 @_DIR
-def example_repo_cmd(target: Path, lab_dir: Path | None) -> None:
+@click.option("--encrypt-to", "recipients", multiple=True, metavar="AGE1...",
+              help="Write the lab's mTLS client keys age-encrypted to this recipient (repeatable; e.g. the "
+                   "controller's), and refuse plaintext keys in gitops.yaml. Default: plaintext, allowed for labs.")
+def example_repo_cmd(target: Path, lab_dir: Path | None, recipients: tuple[str, ...]) -> None:
     """Write the example repo to TARGET with its Hypervisors pointing at this lab."""
     from gitops.lab.example import write_example_repo
 
-    for line in write_example_repo(labmod.info(lab_dir), target):
+    for line in write_example_repo(labmod.info(lab_dir), target, recipients=recipients):
         click.echo(line, err=True)
     click.echo(str(target))
 

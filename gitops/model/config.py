@@ -24,6 +24,14 @@ class BareMetalSource:
 
 
 @dataclass(frozen=True)
+class SecretsPolicy:
+    """`spec.secrets`: who secret fields are encrypted to, and whether plaintext keys are tolerated."""
+
+    recipients: tuple[str, ...] = ()
+    allow_plaintext: bool = False
+
+
+@dataclass(frozen=True)
 class RepoConfig:
     paths: tuple[str, ...] = (".",)
     status_branch: str = DEFAULT_STATUS_BRANCH
@@ -33,6 +41,11 @@ class RepoConfig:
     bare_metal: BareMetalSource = field(default_factory=BareMetalSource)
     #: etcd steps and API server replacements wait at most this long for health (spec.rollout.healthTimeoutSeconds)
     health_timeout: int = 60
+    secrets: SecretsPolicy = field(default_factory=SecretsPolicy)
+
+    @property
+    def allow_plaintext(self) -> bool:
+        return self.secrets.allow_plaintext
 
     @classmethod
     def from_spec(cls, spec: dict) -> "RepoConfig":
@@ -53,5 +66,9 @@ class RepoConfig:
                 provider=spec.get("bareMetal", {}).get("provider", "file"),
                 kubeconfig=spec.get("bareMetal", {}).get("kubeconfig"),
                 namespace=spec.get("bareMetal", {}).get("namespace"),
+            ),
+            secrets=SecretsPolicy(
+                recipients=tuple(spec.get("secrets", {}).get("recipients", ())),
+                allow_plaintext=spec.get("secrets", {}).get("allowPlaintext", False),
             ),
         )
