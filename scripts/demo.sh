@@ -35,7 +35,12 @@ $G lab up --dir "$LAB" --hypervisors 3 --public 1 --remote > "$WORK/lab-hypervis
 $G lab status --dir "$LAB"
 
 echo "== the example repo, wired to the lab: $REPO"
-$G lab example-repo --dir "$LAB" "$REPO"
+# the hypervisors' mTLS client keys go to git age-encrypted to the controller's identity;
+# plan and apply decrypt them in memory with it ($GITOPS_IDENTITY)
+[ -f "$WORK/controller.key" ] || age-keygen -o "$WORK/controller.key" 2>/dev/null
+export GITOPS_IDENTITY=$WORK/controller.key
+$G lab example-repo --dir "$LAB" "$REPO" --encrypt-to "$(age-keygen -y "$WORK/controller.key")"
+$G secrets list "$REPO"
 $G validate "$REPO"
 
 echo "== gitops plan, saved: what a reviewer approves"
