@@ -139,7 +139,8 @@ k logs client --tail=4
 
 cat <<MSG
 
-Done. The lab is still running:
+Done. The lab is still running (plan and apply decrypt the repo's keys with
+GITOPS_IDENTITY=$WORK/controller.key: export it first):
   $G lab status --dir $LAB
   $G cri ps $REPO
   $G plan $REPO --state-dir $STATE
