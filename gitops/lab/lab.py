@@ -33,7 +33,8 @@ import yaml
 
 from gitops.logs import event
 from gitops.cri import CRIClient, CRIError
-from gitops.lab import configs, images, procs, standins
+from gitops import procs
+from gitops.lab import configs, images, standins
 from gitops.lab.errors import LabError
 from gitops.lab.standins import DEFAULT_KUBERNETES_VERSIONS
 from gitops.model.resources import (

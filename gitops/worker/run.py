@@ -23,8 +23,7 @@ from gitops.cri.client import CRIClient
 from gitops.cri.endpoint import CRIEndpoint
 from gitops.cri.errors import CRIError
 from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
-from gitops.lab import procs
-from gitops.lab.errors import LabError
+from gitops import procs
 from gitops.worker import configs
 from gitops.worker.configs import WorkerSpec
 from gitops.worker.discovery import JoinError, discover
@@ -98,7 +97,7 @@ def leave(directory: Path, *, say: Callable[[str], None] = print) -> list[str]:
     done: list[str] = []
     try:
         procs.terminate([(p["pid"], p["start_time"]) for p in state.get("processes", [])], timeout=10)
-    except LabError as err:
+    except procs.ProcError as err:
         raise JoinError(str(err)) from None
     done.append("stopped kubelet and kube-proxy")
     if _delete_node(spec):
@@ -113,7 +112,7 @@ def leave(directory: Path, *, say: Callable[[str], None] = print) -> list[str]:
     shutil.rmtree(Path("/var/lib/cni/networks") / spec.bridge, ignore_errors=True)
     try:
         done += [f"unmounted {m}" for m in procs.unmount_under(spec.dir)]
-    except LabError as err:
+    except procs.ProcError as err:
         raise JoinError(str(err)) from None
     for entry in _pod_logs(spec):
         shutil.rmtree(entry, ignore_errors=True)
@@ -130,7 +129,7 @@ def leave(directory: Path, *, say: Callable[[str], None] = print) -> list[str]:
 def _start(spec: WorkerSpec, name: str, argv: list[str]) -> dict[str, object]:
     try:
         proc = procs.spawn(name, spec.name, argv, spec.dir / f"{name}.log", spec.dir)
-    except LabError as err:
+    except procs.ProcError as err:
         raise JoinError(str(err)) from None
     return {"name": name, "pid": proc.pid, "start_time": proc.start_time}
 
