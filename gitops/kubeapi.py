@@ -2,8 +2,8 @@
 
 The client's TLS layer reads credentials from file paths; here they are
 anonymous in-memory files (`memfd_create`), so a cluster's admin key or CA
-never touches the disk. Requests are plain JSON (`get`, `create`, `replace`,
-`delete`, `list`): gitops manages a handful of well-known objects and has no use
+never touches the disk. Requests are plain JSON (`get`, `list`, `create`, `apply`,
+`delete`): gitops manages a handful of well-known objects and has no use
 for the generated model classes.
 """
 from __future__ import annotations
@@ -68,7 +68,11 @@ class KubeAPI:
                          "User-Agent": "gitops"}
         if credentials.token:
             self._headers["Authorization"] = f"Bearer {credentials.token}"
-        self._client = ApiClient(config)
+        try:
+            self._client = ApiClient(config)
+        except Exception:
+            self._close_files()
+            raise
 
     def _memfile(self, name: str, text: str) -> str:
         fd = os.memfd_create(f"gitops-{name}", os.MFD_CLOEXEC)
@@ -76,13 +80,16 @@ class KubeAPI:
         self._fds.append(fd)
         return f"/proc/{os.getpid()}/fd/{fd}"
 
+    def _close_files(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
     def close(self) -> None:
         try:
             self._client.close()
         finally:
-            for fd in self._fds:
-                os.close(fd)
-            self._fds = []
+            self._close_files()
 
     def __enter__(self) -> "KubeAPI":
         return self

@@ -115,3 +115,10 @@ def test_sign_actions_round_trip_through_a_saved_plan():
     assert payload_from_dict(payload_to_dict(sign.payload)) == sign.payload
     plan = Plan(actions=tuple(actions))
     assert Plan.from_dict(plan.to_dict()).actions[0].payload == sign.payload
+
+
+def test_observation_lists_every_collection_bootstrap_writes_to():
+    """Otherwise an object would never be seen and be planned as missing on every pass."""
+    from gitops.observe.clusters import COLLECTIONS
+
+    assert {o.collection for o in OBJECTS} <= set(COLLECTIONS)

@@ -1,7 +1,7 @@
 """What a cluster's own API must hold so workers can join it (pure).
 
 TLS bootstrapping as kubeadm sets it up, with one difference: gitops, not the
-controller-manager, signs node certificates (see `gitops.plan.csrs`), so the
+controller-manager, signs node certificates (see `gitops.plan.cluster_api`), so the
 cluster CA key stays with the controller.
 
 * `system:bootstrappers` (bootstrap tokens) may create node-client certificate
@@ -16,10 +16,10 @@ cluster CA key stays with the controller.
 """
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from gitops.compile.desired import KubeObject, canonical_json, digest
+from gitops.kubeconfig import cluster_info_kubeconfig
 from gitops.node import MANAGED, MANAGER, SPEC_HASH
 
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
@@ -54,16 +54,6 @@ def bootstrap_objects(endpoint: str, ca_pem: str) -> tuple[KubeObject, ...]:
                 {"data": {"kubeconfig": cluster_info_kubeconfig(endpoint, ca_pem)}}),
     ]
     return tuple(sorted(objects, key=lambda o: o.key))
-
-
-def cluster_info_kubeconfig(endpoint: str, ca_pem: str) -> str:
-    """The kubeconfig `cluster-info` carries: server and CA, no user (as kubeadm publishes it)."""
-    ca = base64.b64encode(ca_pem.encode()).decode()
-    return (
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n"
-        f"    certificate-authority-data: {ca}\n    server: {endpoint}\n"
-        "contexts: []\ncurrent-context: \"\"\npreferences: {}\nusers: []\n"
-    )
 
 
 def _binding(name: str, role: str, group: str) -> KubeObject:

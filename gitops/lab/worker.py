@@ -32,13 +32,15 @@ class LabWorker:
     cri_endpoint: str
     cni_conf_dir: str
     pod_cidr: str
+    cluster_cidr: str
     bridge: str
     kubelet_port: int = 10250
     proxy_port: int = 10256
 
     def join_flags(self) -> list[str]:
         return [f"--node-name={self.name}", f"--node-ip={self.node_ip}", f"--cri-endpoint={self.cri_endpoint}",
-                f"--cni-conf-dir={self.cni_conf_dir}", f"--pod-cidr={self.pod_cidr}", f"--bridge={self.bridge}",
+                f"--cni-conf-dir={self.cni_conf_dir}", f"--pod-cidr={self.pod_cidr}",
+                f"--cluster-cidr={self.cluster_cidr}", f"--bridge={self.bridge}",
                 f"--kubelet-port={self.kubelet_port}", f"--proxy-port={self.proxy_port}"]
 
 
@@ -54,6 +56,7 @@ def prepare(number: int = 1, lab_dir: Path | None = None) -> LabWorker:
     hv_dir = lab.dir / f"hv-{name}"
     worker = LabWorker(name=name, node_ip=ip, cri_endpoint=f"unix://{hv_dir / 'containerd.sock'}",
                        cni_conf_dir=str(hv_dir / "cni" / "conf"), pod_cidr=f"10.{87 + number}.{third}.0/24",
+                       cluster_cidr=f"10.{87 + number}.0.0/16",
                        bridge=f"gitops{third}w{number}")
     if any(p.role == "containerd" and p.hypervisor == name and p.alive() for p in lab.processes):
         return worker

@@ -92,6 +92,8 @@ def observe_cluster(target: ClusterTarget, timeout: float = 5.0) -> ObservedClus
             return _observe(target, server, timeout)
         except KubeAPIError as err:
             errors.append(str(err))
+        except (OSError, KeyError, TypeError, ValueError) as err:  # an odd answer is one cluster's problem
+            errors.append(f"{server}: unexpected answer: {type(err).__name__}: {err}")
     log.info("cluster API unreachable: %s", "; ".join(errors))
     return ObservedCluster(target.cluster, reachable=False, error="; ".join(errors))
 

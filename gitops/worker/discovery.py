@@ -7,17 +7,16 @@ against that CA. The bootstrap token is checked before anything is written.
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import re
 import secrets
 from dataclasses import dataclass
 
-import yaml
 from cryptography.hazmat.primitives import serialization
 
 from gitops.errors import GitopsError
 from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
+from gitops.kubeconfig import parse_cluster_info
 from gitops.pki import PKIError, load_cert_pem
 
 CLUSTER_INFO = "/api/v1/namespaces/kube-public/configmaps/cluster-info"
@@ -65,12 +64,9 @@ def discover(server: str, token: str, pin: str, timeout: float = 10.0) -> Discov
     if info is None:
         raise JoinError(f"{server} has no cluster-info in kube-public: is it a gitops cluster, applied?")
     try:
-        config = yaml.safe_load((info.get("data") or {}).get("kubeconfig", ""))
-        cluster = config["clusters"][0]["cluster"]
-        ca_pem = base64.b64decode(cluster["certificate-authority-data"]).decode()
-        announced = cluster["server"]
+        announced, ca_pem = parse_cluster_info((info.get("data") or {}).get("kubeconfig", ""))
         found = ca_hash(ca_pem)
-    except (yaml.YAMLError, KeyError, IndexError, TypeError, ValueError, PKIError) as err:
+    except (ValueError, PKIError) as err:
         raise JoinError(f"cluster-info at {server} is not a usable kubeconfig: {err}") from None
     if found != pin:
         raise JoinError(f"the cluster CA at {server} does not match the pinned hash: got {found}, expected {pin}; "
