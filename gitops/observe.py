@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from gitops.cri.client import CRIClient, read_all
 from gitops.cri.errors import CRIError
 from gitops.cri.types import ContainerState, SandboxState
+from gitops.memo import content_digest
 from gitops.model.resources import BareMetalHost, Hypervisor
 from gitops.node import (
     AGENT,
@@ -33,15 +36,30 @@ from gitops.node import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ObservedContainer:
     id: str
     component: str
     state: str  # created | running | exited | unknown
     spec_hash: str
     created_at: int
-    #: the inputs the container was created from (its spec annotation), for diffs
-    spec: dict[str, Any] | None = None
+    #: the inputs the container was created from: its spec annotation as compact JSON text (a dict given
+    #: is stored so), decoded by `inputs` only when a diff shows what changed
+    spec: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.spec is not None and not isinstance(self.spec, str):
+            object.__setattr__(self, "spec", json.dumps(self.spec, sort_keys=True, separators=(",", ":")))
+        if self.spec is not None:
+            object.__setattr__(self, "spec", sys.intern(self.spec))  # shared with the compiled annotation
+
+    @property
+    def inputs(self) -> dict[str, Any] | None:
+        """The spec annotation, decoded (None when absent or unreadable)."""
+        try:
+            return json.loads(self.spec) if self.spec is not None else None
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True)
@@ -57,6 +75,11 @@ class ObservedPod:
     containers: tuple[ObservedContainer, ...] = ()
     #: None when the files agent is not running (nothing could be read)
     files: NodeFiles | None = None
+
+    @cached_property
+    def content_digest(self) -> str:
+        """A digest of the whole pod, once per object (the diff is memoized by it)."""
+        return content_digest(self)
 
     def running(self, component: str) -> ObservedContainer | None:
         for c in sorted(self.containers, key=lambda c: -c.created_at):
@@ -117,13 +140,7 @@ def observe_hypervisor(client: CRIClient) -> ObservedHypervisor:
     containers = client.list_containers(selector)
     by_sandbox: dict[str, list[ObservedContainer]] = {}
     for c in containers:
-        spec = None
-        raw = c.annotations.get(SPEC_ANNOTATION)
-        if raw:
-            try:
-                spec = json.loads(raw)
-            except ValueError:
-                spec = None
+        spec = c.annotations.get(SPEC_ANNOTATION) or None
         by_sandbox.setdefault(c.sandbox_id, []).append(ObservedContainer(
             id=c.id, component=c.labels.get(COMPONENT, c.name), state=c.state.value,
             spec_hash=c.labels.get(SPEC_HASH, ""), created_at=c.created_at, spec=spec))
