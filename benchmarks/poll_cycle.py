@@ -23,6 +23,7 @@ from gitops import lab as labmod
 from gitops.controller import Controller, ControllerConfig
 from gitops.lab.example import write_example_repo
 from gitops.status.branch import StatusBranch
+from gitops.status.reader import MANAGED
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -74,7 +75,7 @@ def main() -> None:
             changed = dict(tree)
             changed["status/benchmark.yaml"] = f"run: {i}\n".encode()
             started = time.monotonic()
-            sha = branch.publish(lambda b: b.write_tree(changed, ("status", "observed.yaml", "kubeconfig", "state")),
+            sha = branch.publish(lambda b: b.write_tree(changed, MANAGED),
                                  f"benchmark {i}")
             commits.append(time.monotonic() - started)
             assert sha is not None

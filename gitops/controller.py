@@ -36,8 +36,9 @@ from gitops.sip.selection import SIPPlan, select_hosts
 from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
 from gitops.status.branch import StatusBranch
 from gitops.status.lease import ApplyLease
-from gitops.status.reader import APPLY, DEFAULT_BRANCH, MANAGED, OBSERVED, PUBLIC, SOURCE, kubeconfig_path
-from gitops.status.report import Outcome, Result, apply_document, dump, resource_documents, sip_documents, source_document
+from gitops.status.reader import APPLY, DEFAULT_BRANCH, MANAGED, PUBLIC, SOURCE, kubeconfig_path
+from gitops.status.report import Outcome, Result, apply_document, resource_documents, sip_documents, source_document
+from gitops.status.snapshot import snapshot_files
 from gitops.status.state import ControllerStateStore, Sealer
 
 log = logging.getLogger("gitops.controller")
@@ -239,7 +240,7 @@ class Controller:
         placements = {n: (r.hypervisor, dict(r.ports)) for n, r in self.store.state.nodes.items()}
 
         def write(branch: StatusBranch) -> None:
-            files = {SOURCE: source_document(report, branch.read, now), OBSERVED: dump(observed.to_dict())}
+            files = {SOURCE: source_document(report, branch.read, now), **snapshot_files(observed)}
             previous = branch.read(APPLY)
             if record is not None or previous is not None:
                 files[APPLY] = record if record is not None else previous
