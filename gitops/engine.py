@@ -19,7 +19,7 @@ from gitops.cri.client import CRIClient
 from gitops.errors import GitopsError
 from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
-from gitops.observe import ObservedState, observe
+from gitops.observe import FilesReuse, ObservedState, observe
 from gitops.plan.actions import Plan, Unknown, UnknownKind, ordered
 from gitops.plan.diff import DiffOptions, diff
 from gitops.plan.hosts import label_actions, sip_warnings
@@ -89,9 +89,10 @@ def bare_metal_hosts(model: RepoModel, config: RepoConfig, state: State,
     return list(observed.hosts) if observed.hosts is not None else None
 
 
-def observe_all(model: RepoModel, config: RepoConfig) -> ObservedState:
-    """Observe the hypervisors, and a kubernetes BareMetalHost provider's hosts."""
-    observed = observe(model.hypervisors.values())
+def observe_all(model: RepoModel, config: RepoConfig, reuse: FilesReuse | None = None) -> ObservedState:
+    """Observe the hypervisors, and a kubernetes BareMetalHost provider's hosts. `reuse`: node files
+    known from an earlier observation (the controller's quiet polls)."""
+    observed = observe(model.hypervisors.values(), reuse=reuse)
     if config.bare_metal.provider != "kubernetes" or not model.sip_clusters:
         return observed
     try:

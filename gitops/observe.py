@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from gitops.cri.client import CRIClient, read_all
@@ -133,7 +133,11 @@ class ObservedState:
         return cls(hvs, tuple(BareMetalHost(**h) for h in hosts) if hosts is not None else None)
 
 
-def observe_hypervisor(client: CRIClient) -> ObservedHypervisor:
+#: node files read earlier that still hold for a pod as listed now (None: read them now)
+FilesReuse = Callable[[ObservedPod], "NodeFiles | None"]
+
+
+def observe_hypervisor(client: CRIClient, reuse: FilesReuse | None = None) -> ObservedHypervisor:
     name = client.name
     selector = {MANAGED: MANAGER}
     sandboxes = client.list_sandboxes(selector)
@@ -152,7 +156,10 @@ def observe_hypervisor(client: CRIClient) -> ObservedHypervisor:
             role=s.labels.get(ROLE, ""), hypervisor=name, ready=s.state == SandboxState.READY,
             spec_hash=s.labels.get(SPEC_HASH, ""), created_at=s.created_at, containers=owned)
         agent = pod.running(AGENT) if pod.ready else None
-        files = read_node_files(client, agent.id) if agent is not None else None
+        files = None
+        if agent is not None:
+            files = reuse(pod) if reuse is not None else None
+            files = files if files is not None else read_node_files(client, agent.id)
         pods.append(ObservedPod(**{**_fields(pod), "files": files}))
     pods.sort(key=lambda p: (p.node, p.created_at, p.sandbox_id))
     return ObservedHypervisor(name=name, reachable=True, pods=tuple(pods))
@@ -162,9 +169,12 @@ def _fields(pod: ObservedPod) -> dict[str, Any]:
     return {f: getattr(pod, f) for f in pod.__dataclass_fields__}
 
 
-def observe(hypervisors: Iterable[Hypervisor], *, timeout: float = 10.0) -> ObservedState:
-    """Observe every hypervisor in parallel; unreachable ones are marked, not raised."""
-    results = read_all([hv.cri_endpoint() for hv in hypervisors], observe_hypervisor, timeout=timeout)
+def observe(hypervisors: Iterable[Hypervisor], *, timeout: float = 10.0,
+            reuse: FilesReuse | None = None) -> ObservedState:
+    """Observe every hypervisor in parallel; unreachable ones are marked, not raised. `reuse`: node
+    files known from an earlier observation, not read again (see `gitops.status.poll`)."""
+    results = read_all([hv.cri_endpoint() for hv in hypervisors], partial(observe_hypervisor, reuse=reuse),
+                       timeout=timeout)
     out = {}
     for name, result in results.items():
         if isinstance(result, CRIError):

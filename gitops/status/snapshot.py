@@ -56,9 +56,13 @@ def snapshot_files(observed: ObservedState) -> dict[str, bytes]:
         top["bareMetalHosts"] = [asdict(h) for h in observed.hosts]
     out = {HYPERVISORS: compact(top)}
     for cluster, pods in sorted(by_cluster.items()):
-        out[cluster_path(cluster)] = compact({"cluster": cluster,
-                                              "pods": [pod_dict(p) for p in sorted(pods, key=_pod_key)]})
+        out[cluster_path(cluster)] = cluster_file(cluster, pods)
     return out
+
+
+def cluster_file(cluster: str, pods: Iterable[ObservedPod]) -> bytes:
+    """`observed/clusters/<cluster>.json`: the cluster's pods, sorted."""
+    return compact({"cluster": cluster, "pods": [pod_dict(p) for p in sorted(pods, key=_pod_key)]})
 
 
 def pod_dict(pod: ObservedPod) -> dict[str, Any]:
