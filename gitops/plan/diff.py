@@ -93,9 +93,11 @@ class ClusterInputs:
     def key(self, options: DiffOptions) -> bytes:
         """A digest of the inputs: content digests of the pods (computed once per pod object), the
         parts of the record the diff reads, and the rest as text."""
-        record = None if self.record is None else repr((
-            sorted((role, a.cert_pem) for role, a in self.record.authorities.items()), self.record.etcd_members))
-        return key_of("cluster-diff", self.cluster, repr(options), repr(self.want), record,
+        record = self.record
+        authorities = [] if record is None else [part for role, a in sorted(record.authorities.items())
+                                                  for part in (role, a.cert_pem)]
+        return key_of("cluster-diff", self.cluster, repr(options), repr(self.want),
+                      None if record is None else repr(record.etcd_members), *authorities,
                       repr((self.members_on, sorted(self.down))),
                       *[p.content_digest for p in self.wants],
                       *[f"{node}:{p.content_digest}" for node, pods in self.have for p in pods])
