@@ -177,3 +177,23 @@ def test_a_snapshot_without_observations_is_an_error(origin, tmp_path):
     branch.publish(files({"status/x.yaml": b"x: 1\n"}), "first")
     with pytest.raises(GitopsError, match="no observed snapshot"):
         branch.reader.observed()
+
+
+def test_write_tree_touches_only_what_changed(origin, tmp_path):
+    branch = StatusBranch(origin, tmp_path / "a")
+    keep = {"other/keep.txt": b"not managed\n"}
+    first = {"status/a/x.yaml": b"1\n", "status/b.yaml": b"2\n", "observed.yaml": b"old\n"}
+    branch.publish(lambda b: b.write_tree({**keep, **first}, ("other", "status", "observed.yaml")), "first")
+    unchanged = (branch.dir / "status/b.yaml").stat().st_mtime_ns
+    second = {"status/b.yaml": b"2\n", "observed/clusters/c.json": b"{}\n"}
+    assert branch.publish(lambda b: b.write_tree(second, MANAGED), "second") is not None
+    assert not (branch.dir / "status/a").exists() and not (branch.dir / OBSERVED).exists()
+    assert (branch.dir / "other/keep.txt").read_bytes() == b"not managed\n"
+    assert (branch.dir / "status/b.yaml").stat().st_mtime_ns == unchanged  # same content: not written again
+    assert branch.publish(lambda b: b.write_tree(second, MANAGED), "same") is None
+    other = StatusBranch(origin, tmp_path / "b")
+    other.publish(lambda b: b.write_tree({"status/b.yaml": b"3\n"}, ("status",)), "another writer")
+    branch.publish(lambda b: b.write_tree(second, MANAGED), "back")  # starts from the other writer's tip
+    shown = subprocess.run(["git", "--git-dir", origin, "show", "gitops/status:status/b.yaml"], capture_output=True,
+                           check=True).stdout
+    assert shown == b"2\n" and log(origin)[:2] == ["back", "another writer"]
