@@ -186,6 +186,11 @@ class DesiredCluster:
     #: https://ingress-ip:port for kubeconfigs, or None without an ingress node
     api_endpoint: str | None
 
+    @cached_property
+    def content_digest(self) -> str:
+        """A digest of the whole value, once per object: compiled clusters are reused from plan to plan."""
+        return content_digest(self)
+
 
 @dataclass(frozen=True)
 class DesiredState:

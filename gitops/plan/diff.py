@@ -66,8 +66,9 @@ def diff(desired: DesiredState, observed: ObservedState, state: State, options: 
     unknowns = tuple(unreachable(name, observed, desired, state) for name in sorted(down))
     actions: list[Action] = []
     warnings: list[tuple[str, str]] = []
+    settings = repr(options)
     for inputs in cluster_inputs(desired, observed, state, down):
-        part = CLUSTER_DIFFS.get(inputs.key(options), lambda: _cluster_diff(inputs, options, now),
+        part = CLUSTER_DIFFS.get(inputs.key(settings), lambda: _cluster_diff(inputs, options, now),
                                  fresh=lambda part: part.fresh_at(now))
         actions.extend(part.actions)
         warnings.extend(part.warnings)
@@ -75,32 +76,36 @@ def diff(desired: DesiredState, observed: ObservedState, state: State, options: 
     return Plan(actions=ordered(actions), warnings=tuple(text for _, text in warnings), unknowns=unknowns)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ClusterInputs:
     """Everything the diff of one cluster reads: its desired pods and members, the observed pods of its
     nodes (and of nodes that left the repo but were labeled with it), its record, the hypervisors its
     recorded etcd members were placed on, and which of the hypervisors it involves are unreachable."""
 
     cluster: str
-    wants: tuple[DesiredPod, ...]  # by node
+    wants: list[DesiredPod]  # by node
     want: DesiredCluster | None
-    #: observed pods by node (sorted), each node's pods in observation order
-    have: tuple[tuple[str, tuple[ObservedPod, ...]], ...]
+    #: observed pods by node, each node's pods in observation order
+    have: dict[str, list[ObservedPod]]
     record: ClusterRecord | None
     members_on: tuple[tuple[str, str], ...]  # (recorded etcd member, its recorded hypervisor)
     down: frozenset[str]
 
-    def key(self, options: DiffOptions) -> bytes:
-        """A digest of the inputs: content digests of the pods (computed once per pod object), the
-        parts of the record the diff reads, and the rest as text."""
+    def key(self, settings: str) -> bytes:
+        """A digest of the inputs (`settings`: the diff options as text): content digests of the pods
+        and members (each computed once per object), the parts of the record the diff reads."""
         record = self.record
-        authorities = [] if record is None else [part for role, a in sorted(record.authorities.items())
-                                                  for part in (role, a.cert_pem)]
-        return key_of("cluster-diff", self.cluster, repr(options), repr(self.want),
-                      None if record is None else repr(record.etcd_members), *authorities,
-                      repr((self.members_on, sorted(self.down))),
-                      *[p.content_digest for p in self.wants],
-                      *[f"{node}:{p.content_digest}" for node, pods in self.have for p in pods])
+        parts = [settings, self.cluster, self.want.content_digest if self.want is not None else None]
+        if record is not None:
+            parts.append("\n".join(record.etcd_members))
+            for role, authority in sorted(record.authorities.items()):
+                parts += (role, authority.cert_pem)
+        parts.append(repr((self.members_on, sorted(self.down))))
+        parts += [p.content_digest for p in self.wants]
+        for node in sorted(self.have):
+            parts.append(f"{node}:{len(self.have[node])}")
+            parts += [p.content_digest for p in self.have[node]]
+        return key_of(*parts)
 
 
 def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
@@ -108,22 +113,26 @@ def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
     """The diff's inputs split by cluster. An observed pod goes with its node's desired cluster, or,
     when its node left the repo, with the cluster it is labeled with."""
     wants: dict[str, list[DesiredPod]] = {}
-    for node, pod in sorted(desired.pods.items()):
+    for pod in desired.pods.values():
         wants.setdefault(pod.cluster, []).append(pod)
     have: dict[str, dict[str, list[ObservedPod]]] = {}
-    for pod in observed.pods():
-        want = desired.pods.get(pod.node)
-        have.setdefault(want.cluster if want else pod.cluster, {}).setdefault(pod.node, []).append(pod)
+    pods = desired.pods
+    for hv in observed.hypervisors.values():
+        for seen in hv.pods:
+            want = pods.get(seen.node)
+            have.setdefault(want.cluster if want else seen.cluster, {}).setdefault(seen.node, []).append(seen)
     out = []
-    for cluster in sorted(set(wants) | set(have) | set(state.clusters)):
+    nodes = state.nodes
+    for cluster in sorted(wants.keys() | have.keys() | state.clusters.keys()):
         record = state.clusters.get(cluster)
-        members_on = tuple((n, state.nodes[n].hypervisor if n in state.nodes else "")
-                           for n in (record.etcd_members if record else ()))
+        members_on = () if record is None else tuple(
+            (n, nodes[n].hypervisor if n in nodes else "") for n in record.etcd_members)
         mine = wants.get(cluster, [])
-        involved = {p.hypervisor for p in mine} | {hv for _, hv in members_on}
-        out.append(ClusterInputs(cluster, tuple(mine), desired.clusters.get(cluster),
-                                 tuple((n, tuple(pods)) for n, pods in sorted(have.get(cluster, {}).items())),
-                                 record, members_on, frozenset(down & involved)))
+        involved = frozenset()
+        if down:
+            involved = frozenset(down & ({p.hypervisor for p in mine} | {hv for _, hv in members_on}))
+        out.append(ClusterInputs(cluster, mine, desired.clusters.get(cluster), have.get(cluster, {}), record,
+                                 members_on, involved))
     return out
 
 
@@ -153,7 +162,7 @@ def _cluster_diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime)
 
     # Pods whose node left the repo, moved, or are duplicates.
     keepers: dict[str, ObservedPod] = {}
-    for node, pods in inputs.have:
+    for node, pods in sorted(inputs.have.items()):
         want = desired.get(node)
         candidates = []
         for pod in pods:

@@ -237,7 +237,7 @@ def _cluster_documents(model: RepoModel, desired: DesiredState, node_phases: dic
     out = {}
     for name in sorted(model.clusters):
         rel = resource_path("Cluster", name)
-        phases = {n: node_phases[n] for n in sorted(n for n, node in model.nodes.items() if node.cluster == name)}
+        phases = {n: node_phases[n] for n in sorted(node.name for node in model.nodes_of(name))}
         endpoint = desired.clusters[name].api_endpoint if name in desired.clusters else None
         phase = cluster_phase(phases, endpoint)
         status = {
