@@ -47,6 +47,7 @@ import os
 import pstats
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,9 +79,13 @@ from gitops.observe import (  # noqa: E402
 from gitops.pki import CertKey, cert_to_pem, generate_key, sign_public_key  # noqa: E402
 from gitops.plan.actions import Kind  # noqa: E402
 from gitops.state.records import State  # noqa: E402
+from gitops.status.branch import StatusBranch  # noqa: E402
+from gitops.status.reader import MANAGED, StatusReader  # noqa: E402
+from gitops.status.report import Outcome, Result, resource_documents  # noqa: E402
+from gitops.status.snapshot import HYPERVISORS, cluster_file, cluster_path, snapshot_files  # noqa: E402
 
 #: bump when the generated repo, state or snapshot change shape
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 #: fixed clock: certificates in the cached snapshot stay valid for the plan's `now`
 NOW = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
 #: gitops sources whose changes alter spec hashes, file digests or the JSON forms
@@ -266,13 +271,16 @@ def converged(desired: DesiredState, state: State, model: RepoModel, certs: dict
                           for n, p in sorted(pods.items())})
 
 
-def dump_observed(observed: ObservedState) -> str:
-    """The snapshot as the status branch stores it: sorted, indented JSON."""
-    return json.dumps(observed.to_dict(), indent=2, sort_keys=True) + "\n"
+def write_snapshot(root: Path, files: dict[str, bytes]) -> None:
+    """The snapshot's files (`snapshot_files`) under `root`, as the status branch stores them."""
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
 
 
 def generate(model: RepoModel, target: Path, workers: int) -> None:
-    """Build state.json, observed.json and meta.json into `target` (a fresh directory)."""
+    """Build state.json, observed/ (the status branch's per-cluster snapshot) and meta.json into `target`."""
     timings = {}
     t = time.perf_counter()
     state, desired = settled_state(model)
@@ -283,7 +291,7 @@ def generate(model: RepoModel, target: Path, workers: int) -> None:
     t = time.perf_counter()
     observed = converged(desired, state, model, certs)
     (target / "state.json").write_text(json.dumps(state.to_dict(), indent=2) + "\n")
-    (target / "observed.json").write_text(dump_observed(observed))
+    write_snapshot(target, snapshot_files(observed))
     timings["build + write JSON"] = time.perf_counter() - t
     (target / "meta.json").write_text(json.dumps({"timings": timings}, indent=2) + "\n")
 
@@ -300,7 +308,7 @@ def _generate_child(model: RepoModel, target: str, workers: int) -> None:
 def ensure_cache(model: RepoModel, p: Params, cache_dir: Path, rebuild: bool, workers: int) -> tuple[Path, bool]:
     """The cache entry for `p`, built (in a forked child) when missing. Returns (dir, was cached)."""
     entry = cache_dir / cache_key(p)
-    if entry.is_dir() and not rebuild and all((entry / f).is_file() for f in ("state.json", "observed.json",
+    if entry.is_dir() and not rebuild and all((entry / f).is_file() for f in ("state.json", HYPERVISORS,
                                                                               "meta.json")):
         return entry, True
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -391,7 +399,54 @@ def fmt_mib(n: float) -> str:
     return f"{mib:.1f} MiB" if mib < 10 else f"{mib:.0f} MiB"
 
 
-def traced_pass(root: Path, state_path: Path, observed_path: Path) -> dict[str, int]:
+def load_observed(entry: Path) -> ObservedState:
+    """The snapshot as `gitops plan --against-status` reads it, one cluster file at a time."""
+    return StatusReader.in_dir(entry).observed()
+
+
+def restarted(observed: ObservedState, cluster: str, run: int) -> list[ObservedPod]:
+    """`cluster`'s pods with the containers of its first pod restarted (new ids): one cluster changed."""
+    pods = sorted((p for p in observed.pods() if p.cluster == cluster), key=lambda p: p.node)
+    first = pods[0]
+    containers = tuple(dataclasses.replace(c, id=_hexid(c.id, str(run)), created_at=c.created_at + run + 1)
+                       for c in first.containers)
+    return [dataclasses.replace(first, containers=containers), *pods[1:]]
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def status_commits(files: dict[str, bytes], observed: ObservedState, cluster: str, runs: int
+                   ) -> tuple[list[float], list[int]]:
+    """Publish `files` (the whole status tree) to a bare repo, then `runs` status commits in which one
+    cluster's observed file changed. Returns each commit's seconds (StatusBranch.publish: fetch, reset,
+    write, add, commit, push) and the bytes it added to the bare repo's objects."""
+    seconds, added = [], []
+    with tempfile.TemporaryDirectory(prefix="gitops-status-bench-") as tmp:
+        origin, seed = Path(tmp) / "origin.git", Path(tmp) / "seed"
+        run = lambda *a, cwd=None: subprocess.run(a, cwd=cwd, check=True, capture_output=True)  # noqa: E731
+        run("git", "init", "-q", "--bare", "-b", "main", str(origin))
+        run("git", "clone", "-q", str(origin), str(seed))
+        run("git", "-c", "user.name=b", "-c", "user.email=b@x", "commit", "-q", "--allow-empty", "-m", "init",
+            cwd=seed)
+        run("git", "push", "-q", "origin", "HEAD:main", cwd=seed)
+        branch = StatusBranch(str(origin), Path(tmp) / "controller")
+        tree = dict(files)
+        branch.publish(lambda b: b.write_tree(tree, MANAGED), "the whole status tree")
+        for i in range(runs):
+            tree = {**tree, cluster_path(cluster): cluster_file(cluster, restarted(observed, cluster, i))}
+            before = tree_bytes(origin / "objects")
+            gc.collect()
+            t = time.perf_counter()
+            sha = branch.publish(lambda b: b.write_tree(tree, MANAGED), f"{cluster} restarted ({i})")
+            seconds.append(time.perf_counter() - t)
+            added.append(tree_bytes(origin / "objects") - before)
+            assert sha is not None
+    return seconds, added
+
+
+def traced_pass(root: Path, state_path: Path, entry: Path) -> dict[str, int]:
     """Redo validate / load / plan under tracemalloc: what each input holds, and make_plan's peak."""
     out = {}
     gc.collect()
@@ -407,7 +462,7 @@ def traced_pass(root: Path, state_path: Path, observed_path: Path) -> dict[str, 
         out["state"] = tracemalloc.get_traced_memory()[0] - out["model"]
         base = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
-        observed = ObservedState.from_dict(json.loads(observed_path.read_text()))
+        observed = load_observed(entry)
         out["observed load peak"] = tracemalloc.get_traced_memory()[1] - base
         gc.collect()
         out["observed"] = tracemalloc.get_traced_memory()[0] - base
@@ -462,14 +517,11 @@ def main(argv: list[str] | None = None) -> int:
         with timed(t, "state + snapshot (generate, or read cache)"):
             entry, cached = ensure_cache(model, p, args.cache_dir, args.rebuild, args.workers)
 
-        state_path, observed_path = entry / "state.json", entry / "observed.json"
+        state_path = entry / "state.json"
         with timed(t, "load state JSON (State.from_dict)"):
             state = State.from_dict(json.loads(state_path.read_text()))
-        with timed(t, "load observed JSON: read + json.loads"):
-            raw = json.loads(observed_path.read_text())
-        with timed(t, "load observed JSON: ObservedState.from_dict"):
-            observed = ObservedState.from_dict(raw)
-        del raw
+        with timed(t, LOAD):
+            observed = load_observed(entry)
 
         with timed(t, COLD):  # nothing compiled or verified yet in this process
             make_plan(model, config, state, observed, now=NOW)
@@ -478,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         assert plan.actions == (), f"converged system planned {len(plan.actions)} actions, e.g. " \
             f"{plan.actions[:3]}" + (" (cached snapshot: try --rebuild)" if cached else "")
         assert plan.warnings == (), plan.warnings[:3]
+        desired = planned.compiled.desired
         del planned, plan
 
         target = sorted(model.clusters)[len(model.clusters) // 2]
@@ -489,10 +542,18 @@ def main(argv: list[str] | None = None) -> int:
         n_changed = len(planned.plan.actions)
         del planned, others
 
-        # the snapshot as the status branch writes it after each observation
-        with timed(t, "write observed JSON (to_dict + dumps)"):
-            text = dump_observed(observed)
-        del text
+        # the status tree a report writes: every resource's status document and the snapshot
+        with timed(t, DOCUMENTS):
+            outcome = Outcome(sha="0" * 40, result=Result.APPLIED, applied_sha="0" * 40)
+            placements = {n: (r.hypervisor, dict(r.ports)) for n, r in state.nodes.items()}
+            docs = resource_documents(model, desired, observed, outcome, lambda rel: None, NOW, placements)
+        del desired
+        with timed(t, SNAPSHOT):
+            files = snapshot_files(observed)
+        n_status_files = len(docs) + len(files)
+        commit_runs, commit_bytes = status_commits({**docs, **files}, observed, target, args.repeat)
+        t[COMMIT] = (min(commit_runs), maxrss(), commit_runs)
+        del docs, files
 
         profile_text = ""
         if args.profile:
@@ -516,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
             del observed, state, model, config
             gc.collect()
             t0 = time.perf_counter()
-            traced = traced_pass(root, state_path, observed_path)
+            traced = traced_pass(root, state_path, entry)
             traced["secs"] = time.perf_counter() - t0
 
     facts = [
@@ -524,8 +585,9 @@ def main(argv: list[str] | None = None) -> int:
                                            f"({p.private} private, {p.public} public)"),
         ("repo YAML files / documents", f"{n_files} / {n_docs}"),
         ("observed pods / containers / leaf certs", f"{n_pods} / {n_containers} / {n_certs}"),
-        ("state.json / observed.json size", f"{fmt_mib(state_path.stat().st_size)} / "
-                                            f"{fmt_mib(observed_path.stat().st_size)}"),
+        ("state.json / observed snapshot size", f"{fmt_mib(state_path.stat().st_size)} / "
+                                                f"{fmt_mib(tree_bytes(entry / 'observed'))} in "
+                                                f"{sum(1 for _ in (entry / 'observed').rglob('*.json'))} files"),
         ("cache", f"{'USED' if cached else 'not found: built now'} ({entry})"),
     ]
     if not cached:
@@ -537,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
         extra = f"   (runs: {', '.join(f'{r:.2f}' for r in runs[0])} s)" if runs else ""
         rows.append((label, f"{fmt_s(secs):>9}   rss {fmt_mib(rss):>8}{extra}"))
     rows.append(("  -> changed plan actions", f"{n_changed} (all in {target}: etcd image)"))
+    rows.append(("  -> bytes each status commit added to the repo",
+                 f"{', '.join(f'{b / 1024:.0f}' for b in commit_bytes)} KiB ({n_status_files} files in the tree)"))
     mem = [("ru_maxrss (generator child excluded)", fmt_mib(untraced_rss))]
     if traced:
         mem += [
@@ -563,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     if profile_text:
         print("\ncProfile of make_plan (converged):\n" + profile_text)
     if args.json:
-        print(json.dumps(figures(p, t, untraced_rss)))
+        print(json.dumps(figures(p, t, untraced_rss, max(commit_bytes))))
     return 0
 
 
@@ -571,9 +635,13 @@ FLOOR = "bare floor (CSafeLoader + Draft202012Validator)"
 COLD = "make_plan, converged, first in this process"
 CONVERGED = "make_plan, converged (no change)"
 ONE_CHANGE = "make_plan, one cluster changed since the last plan"
+LOAD = "load the observed snapshot (per cluster files)"
+DOCUMENTS = "status documents of every resource (YAML)"
+SNAPSHOT = "snapshot files of every cluster (compact JSON)"
+COMMIT = "status commit, one cluster's snapshot changed"
 
 
-def figures(p: Params, t: dict[str, tuple], rss: int) -> dict[str, float | int]:
+def figures(p: Params, t: dict[str, tuple], rss: int, commit_bytes: int) -> dict[str, float | int]:
     """The headline figures, for --json (seconds: best of --repeat, but the first plan's)."""
     return {
         "clusters": p.clusters,
@@ -586,6 +654,10 @@ def figures(p: Params, t: dict[str, tuple], rss: int) -> dict[str, float | int]:
         "plan_converged_over_floor": round(t[CONVERGED][0] / t[FLOOR][0], 2),
         "rss_mib": round(rss / 2**20, 1),
         "rss_after_plans_mib": round(t[ONE_CHANGE][1] / 2**20, 1),  # before the snapshot is written
+        "load_observed_s": round(t[LOAD][0], 3),
+        "snapshot_files_s": round(t[SNAPSHOT][0], 3),
+        "status_commit_one_s": round(t[COMMIT][0], 3),
+        "status_commit_one_kib": round(commit_bytes / 1024, 1),  # the largest of the runs
     }
 
 

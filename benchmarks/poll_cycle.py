@@ -2,10 +2,14 @@
 
 Runs against a real lab (3 containerd hypervisors, needs root) with the example
 repo in a real bare git repo: the first reconcile applies it, then each measured
-poll fetches, validates, observes every hypervisor (CRI reads and one ExecSync
-per pod), plans nothing, writes nothing and commits nothing (checked). The status
-commit figure is `StatusBranch.publish` of the full status tree with one file
-changed: write, `git add`, commit, push.
+poll fetches and lists pods and containers on every hypervisor (CRI reads; node
+files are not read again while the containers are unchanged), finds the commit and
+the live state unchanged and stops: no validation, compile or plan, nothing written,
+nothing committed (checked). The drift-check polls are the same with every pod's
+node files read again (one ExecSync per pod), as when
+`spec.drift.nodeFilesIntervalSeconds` has passed. The status commit figure is
+`StatusBranch.publish` of the full status tree with one file changed: write,
+`git add`, commit, push.
 
     python benchmarks/poll_cycle.py [--polls 10]
 """
@@ -23,6 +27,7 @@ from gitops import lab as labmod
 from gitops.controller import Controller, ControllerConfig
 from gitops.lab.example import write_example_repo
 from gitops.status.branch import StatusBranch
+from gitops.status.reader import MANAGED
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -65,6 +70,15 @@ def main() -> None:
             assert outcome.actions == 0, "a quiet poll must not act"
         assert git("rev-parse", "gitops/status", cwd=origin) == head, "a quiet poll must not commit"
         print(f"no-change poll cycle                             {figures(polls)}")
+        controller.files.interval = 0  # every pod's node files are read again on each poll
+        drift = []
+        for _ in range(args.polls):
+            started = time.monotonic()
+            outcome = controller.reconcile_once()
+            drift.append(time.monotonic() - started)
+            assert outcome.actions == 0, "a drift check that finds nothing must not act"
+        assert git("rev-parse", "gitops/status", cwd=origin) == head, "a drift check must not commit"
+        print(f"no-change poll with a drift check of node files  {figures(drift)}")
         branch = StatusBranch(str(origin), base / "bench-writer")
         branch.sync()
         tree = {p.relative_to(branch.dir).as_posix(): p.read_bytes() for p in branch.dir.rglob("*")
@@ -74,7 +88,7 @@ def main() -> None:
             changed = dict(tree)
             changed["status/benchmark.yaml"] = f"run: {i}\n".encode()
             started = time.monotonic()
-            sha = branch.publish(lambda b: b.write_tree(changed, ("status", "observed.yaml", "kubeconfig", "state")),
+            sha = branch.publish(lambda b: b.write_tree(changed, MANAGED),
                                  f"benchmark {i}")
             commits.append(time.monotonic() - started)
             assert sha is not None

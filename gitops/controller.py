@@ -11,6 +11,7 @@ status branch, or none when nothing changed.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import fcntl
 import logging
@@ -31,13 +32,16 @@ from gitops.model.validate import Validation, validate_repo
 from gitops.engine import Planned, apply_repo, bare_metal_hosts, observe_all
 from gitops.model.config import RepoConfig
 from gitops.model.resources import RepoModel
+from gitops.observe import ObservedState
 from gitops.plan.actions import Plan
 from gitops.sip.selection import SIPPlan, select_hosts
 from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
 from gitops.status.branch import StatusBranch
 from gitops.status.lease import ApplyLease
-from gitops.status.reader import APPLY, DEFAULT_BRANCH, MANAGED, OBSERVED, PUBLIC, SOURCE, kubeconfig_path
-from gitops.status.report import Outcome, Result, apply_document, dump, resource_documents, sip_documents, source_document
+from gitops.status.reader import APPLY, DEFAULT_BRANCH, MANAGED, PUBLIC, SOURCE, kubeconfig_path
+from gitops.status.report import Outcome, Result, apply_document, resource_documents, sip_documents, source_document
+from gitops.status.poll import NodeFilesCache, live_fingerprint
+from gitops.status.snapshot import snapshot_files
 from gitops.status.state import ControllerStateStore, Sealer
 
 log = logging.getLogger("gitops.controller")
@@ -78,6 +82,15 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Quiet:
+    """The last reconcile left the live state converged: its commit, live fingerprint and outcome."""
+
+    target: Target
+    fingerprint: str
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
 class Applied:
     """What the apply stage did, as data for the report."""
 
@@ -105,6 +118,9 @@ class Controller:
         self.stop = threading.Event()
         self.metrics = metrics or Metrics()
         self._status: dict[str, StatusBranch] = {}
+        #: node files read on earlier polls, and the last converged reconcile (None: the next poll does it all)
+        self.files = NodeFilesCache(RepoConfig().node_files_interval)
+        self._quiet: Quiet | None = None
 
     def status_branch(self, name: str) -> StatusBranch:
         name = self.config.status_branch or name
@@ -126,9 +142,21 @@ class Controller:
         return outcome
 
     def _reconcile(self) -> Outcome:
-        """fetch → verify and validate → choose what is in force → apply → report."""
+        """fetch → (nothing changed since the last converged reconcile: stop) → verify and validate →
+        choose what is in force → apply → report."""
         now = dt.datetime.now(dt.timezone.utc)
-        revision = self._fetch()
+        sha = self.source.fetch()
+        quiet, self._quiet = self._quiet, None
+        live = None
+        if quiet is not None and sha == quiet.target.sha:
+            live = observe_all(quiet.target.model, quiet.target.config, self.store.load(), reuse=self.files.reuse)
+            if live_fingerprint(live, self.files.files_digest) == quiet.fingerprint:
+                self.files.remember(live)
+                self._quiet = quiet
+                log.info("nothing changed", extra={"sha": sha, "node_files_reused": self.files.reused})
+                return quiet.outcome
+            log.info("the live state changed", extra={"sha": sha})
+        revision = self._checkout(sha)
         refusal, validation = self._check(revision)
         branch_name = (validation.repo.config.status_branch if validation is not None and validation.ok
                        else self._last_status_branch())
@@ -146,14 +174,28 @@ class Controller:
         else:
             assert validation is not None
             target = Target(revision.sha, validation)
-        applied = self._apply(target, status)
-        return self._report(target, applied, refused, applied_before, status, now)
+        applied = self._apply(target, status, live if live is not None and target.sha == sha else None)
+        outcome = self._report(target, applied, refused, applied_before, status, now)
+        self._remember(target, applied, outcome, refused)
+        return outcome
+
+    def _remember(self, target: Target, applied: Applied, outcome: Outcome, refused: Outcome | None) -> None:
+        """After a reconcile that left the live state converged and fully observed, the next polls
+        stop early while the commit and the live state stay the same."""
+        after = applied.after
+        if (refused is not None or outcome.result != Result.APPLIED or after is None or applied.follow_up is not None
+                or not after.plan.empty or not after.plan.complete):
+            self.files.forget()
+            return
+        self.files.interval = target.config.node_files_interval
+        self.files.remember(after.observed)
+        self._quiet = Quiet(target, live_fingerprint(after.observed, self.files.files_digest), dataclasses.replace(
+            outcome, actions=0, message=f"commit {target.sha[:12]} in force; nothing changed"))
 
     # ------------------------------------------------------------------ stages
 
-    def _fetch(self) -> Revision:
-        """The branch tip, checked out: the artifact every later stage reads."""
-        sha = self.source.fetch()
+    def _checkout(self, sha: str) -> Revision:
+        """The fetched tip, checked out: the artifact every later stage reads."""
         revision = self.source.checkout(sha)
         log.info("reconcile", extra={"sha": sha, "subject": revision.subject})
         return revision
@@ -186,14 +228,21 @@ class Controller:
             raise GitopsError(f"the last good commit {sha[:12]} no longer validates")
         return validation
 
-    def _apply(self, target: Target, status: StatusBranch) -> Applied:
-        """Plan and execute under the apply lease; failures become data for the report."""
+    def _apply(self, target: Target, status: StatusBranch, live: ObservedState | None = None) -> Applied:
+        """Plan and execute under the apply lease; failures become data for the report. `live`: this
+        poll's observation already made, for the first plan (later ones observe again)."""
         model, config = target.model, target.config
         ApplyLease(status.repo).acquire(self.holder, self.config.lock_ttl)
         sha = target.sha
+        first = [live] if live is not None else []
+
+        def watch(m: RepoModel) -> ObservedState:
+            return first.pop() if first else observe_all(m, config, self.store.load())
+
         try:
             result = apply_repo(model, config, self.store, allow_mass_delete=self.config.allow_mass_delete,
-                                should_stop=self.stop.is_set, source=sha, progress=_log_progress)
+                                should_stop=self.stop.is_set, source=sha, progress=_log_progress,
+                                observe_fn=watch)
         except ApplyError as err:
             log.error("apply failed", extra={"sha": sha, "error": str(err)})
             return Applied(Result.FAILED, str(err), len(err.executed), err.plan, error=str(err))
@@ -239,7 +288,7 @@ class Controller:
         placements = {n: (r.hypervisor, dict(r.ports)) for n, r in self.store.state.nodes.items()}
 
         def write(branch: StatusBranch) -> None:
-            files = {SOURCE: source_document(report, branch.read, now), OBSERVED: dump(observed.to_dict())}
+            files = {SOURCE: source_document(report, branch.read, now), **snapshot_files(observed)}
             previous = branch.read(APPLY)
             if record is not None or previous is not None:
                 files[APPLY] = record if record is not None else previous

@@ -19,7 +19,7 @@ from gitops.cri.client import CRIClient
 from gitops.errors import GitopsError
 from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
-from gitops.observe import ObservedState, observe
+from gitops.observe import FilesReuse, ObservedState, observe
 from gitops.observe.clusters import ClusterTarget, observe_clusters
 from gitops.plan.actions import Plan, Unknown, UnknownKind, ordered
 from gitops.plan.cluster_api import cluster_api_actions
@@ -93,10 +93,12 @@ def bare_metal_hosts(model: RepoModel, config: RepoConfig, state: State,
     return list(observed.hosts) if observed.hosts is not None else None
 
 
-def observe_all(model: RepoModel, config: RepoConfig, state: State | None = None) -> ObservedState:
+def observe_all(model: RepoModel, config: RepoConfig, state: State | None = None,
+                reuse: FilesReuse | None = None) -> ObservedState:
     """Observe the hypervisors, then (with the recorded `state`'s admin credentials) the API of every
-    cluster with a running API server, and a kubernetes BareMetalHost provider's hosts."""
-    observed = observe(model.hypervisors.values())
+    cluster with a running API server, and a kubernetes BareMetalHost provider's hosts. `reuse`: node
+    files known from an earlier observation (the controller's quiet polls)."""
+    observed = observe(model.hypervisors.values(), reuse=reuse)
     if state is not None:
         observed = dataclasses.replace(observed, clusters=observe_clusters(cluster_targets(model, state, observed)))
     if config.bare_metal.provider != "kubernetes" or not model.sip_clusters:

@@ -32,11 +32,12 @@ class Memo(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._data)
 
-    def get(self, key: K, compute: Callable[[], V]) -> V:
-        """The value stored under `key`, else `compute()` (stored; not under the lock)."""
+    def get(self, key: K, compute: Callable[[], V], fresh: Callable[[V], bool] | None = None) -> V:
+        """The value stored under `key`, else `compute()` (stored; not under the lock). A stored value
+        that `fresh` says is no longer valid (time-bound results) is computed again."""
         with self._lock:
             value = self._data.get(key, _MISSING)
-            if value is not _MISSING:
+            if value is not _MISSING and (fresh is None or fresh(value)):  # type: ignore[arg-type]
                 self._data.move_to_end(key)
                 self.hits += 1
                 return value  # type: ignore[return-value]
@@ -53,6 +54,12 @@ class Memo(Generic[K, V]):
         with self._lock:
             self._data.clear()
             self.hits = self.misses = 0
+
+
+def content_digest(value: object) -> str:
+    """A digest of a dataclass value's repr (which shows every field): for values computed once and
+    reused, such as compiled or observed pods, so a digest is taken once per object."""
+    return hashlib.sha256(repr(value).encode()).hexdigest()
 
 
 def key_of(*parts: str | None) -> bytes:

@@ -27,7 +27,7 @@ from gitops.compile.bootstrap import bootstrap_objects
 from gitops.observe.clusters import ObservedCluster
 from gitops.pki import cert_to_pem, generate_key, sign_public_key
 from gitops.plan.actions import Kind, Plan, Unknown, UnknownKind
-from gitops.plan.diff import CERTIFICATE_FACTS
+from gitops.plan.diff import CERTIFICATE_FACTS, CLUSTER_DIFFS
 from gitops.plan.render import headline, render_json, render_markdown, render_text
 from gitops.state import LocalDirStore, State
 
@@ -341,6 +341,35 @@ def test_a_plan_recompiles_only_the_clusters_whose_inputs_changed(repo):
     moved.nodes["team-b-cp-1"].ports["scheduler"] += 1000
     make_plan(repo.model, repo.repo.config, moved, observed, now=NOW)
     assert COMPILED_CLUSTERS.misses == len(repo.model.clusters) + 1
+
+
+def test_a_plan_diffs_only_the_clusters_whose_inputs_changed(repo):
+    state, observed = settle(repo.model)
+    CLUSTER_DIFFS.clear()
+    assert make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan.actions == ()
+    clusters = CLUSTER_DIFFS.misses
+    assert clusters == len(repo.model.clusters)
+    assert make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan.actions == ()
+    assert CLUSTER_DIFFS.misses == clusters  # nothing changed: every cluster's (empty) actions reused
+    # a container exited in team-b: team-b alone is diffed again, and the plan heals it
+    hv, pod = next((hv, p) for hv in observed.hypervisors.values() for p in hv.pods if p.node == "team-b-cp-1")
+    exited = dataclasses.replace(pod, containers=tuple(dataclasses.replace(c, state="exited")
+                                                       if c.component == "kube-scheduler" else c
+                                                       for c in pod.containers))
+    drift = dataclasses.replace(observed, hypervisors={**observed.hypervisors, hv.name: dataclasses.replace(
+        hv, pods=tuple(exited if p is pod else p for p in hv.pods))})
+    plan = make_plan(repo.model, repo.repo.config, state, drift, now=NOW).plan
+    assert CLUSTER_DIFFS.misses == clusters + 1
+    assert [(a.kind, a.node, a.component) for a in plan.actions] == [
+        (Kind.RECREATE_CONTAINER, "team-b-cp-1", "kube-scheduler")]
+    # the clock moves into the certificates' renewal window: the reused answers expire
+    later = NOW + dt.timedelta(days=340)
+    renew = make_plan(repo.model, repo.repo.config, state, observed, now=later).plan
+    assert CLUSTER_DIFFS.misses == clusters * 2 + 1 and {a.kind for a in renew.actions} == {Kind.WRITE_FILES}
+    # the same answer as a diff from scratch, whatever was reused
+    CLUSTER_DIFFS.clear()
+    assert make_plan(repo.model, repo.repo.config, state, observed, now=later).plan == renew
+    assert make_plan(repo.model, repo.repo.config, state, drift, now=NOW).plan == plan
 
 
 def test_mass_delete_is_refused_before_touching_anything(repo, tmp_path):

@@ -2,17 +2,21 @@
 lease, and age sealing that the standard `age` tool opens."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from gitops.errors import GitopsError
+from gitops.observe import ObservedState
 from gitops.secrets import decrypt, encrypt
 from gitops.state import CertRecord, ClusterRecord, NodeRecord, State
 from gitops.status.branch import StatusBranch
 from gitops.status.lease import ApplyLease, Locked
-from gitops.status.reader import DEFAULT_BRANCH, SOURCE, SourceStatus, StatusReader
+from gitops.status.reader import DEFAULT_BRANCH, MANAGED, OBSERVED, SOURCE, SourceStatus, StatusReader
+from gitops.status.snapshot import HYPERVISORS, cluster_path, snapshot_files
 from gitops.status.state import PUBLIC, SEALED, ControllerStateStore, Sealer, merge, split
 
 TTL = dt.timedelta(minutes=10)
@@ -125,3 +129,71 @@ def test_armored_age_round_trip_with_the_age_tool(tmp_path):
     from gitops.secrets import load_identity
 
     assert decrypt(armored, load_identity(identity.stdout)) == data
+
+
+def _snapshot():
+    """A small converged fleet's snapshot (the example repo) and one with a cluster's container restarted."""
+    from test_plan_diff import settle
+
+    from repo_helpers import EXAMPLE_REPO
+    from gitops.model.validate import validate_repo
+
+    model = validate_repo(EXAMPLE_REPO).model
+    _, observed = settle(dataclasses.replace(model, sip_clusters={}))
+    hv, pod = next((hv, p) for hv in observed.hypervisors.values() for p in hv.pods if p.cluster == "team-a")
+    restarted = dataclasses.replace(pod, containers=tuple(dataclasses.replace(c, id=c.id + "-2", created_at=99)
+                                                          for c in pod.containers))
+    moved = dataclasses.replace(observed, hypervisors={**observed.hypervisors, hv.name: dataclasses.replace(
+        hv, pods=tuple(restarted if p is pod else p for p in hv.pods))})
+    return observed, moved
+
+
+def test_observed_snapshot_is_stored_per_cluster_and_read_back(origin, tmp_path):
+    observed, moved = _snapshot()
+    written = snapshot_files(observed)
+    assert sorted(written) == [cluster_path("team-a"), cluster_path("team-b"), HYPERVISORS]
+    assert all(data.count(b"\n") == 1 for data in written.values())  # compact: one line each
+    branch = StatusBranch(origin, tmp_path / "a")
+    legacy = {OBSERVED: b"hypervisors: {}\n"}
+    branch.publish(lambda b: b.write_tree(legacy, MANAGED), "the older single-file form")
+    assert branch.reader.observed() == ObservedState({})
+    branch.publish(lambda b: b.write_tree(written, MANAGED), "per cluster")
+    assert not (branch.dir / OBSERVED).exists()  # the older form is removed once the new one is written
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", origin, str(clone)], check=True)
+    for reader in (branch.reader, StatusReader.for_clone(clone)):
+        assert reader.observed() == observed
+    # a restarted container in team-a: the commit rewrites team-a's file only
+    changed = snapshot_files(moved)
+    branch.publish(lambda b: b.write_tree(changed, MANAGED), "team-a restarted")
+    names = subprocess.run(["git", "--git-dir", origin, "diff", "--name-only", "gitops/status~1", "gitops/status"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert names == [cluster_path("team-a")]
+    assert StatusReader.at_ref(Path(origin), "gitops/status").observed() == moved
+
+
+def test_a_snapshot_without_observations_is_an_error(origin, tmp_path):
+    branch = StatusBranch(origin, tmp_path / "a")
+    branch.publish(files({"status/x.yaml": b"x: 1\n"}), "first")
+    with pytest.raises(GitopsError, match="no observed snapshot"):
+        branch.reader.observed()
+
+
+def test_write_tree_touches_only_what_changed(origin, tmp_path):
+    branch = StatusBranch(origin, tmp_path / "a")
+    keep = {"other/keep.txt": b"not managed\n"}
+    first = {"status/a/x.yaml": b"1\n", "status/b.yaml": b"2\n", "observed.yaml": b"old\n"}
+    branch.publish(lambda b: b.write_tree({**keep, **first}, ("other", "status", "observed.yaml")), "first")
+    unchanged = (branch.dir / "status/b.yaml").stat().st_mtime_ns
+    second = {"status/b.yaml": b"2\n", "observed/clusters/c.json": b"{}\n"}
+    assert branch.publish(lambda b: b.write_tree(second, MANAGED), "second") is not None
+    assert not (branch.dir / "status/a").exists() and not (branch.dir / OBSERVED).exists()
+    assert (branch.dir / "other/keep.txt").read_bytes() == b"not managed\n"
+    assert (branch.dir / "status/b.yaml").stat().st_mtime_ns == unchanged  # same content: not written again
+    assert branch.publish(lambda b: b.write_tree(second, MANAGED), "same") is None
+    other = StatusBranch(origin, tmp_path / "b")
+    other.publish(lambda b: b.write_tree({"status/b.yaml": b"3\n"}, ("status",)), "another writer")
+    branch.publish(lambda b: b.write_tree(second, MANAGED), "back")  # starts from the other writer's tip
+    shown = subprocess.run(["git", "--git-dir", origin, "show", "gitops/status:status/b.yaml"], capture_output=True,
+                           check=True).stdout
+    assert shown == b"2\n" and log(origin)[:2] == ["back", "another writer"]

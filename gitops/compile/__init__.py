@@ -49,6 +49,7 @@ def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None =
             del new.clusters[name]  # left the repo and its last pod is gone
     pods = {}
     clusters = {}
+    hypervisor_text = {name: repr(hv) for name, hv in model.hypervisors.items()}  # each shared by many clusters
     for name, cluster in sorted(model.clusters.items()):
         nodes = model.nodes_of(name)
         placed: dict[str, tuple[Hypervisor, NodeRecord]] = {
@@ -58,7 +59,7 @@ def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None =
         _freeze_etcd_flags(new, name, model, placed)
         record = new.clusters[name]
         cluster_pods, clusters[name] = COMPILED_CLUSTERS.get(
-            _cluster_key(cluster, nodes, placed, record),
+            _cluster_key(cluster, nodes, placed, record, hypervisor_text),
             lambda: _compile_cluster(cluster, {n.name: n for n in nodes}, placed, record))
         pods.update((pod.node, pod) for pod in cluster_pods)
     if services:
@@ -74,10 +75,12 @@ COMPILED_CLUSTERS: Memo[bytes, tuple[tuple[DesiredPod, ...], DesiredCluster]] = 
 
 
 def _cluster_key(cluster: Cluster, nodes: list[Node], placed: dict[str, tuple[Hypervisor, NodeRecord]],
-                 record: ClusterRecord) -> bytes:
-    """A digest of everything a cluster's pods are made of: the Cluster, its Nodes, their hypervisors and
-    records (etcd flags frozen), the cluster's record. The reprs of these dataclasses show every field."""
-    return key_of(repr((cluster, sorted(nodes, key=lambda n: n.name), sorted(placed.items()), record)))
+                 record: ClusterRecord, hypervisor_text: dict[str, str]) -> bytes:
+    """A digest of everything a cluster's pods are made of: the Cluster, its Nodes, their hypervisors
+    (`hypervisor_text`: their reprs, by name) and records (etcd flags frozen), the cluster's record.
+    The reprs of these dataclasses show every field."""
+    placements = [(node, hypervisor_text[hv.name], rec) for node, (hv, rec) in sorted(placed.items())]
+    return key_of(repr((cluster, sorted(nodes, key=lambda n: n.name), placements, record)))
 
 
 def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str, tuple[Hypervisor, NodeRecord]],

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from typing import Any
 
 from gitops.cri.types import ContainerSpec, SandboxSpec
+from gitops.memo import content_digest
 from gitops.node import COMPONENT, SPEC_ANNOTATION, SPEC_HASH
 
 #: what a plan shows for a value that exists only once earlier actions of the same plan ran
@@ -128,7 +130,7 @@ def identify(spec: ContainerSpec, pod_labels: dict[str, str], inputs: dict[str, 
     pending = AFTER_APPLY in inputs["files"].values()
     spec_hash = AFTER_APPLY if pending else digest(inputs)
     return replace(spec, labels={**pod_labels, COMPONENT: spec.name, SPEC_HASH: spec_hash},
-                   annotations={SPEC_ANNOTATION: canonical_json(inputs)})
+                   annotations={SPEC_ANNOTATION: sys.intern(canonical_json(inputs))})  # shared with observations
 
 
 def resolve_container(spec: ContainerSpec, contents: dict[str, str]) -> ContainerSpec:
@@ -162,6 +164,11 @@ class DesiredPod:
     renew_before_days: int = 30
     #: a controlplane node's own API server (https://ip:port), "" for other roles
     api_url: str = ""
+
+    @cached_property
+    def content_digest(self) -> str:
+        """A digest of the whole pod, once per object: compiled pods are reused from plan to plan."""
+        return content_digest(self)
 
 
 @dataclass(frozen=True)
@@ -204,6 +211,11 @@ class DesiredCluster:
     api_endpoint: str | None
     #: objects gitops keeps in the cluster's API, sorted by key (none without an endpoint)
     objects: tuple[KubeObject, ...] = ()
+
+    @cached_property
+    def content_digest(self) -> str:
+        """A digest of the whole value, once per object: compiled clusters are reused from plan to plan."""
+        return content_digest(self)
 
 
 @dataclass(frozen=True)

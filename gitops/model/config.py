@@ -42,6 +42,9 @@ class RepoConfig:
     #: etcd steps and API server replacements wait at most this long for health (spec.rollout.healthTimeoutSeconds)
     health_timeout: int = 60
     secrets: SecretsPolicy = field(default_factory=SecretsPolicy)
+    #: the controller reads the node files of a pod whose containers did not change at most this often
+    #: (spec.drift.nodeFilesIntervalSeconds; 0: on every poll)
+    node_files_interval: int = 300
 
     @property
     def allow_plaintext(self) -> bool:
@@ -62,6 +65,7 @@ class RepoConfig:
             ),
             renew_before_days=spec.get("certificates", {}).get("renewBeforeDays", defaults.renew_before_days),
             health_timeout=spec.get("rollout", {}).get("healthTimeoutSeconds", defaults.health_timeout),
+            node_files_interval=spec.get("drift", {}).get("nodeFilesIntervalSeconds", defaults.node_files_interval),
             bare_metal=BareMetalSource(
                 provider=spec.get("bareMetal", {}).get("provider", "file"),
                 kubeconfig=spec.get("bareMetal", {}).get("kubeconfig"),

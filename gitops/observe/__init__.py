@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from functools import cached_property, partial
 from typing import Any
 
 from gitops.cri.client import CRIClient, read_all
 from gitops.cri.errors import CRIError
 from gitops.cri.types import ContainerState, SandboxState
+from gitops.memo import content_digest
 from gitops.model.resources import BareMetalHost, Hypervisor
 from gitops.observe.clusters import ObservedCluster
 from gitops.node import (
@@ -35,15 +38,30 @@ from gitops.node import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ObservedContainer:
     id: str
     component: str
     state: str  # created | running | exited | unknown
     spec_hash: str
     created_at: int
-    #: the inputs the container was created from (its spec annotation), for diffs
-    spec: dict[str, Any] | None = None
+    #: the inputs the container was created from: its spec annotation as compact JSON text (a dict given
+    #: is stored so), decoded by `inputs` only when a diff shows what changed
+    spec: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.spec is not None and not isinstance(self.spec, str):
+            object.__setattr__(self, "spec", json.dumps(self.spec, sort_keys=True, separators=(",", ":")))
+        if self.spec is not None:
+            object.__setattr__(self, "spec", sys.intern(self.spec))  # shared with the compiled annotation
+
+    @property
+    def inputs(self) -> dict[str, Any] | None:
+        """The spec annotation, decoded (None when absent or unreadable)."""
+        try:
+            return json.loads(self.spec) if self.spec is not None else None
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,11 @@ class ObservedPod:
     containers: tuple[ObservedContainer, ...] = ()
     #: None when the files agent is not running (nothing could be read)
     files: NodeFiles | None = None
+
+    @cached_property
+    def content_digest(self) -> str:
+        """A digest of the whole pod, once per object (the diff is memoized by it)."""
+        return content_digest(self)
 
     def running(self, component: str) -> ObservedContainer | None:
         for c in sorted(self.containers, key=lambda c: -c.created_at):
@@ -117,20 +140,18 @@ class ObservedState:
         return cls(hvs, tuple(BareMetalHost(**h) for h in hosts) if hosts is not None else None, clusters)
 
 
-def observe_hypervisor(client: CRIClient) -> ObservedHypervisor:
+#: node files read earlier that still hold for a pod as listed now (None: read them now)
+FilesReuse = Callable[[ObservedPod], "NodeFiles | None"]
+
+
+def observe_hypervisor(client: CRIClient, reuse: FilesReuse | None = None) -> ObservedHypervisor:
     name = client.name
     selector = {MANAGED: MANAGER}
     sandboxes = client.list_sandboxes(selector)
     containers = client.list_containers(selector)
     by_sandbox: dict[str, list[ObservedContainer]] = {}
     for c in containers:
-        spec = None
-        raw = c.annotations.get(SPEC_ANNOTATION)
-        if raw:
-            try:
-                spec = json.loads(raw)
-            except ValueError:
-                spec = None
+        spec = c.annotations.get(SPEC_ANNOTATION) or None
         by_sandbox.setdefault(c.sandbox_id, []).append(ObservedContainer(
             id=c.id, component=c.labels.get(COMPONENT, c.name), state=c.state.value,
             spec_hash=c.labels.get(SPEC_HASH, ""), created_at=c.created_at, spec=spec))
@@ -142,7 +163,10 @@ def observe_hypervisor(client: CRIClient) -> ObservedHypervisor:
             role=s.labels.get(ROLE, ""), hypervisor=name, ready=s.state == SandboxState.READY,
             spec_hash=s.labels.get(SPEC_HASH, ""), created_at=s.created_at, containers=owned)
         agent = pod.running(AGENT) if pod.ready else None
-        files = read_node_files(client, agent.id) if agent is not None else None
+        files = None
+        if agent is not None:
+            files = reuse(pod) if reuse is not None else None
+            files = files if files is not None else read_node_files(client, agent.id)
         pods.append(ObservedPod(**{**_fields(pod), "files": files}))
     pods.sort(key=lambda p: (p.node, p.created_at, p.sandbox_id))
     return ObservedHypervisor(name=name, reachable=True, pods=tuple(pods))
@@ -152,9 +176,12 @@ def _fields(pod: ObservedPod) -> dict[str, Any]:
     return {f: getattr(pod, f) for f in pod.__dataclass_fields__}
 
 
-def observe(hypervisors: Iterable[Hypervisor], *, timeout: float = 10.0) -> ObservedState:
-    """Observe every hypervisor in parallel; unreachable ones are marked, not raised."""
-    results = read_all([hv.cri_endpoint() for hv in hypervisors], observe_hypervisor, timeout=timeout)
+def observe(hypervisors: Iterable[Hypervisor], *, timeout: float = 10.0,
+            reuse: FilesReuse | None = None) -> ObservedState:
+    """Observe every hypervisor in parallel; unreachable ones are marked, not raised. `reuse`: node
+    files known from an earlier observation, not read again (see `gitops.status.poll`)."""
+    results = read_all([hv.cri_endpoint() for hv in hypervisors], partial(observe_hypervisor, reuse=reuse),
+                       timeout=timeout)
     out = {}
     for name, result in results.items():
         if isinstance(result, CRIError):

@@ -22,6 +22,7 @@ from deepdiff import DeepDiff
 from gitops.compile.desired import (
     AFTER_APPLY,
     CertificateSpec,
+    DesiredCluster,
     DesiredContainer,
     DesiredPod,
     DesiredState,
@@ -44,7 +45,7 @@ from gitops.plan.payloads import (
     Remove,
     WriteFiles,
 )
-from gitops.state.records import State
+from gitops.state.records import ClusterRecord, State
 
 MAX_LISTED_CHANGES = 6
 
@@ -58,20 +59,111 @@ class DiffOptions:
 
 def diff(desired: DesiredState, observed: ObservedState, state: State, options: DiffOptions,
          now: dt.datetime | None = None) -> Plan:
+    """Every cluster's actions (its pods, files, containers and etcd membership), each cluster diffed
+    once per content of its inputs (see `ClusterInputs`), plus what is unknown."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    actions: list[Action] = []
-    warnings: list[str] = []
     down = set(observed.unreachable)
     unknowns = tuple(unreachable(name, observed, desired, state) for name in sorted(down))
+    actions: list[Action] = []
+    warnings: list[tuple[str, str]] = []
+    settings = repr(options)
+    for inputs in cluster_inputs(desired, observed, state, down):
+        part = CLUSTER_DIFFS.get(inputs.key(settings), lambda: _cluster_diff(inputs, options, now),
+                                 fresh=lambda part: part.fresh_at(now))
+        actions.extend(part.actions)
+        warnings.extend(part.warnings)
+    warnings.sort(key=lambda item: item[0])  # by node, as the pods were walked
+    return Plan(actions=ordered(actions), warnings=tuple(text for _, text in warnings), unknowns=unknowns)
 
-    observed_by_node: dict[str, list[ObservedPod]] = {}
-    for pod in observed.pods():
-        observed_by_node.setdefault(pod.node, []).append(pod)
+
+@dataclass(slots=True)
+class ClusterInputs:
+    """Everything the diff of one cluster reads: its desired pods and members, the observed pods of its
+    nodes (and of nodes that left the repo but were labeled with it), its record, the hypervisors its
+    recorded etcd members were placed on, and which of the hypervisors it involves are unreachable."""
+
+    cluster: str
+    wants: list[DesiredPod]  # by node
+    want: DesiredCluster | None
+    #: observed pods by node, each node's pods in observation order
+    have: dict[str, list[ObservedPod]]
+    record: ClusterRecord | None
+    members_on: tuple[tuple[str, str], ...]  # (recorded etcd member, its recorded hypervisor)
+    down: frozenset[str]
+
+    def key(self, settings: str) -> bytes:
+        """A digest of the inputs (`settings`: the diff options as text): content digests of the pods
+        and members (each computed once per object), the parts of the record the diff reads."""
+        record = self.record
+        parts = [settings, self.cluster, self.want.content_digest if self.want is not None else None]
+        if record is not None:
+            parts.append("\n".join(record.etcd_members))
+            for role, authority in sorted(record.authorities.items()):
+                parts += (role, authority.cert_pem)
+        parts.append(repr((self.members_on, sorted(self.down))))
+        parts += [p.content_digest for p in self.wants]
+        for node in sorted(self.have):
+            parts.append(f"{node}:{len(self.have[node])}")
+            parts += [p.content_digest for p in self.have[node]]
+        return key_of(*parts)
+
+
+def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
+                   down: set[str]) -> list[ClusterInputs]:
+    """The diff's inputs split by cluster. An observed pod goes with its node's desired cluster, or,
+    when its node left the repo, with the cluster it is labeled with."""
+    wants: dict[str, list[DesiredPod]] = {}
+    for pod in desired.pods.values():
+        wants.setdefault(pod.cluster, []).append(pod)
+    have: dict[str, dict[str, list[ObservedPod]]] = {}
+    pods = desired.pods
+    for hv in observed.hypervisors.values():
+        for seen in hv.pods:
+            want = pods.get(seen.node)
+            have.setdefault(want.cluster if want else seen.cluster, {}).setdefault(seen.node, []).append(seen)
+    out = []
+    nodes = state.nodes
+    for cluster in sorted(wants.keys() | have.keys() | state.clusters.keys()):
+        record = state.clusters.get(cluster)
+        members_on = () if record is None else tuple(
+            (n, nodes[n].hypervisor if n in nodes else "") for n in record.etcd_members)
+        mine = wants.get(cluster, [])
+        involved = frozenset()
+        if down:
+            involved = frozenset(down & ({p.hypervisor for p in mine} | {hv for _, hv in members_on}))
+        out.append(ClusterInputs(cluster, mine, desired.clusters.get(cluster), have.get(cluster, {}), record,
+                                 members_on, involved))
+    return out
+
+
+@dataclass(frozen=True)
+class ClusterDiff:
+    """One cluster's actions and (node, warning)s, valid from `since` until `until` (the first moment a
+    certificate found fine enters its renewal window; None: no certificate involved)."""
+
+    actions: tuple[Action, ...]
+    warnings: tuple[tuple[str, str], ...]
+    since: dt.datetime
+    until: dt.datetime | None
+
+    def fresh_at(self, now: dt.datetime) -> bool:
+        return self.since <= now and (self.until is None or now < self.until)
+
+
+#: per-cluster diffs by a digest of their inputs: a plan diffs again only the clusters that changed
+CLUSTER_DIFFS: Memo[bytes, ClusterDiff] = Memo(maxsize=1 << 16)
+
+
+def _cluster_diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
+    actions: list[Action] = []
+    warnings: list[tuple[str, str]] = []
+    deadlines: list[dt.datetime] = []
+    desired = {p.node: p for p in inputs.wants}
 
     # Pods whose node left the repo, moved, or are duplicates.
     keepers: dict[str, ObservedPod] = {}
-    for node, pods in sorted(observed_by_node.items()):
-        want = desired.pods.get(node)
+    for node, pods in sorted(inputs.have.items()):
+        want = desired.get(node)
         candidates = []
         for pod in pods:
             if want is None:
@@ -79,8 +171,8 @@ def diff(desired: DesiredState, observed: ObservedState, state: State, options: 
                     actions.append(_remove_pod(pod, f"Node {node} left the repo", prune=True, wipe=True,
                                                forget=True))
                 else:
-                    warnings.append(f"pod of Node {node} on {pod.hypervisor} is no longer in the repo; "
-                                    "pruning is disabled, so it is left running")
+                    warnings.append((node, f"pod of Node {node} on {pod.hypervisor} is no longer in the repo; "
+                                           "pruning is disabled, so it is left running"))
             elif pod.hypervisor != want.hypervisor:
                 actions.append(_remove_pod(pod, f"Node {node} moved to hypervisor {want.hypervisor}", wipe=True))
             elif pod.cluster != want.cluster:
@@ -95,13 +187,13 @@ def diff(desired: DesiredState, observed: ObservedState, state: State, options: 
             if pod is not best:
                 actions.append(_remove_pod(pod, "duplicate pod of the same node"))
 
-    for node, want in sorted(desired.pods.items()):
-        if want.hypervisor in down:
+    for node, want in sorted(desired.items()):
+        if want.hypervisor in inputs.down:
             continue
-        actions.extend(_pod_actions(want, keepers.get(node), state, desired, now, options))
+        actions.extend(_pod_actions(want, keepers.get(node), inputs.record, inputs.want, now, options, deadlines))
 
-    actions.extend(_etcd_membership(desired, state, down, options.health_timeout))
-    return Plan(actions=ordered(actions), warnings=tuple(warnings), unknowns=unknowns)
+    actions.extend(_etcd_membership(inputs, options.health_timeout))
+    return ClusterDiff(tuple(actions), tuple(warnings), now, min(deadlines, default=None))
 
 
 def unreachable(name: str, observed: ObservedState, desired: DesiredState, state: State) -> Unknown:
@@ -120,8 +212,9 @@ def _remove_pod(pod: ObservedPod, reason: str, prune: bool = False, wipe: bool =
                   payload=Remove(pod.sandbox_id, wipe_agent_id=agent.id if agent else "", forget=forget))
 
 
-def _pod_actions(want: DesiredPod, have: ObservedPod | None, state: State, desired: DesiredState,
-                 now: dt.datetime, options: DiffOptions) -> list[Action]:
+def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterRecord | None,
+                 cluster: DesiredCluster | None, now: dt.datetime, options: DiffOptions,
+                 deadlines: list[dt.datetime]) -> list[Action]:
     base = dict(hypervisor=want.hypervisor, cluster=want.cluster, node=want.node)
     actions: list[Action] = []
     fresh = have is None or not have.ready or have.spec_hash != want.sandbox.labels.get(SPEC_HASH)
@@ -133,7 +226,7 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, state: State, desir
                               else "replacing the pod", details=(f"files agent ({want.containers[0].spec.image})",),
                               payload=CreatePod(want.sandbox, want.containers[0].spec,
                                                 tuple(sorted({c.spec.image for c in want.containers})),
-                                                _bootstrap(want, state, desired))))
+                                                _bootstrap(want, record, cluster))))
         files: NodeFiles | None = NodeFiles()
         observed: list[ObservedContainer] = []
         pod = PodRef()
@@ -143,13 +236,13 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, state: State, desir
         observed = list(have.containers)
         agent = have.running(AGENT)
         pod = PodRef(have.sandbox_id, agent.id if agent else "")
-    actions.extend(_file_actions(want, files, state, now, base, pod))
+    actions.extend(_file_actions(want, files, record, now, base, pod, deadlines))
     desired_names = {c.spec.name for c in want.containers}
     for index, container in enumerate(want.containers):
         if fresh and index == 0:
             continue  # the agent comes with the pod
         mine = sorted((c for c in observed if c.component == container.spec.name), key=lambda c: c.created_at)
-        etcd = _etcd_health(want, container, state, desired, options) if container.spec.name == "etcd" else None
+        etcd = _etcd_health(want, container, record, cluster, options) if container.spec.name == "etcd" else None
         ready = ApiReady(f"{want.api_url}/readyz", options.health_timeout) \
             if container.spec.name == "kube-apiserver" and want.api_url else None
         actions.extend(_container_actions(want, container, mine, index, base, pod, etcd, ready))
@@ -161,22 +254,18 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, state: State, desir
     return actions
 
 
-def _bootstrap(want: DesiredPod, state: State, desired: DesiredState) -> tuple[str, ...]:
+def _bootstrap(want: DesiredPod, record: ClusterRecord | None, cluster: DesiredCluster | None) -> tuple[str, ...]:
     """A control plane with no etcd members yet: its first members start together."""
-    record = state.clusters.get(want.cluster)
-    cluster = desired.clusters.get(want.cluster)
     if want.role != CONTROLPLANE or record is None or record.etcd_members or cluster is None:
         return ()
     return tuple(m.node for m in cluster.etcd_members)
 
 
-def _etcd_health(pod: DesiredPod, container: DesiredContainer, state: State, desired: DesiredState,
-                 options: DiffOptions) -> EtcdHealth | None:
+def _etcd_health(pod: DesiredPod, container: DesiredContainer, record: ClusterRecord | None,
+                 cluster: DesiredCluster | None, options: DiffOptions) -> EtcdHealth | None:
     """A running cluster's etcd member: the others must be healthy before its container changes, and it
     after. None while the cluster bootstraps (its members start together) or for a joining learner
     (its promotion waits for it)."""
-    record = state.clusters.get(pod.cluster)
-    cluster = desired.clusters.get(pod.cluster)
     if record is None or cluster is None or pod.node not in record.etcd_members:
         return None
     members = {m.node: m for m in cluster.etcd_members}
@@ -212,7 +301,7 @@ def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[Obser
             payload = dataclasses.replace(payload, ready=ready)
             gate = (f"one at a time: waits until its /readyz answers ok (up to {ready.timeout}s)",)
         out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
-                          reason="spec changed", details=(*changed_fields(latest.spec, want.summary), *gate),
+                          reason="spec changed", details=(*changed_fields(latest.inputs, want.summary), *gate),
                           payload=payload))
     elif latest.state != "running":
         out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
@@ -263,8 +352,9 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _file_actions(want: DesiredPod, files: NodeFiles | None, state: State, now: dt.datetime, base: dict,
-                  pod: PodRef) -> list[Action]:
+def _file_actions(want: DesiredPod, files: NodeFiles | None, record: ClusterRecord | None, now: dt.datetime,
+                  base: dict, pod: PodRef, deadlines: list[dt.datetime]) -> list[Action]:
+    """`deadlines` gets, for each certificate found fine, when it enters its renewal window."""
     if files is None:  # nothing could be checked: everything is written again
         return [Action(Kind.WRITE_FILES, **base, reason="files agent is not running; files cannot be checked",
                        details=("verify and rewrite every file",),
@@ -279,11 +369,10 @@ def _file_actions(want: DesiredPod, files: NodeFiles | None, state: State, now: 
     details: list[str] = []
     issue: list[IssueCertificate] = []
     write = []
-    authorities = state.clusters.get(want.cluster)
     for cert in want.certificates:
-        problem = certificate_problem(cert, files, authorities.authorities[cert.signer].cert_pem
-                                      if authorities and cert.signer in authorities.authorities else None,
-                                      want.renew_before_days, now)
+        problem = certificate_problem(cert, files, record.authorities[cert.signer].cert_pem
+                                      if record and cert.signer in record.authorities else None,
+                                      want.renew_before_days, now, deadlines)
         if problem:
             details.append(f"certificate {cert.name}: {problem}")
             issue.append(IssueCertificate(cert, want.validity_days))
@@ -306,8 +395,9 @@ def _file_actions(want: DesiredPod, files: NodeFiles | None, state: State, now: 
 
 
 def certificate_problem(spec: CertificateSpec, files: NodeFiles, ca_pem: str | None, renew_before_days: int,
-                        now: dt.datetime) -> str | None:
-    """Why the node's copy of `spec` must be (re)issued, or None when it is fine."""
+                        now: dt.datetime, deadlines: list[dt.datetime] | None = None) -> str | None:
+    """Why the node's copy of `spec` must be (re)issued, or None when it is fine (and then, in
+    `deadlines`, when it enters its renewal window: the answer holds until then)."""
     pem = files.certificates.get(spec.name)
     if pem is None:
         return "missing"
@@ -318,12 +408,15 @@ def certificate_problem(spec: CertificateSpec, files: NodeFiles, ca_pem: str | N
         return "unreadable"
     if not facts.signed:
         return "not signed by the current authority"
-    if facts.not_after - now <= dt.timedelta(days=renew_before_days):
+    renew_at = facts.not_after - dt.timedelta(days=renew_before_days)
+    if now >= renew_at:
         return f"expires {facts.not_after:%Y-%m-%d} (renewal window {renew_before_days} days)"
     if facts.common_names != (spec.common_name,) or facts.organizations != tuple(sorted(spec.organizations)):
         return "subject changed"
     if facts.dns_names != tuple(sorted(spec.dns_names)) or facts.ip_addresses != tuple(sorted(spec.ip_addresses)):
         return "subject alternative names changed"
+    if deadlines is not None:
+        deadlines.append(renew_at)
     return None
 
 
@@ -381,49 +474,49 @@ def _authority(ca_pem: str) -> x509.Certificate:
     return load_cert_pem(ca_pem)
 
 
-def _etcd_membership(desired: DesiredState, state: State, down: set[str], timeout: int) -> list[Action]:
+def _etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
     """Members join and leave one at a time, around their pods; a new member joins as a learner
     and is promoted right after its etcd container started and caught up (etcd 3.4+)."""
     actions: list[Action] = []
-    location = {p.node: p.hypervisor for p in desired.pods.values()}
+    record, cluster, down = inputs.record, inputs.cluster, inputs.down
+    recorded = list(record.etcd_members) if record else []
+    if not recorded:
+        return actions  # not bootstrapped yet: the first members start together
+    members = {m.node: m for m in inputs.want.etcd_members} if inputs.want else {}
+    if not members:
+        return actions  # the whole control plane goes: its pods are removed, etcd with them
+    location = {p.node: p.hypervisor for p in inputs.wants}
     order = {p.node: next((i for i, c in enumerate(p.containers) if c.spec.name == "etcd"), 0)
-             for p in desired.pods.values()}
-    for cluster, record in sorted(state.clusters.items()):
-        recorded = list(record.etcd_members)
-        if not recorded:
-            continue  # not bootstrapped yet: the first members start together
-        want = desired.clusters.get(cluster)
-        members = {m.node: m for m in want.etcd_members} if want else {}
-        if not members:
-            continue  # the whole control plane goes: its pods are removed, etcd with them
+             for p in inputs.wants}
+    placed_on = dict(inputs.members_on)
 
-        def ask(exclude: str) -> tuple[str, ...]:
-            """The client URLs of the members that stay, the changing one excluded."""
-            return tuple(m.client_url for n, m in sorted(members.items()) if n in recorded and n != exclude)
+    def ask(exclude: str) -> tuple[str, ...]:
+        """The client URLs of the members that stay, the changing one excluded."""
+        return tuple(m.client_url for n, m in sorted(members.items()) if n in recorded and n != exclude)
 
-        for node in recorded:
-            if node in members:
-                continue
-            was_on = state.nodes[node].hypervisor if node in state.nodes else ""
-            if was_on in down:
-                continue  # its etcd may still run there: leave the membership until it is reachable
-            actions.append(Action(Kind.ETCD_MEMBER_REMOVE, was_on, cluster, node,
-                                  reason=f"Node {node} is no longer a controlplane node of {cluster}",
-                                  details=(f"the {len(ask(node))} member(s) that stay must be healthy first",),
-                                  payload=EtcdMemberChange(node, ask(node), timeout=timeout)))
-        for node, member in sorted(members.items()):
-            if node not in recorded and location.get(node) not in down:
-                where = location.get(node, "")
-                actions.append(Action(Kind.ETCD_MEMBER_ADD, where, cluster, node,
-                                      reason="new controlplane node joins etcd, as a learner",
-                                      details=(member.peer_url, f"the {len(ask(node))} member(s) must be healthy first"),
-                                      payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout)))
-                actions.append(Action(Kind.ETCD_MEMBER_PROMOTE, where, cluster, node, component="etcd",
-                                      order=order.get(node, 0),
-                                      reason="the learner votes once it has caught up",
-                                      details=(f"then waits until it is healthy (up to {timeout}s)",),
-                                      payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout,
-                                                               member.client_url)))
+    for node in recorded:
+        if node in members:
+            continue
+        was_on = placed_on.get(node, "")
+        if was_on in down:
+            continue  # its etcd may still run there: leave the membership until it is reachable
+        actions.append(Action(Kind.ETCD_MEMBER_REMOVE, was_on, cluster, node,
+                              reason=f"Node {node} is no longer a controlplane node of {cluster}",
+                              details=(f"the {len(ask(node))} member(s) that stay must be healthy first",),
+                              payload=EtcdMemberChange(node, ask(node), timeout=timeout)))
+    for node, member in sorted(members.items()):
+        if node not in recorded and location.get(node) not in down:
+            where = location.get(node, "")
+            actions.append(Action(Kind.ETCD_MEMBER_ADD, where, cluster, node,
+                                  reason="new controlplane node joins etcd, as a learner",
+                                  details=(member.peer_url, f"the {len(ask(node))} member(s) must be healthy first"),
+                                  payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout)))
+            actions.append(Action(Kind.ETCD_MEMBER_PROMOTE, where, cluster, node, component="etcd",
+                                  order=order.get(node, 0),
+                                  reason="the learner votes once it has caught up",
+                                  details=(f"then waits until it is healthy (up to {timeout}s)",),
+                                  payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout,
+                                                           member.client_url)))
     return actions
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gitops.observe import ObservedState
-from gitops.state.records import State
+from gitops.state.records import ClusterRecord, State
 
 
 def learn(state: State, observed: ObservedState, desired_nodes: dict[str, str]) -> State:
@@ -10,16 +10,28 @@ def learn(state: State, observed: ObservedState, desired_nodes: dict[str, str]) 
 
     `desired_nodes` maps node -> cluster for the nodes in the repo. A node whose
     files are readable but hold no key any more has its recorded key retired (the
-    plan generates a new one; tokens signed with the old one stay valid).
+    plan generates a new one; tokens signed with the old one stay valid). Records that learn nothing
+    are shared with `state`, not copied (compile copies what it changes).
     """
-    new = state.copy()
+    new = State(clusters=dict(state.clusters), nodes=dict(state.nodes), sip_labels=dict(state.sip_labels))
+    copied: set[str] = set()
+
+    def record(cluster: str) -> ClusterRecord:
+        """The cluster's record, copied before its first change: `state` is never modified."""
+        if cluster not in copied:
+            new.clusters[cluster] = new.clusters[cluster].copy()
+            copied.add(cluster)
+        return new.clusters[cluster]
+
     for pod in observed.pods():
         cluster = desired_nodes.get(pod.node)
         if cluster != pod.cluster or pod.files is None or cluster not in new.clusters:
             continue
         public = pod.files.public_keys.get("sa")
         if public:
-            new.clusters[cluster].set_service_account_key(pod.node, public)
+            if new.clusters[cluster].service_account_keys.get(pod.node) != public:
+                record(cluster).set_service_account_key(pod.node, public)
         elif "sa" not in pod.files.keys and pod.ready:
-            new.clusters[cluster].retire_service_account_key(pod.node)
+            if pod.node in new.clusters[cluster].service_account_keys:
+                record(cluster).retire_service_account_key(pod.node)
     return new

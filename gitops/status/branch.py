@@ -9,6 +9,7 @@ branch's name and layout, and reading it back, are `reader.py`.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import uuid
@@ -37,6 +38,7 @@ class StatusBranch:
         self.branch = branch
         self.dir = workdir / "status"
         self._repo: git.Repo | None = None
+        self._pushed: str | None = None  # the commit this worktree holds exactly, as last pushed by it
 
     # ------------------------------------------------------------------ worktree
 
@@ -49,6 +51,7 @@ class StatusBranch:
                     config.set_value("user", "name", AUTHOR.name)
                     config.set_value("user", "email", AUTHOR.email)
                     config.set_value("commit", "gpgsign", "false")
+                    config.set_value("core", "untrackedCache", "true")  # `add -A` over thousands of files
             except (git.GitCommandError, ValueError) as err:
                 raise StatusError(f"cannot clone {self.url} for the status branch: {git_message(err)}") from None
         return self._repo
@@ -72,9 +75,10 @@ class StatusBranch:
             for entry in self.dir.iterdir():
                 if entry.name != ".git":
                     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-        else:
+        elif tip != self._pushed:  # else the worktree already is the tip
             repo.git.checkout("--force", "-B", self.branch, tip)
             repo.git.clean("-ffdxq")
+        self._pushed = None  # the caller writes now
         return tip
 
     def read(self, rel: str) -> bytes | None:
@@ -86,23 +90,32 @@ class StatusBranch:
         return StatusReader.in_dir(self.dir)
 
     def write_tree(self, files: dict[str, bytes], managed: tuple[str, ...]) -> None:
-        """Make the files under the `managed` prefixes exactly `files` (others are left alone)."""
-        for prefix in managed:
-            root = self.dir / prefix
-            if root.is_file():
-                root.unlink()
-            elif root.is_dir():
-                for path in sorted(root.rglob("*"), reverse=True):
-                    rel = path.relative_to(self.dir).as_posix()
-                    if path.is_file() and rel not in files:
-                        path.unlink()
-                    elif path.is_dir() and not any(path.iterdir()):
-                        path.rmdir()
+        """Make the files under the `managed` prefixes exactly `files` (others are left alone).
+
+        Called after `sync`, when the worktree is the tip: the index's blob ids say which files already
+        hold their content, so only what changed is written (or removed) and nothing is read back."""
+        tracked = self._tracked()
+        gone = [rel for rel in tracked if rel not in files and _under(rel, managed)]
+        for rel in gone:
+            (self.dir / rel).unlink(missing_ok=True)
+        for folder in sorted({str(Path(rel).parent) for rel in gone}, key=len, reverse=True):
+            _remove_empty(self.dir, folder)
         for rel, data in sorted(files.items()):
-            path = self.dir / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if not path.is_file() or path.read_bytes() != data:
+            if tracked.get(rel) != blob_id(data):
+                path = self.dir / rel
+                if path.is_dir():
+                    shutil.rmtree(path)
+                path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
+
+    def _tracked(self) -> dict[str, str]:
+        """path -> blob id of every file in the index."""
+        out = {}
+        for entry in self.repo.git.ls_files("-s", "-z").split("\0"):
+            if entry:
+                meta, rel = entry.split("\t", 1)
+                out[rel] = meta.split()[1]
+        return out
 
     def publish(self, write: Callable[["StatusBranch"], None], message: str) -> str | None:
         """Write, commit if anything changed, push; returns the new commit SHA or None."""
@@ -112,6 +125,7 @@ class StatusBranch:
             repo = self.repo
             repo.git.add("-A")
             if tip is not None and not repo.is_dirty(index=True, working_tree=False, untracked_files=False):
+                self._pushed = tip  # nothing to commit: the worktree is the tip
                 return None
             if tip is None and not repo.git.status("--porcelain"):
                 return None
@@ -119,6 +133,7 @@ class StatusBranch:
             sha = repo.head.commit.hexsha
             try:
                 repo.git.push("origin", f"HEAD:refs/heads/{self.branch}")
+                self._pushed = sha
                 log.info("status committed", extra={"sha": sha, "branch": self.branch})
                 return sha
             except git.GitCommandError as err:
@@ -128,6 +143,25 @@ class StatusBranch:
                     continue
                 raise StatusError(f"cannot push {self.branch}: {git_message(err)}") from None
         raise StatusError(f"cannot push {self.branch}: still racing other writers after {PUSH_ATTEMPTS} attempts")
+
+
+def blob_id(data: bytes) -> str:
+    """The id git gives a blob of `data`."""
+    digest = hashlib.sha1(b"blob %d\0" % len(data), usedforsecurity=False)
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def _under(rel: str, prefixes: tuple[str, ...]) -> bool:
+    return any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def _remove_empty(root: Path, folder: str) -> None:
+    """Remove `folder` (relative to `root`) and its parents while they are empty."""
+    path = root / folder
+    while path != root and path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
+        path = path.parent
 
 
 def git_message(err: Exception) -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import yaml
 from gitops.errors import GitopsError
 from gitops.model.config import CONFIG_FILE, DEFAULT_STATUS_BRANCH
 from gitops.observe import ObservedState
+from gitops.status.snapshot import CLUSTERS_DIR, HYPERVISORS, OBSERVED_DIR, load_snapshot
 
 DEFAULT_BRANCH = DEFAULT_STATUS_BRANCH
 
@@ -27,6 +29,7 @@ STATUS_DIR = "status"
 SOURCE = f"{STATUS_DIR}/source.yaml"
 #: the plan the controller last executed, action by action, and its follow-up
 APPLY = f"{STATUS_DIR}/apply.yaml"
+#: the whole live snapshot in one file, as written before it was stored per cluster (read, then removed)
 OBSERVED = "observed.yaml"
 KUBECONFIG_DIR = "kubeconfig"
 STATE_DIR = "state"
@@ -34,7 +37,7 @@ PUBLIC = f"{STATE_DIR}/public.json"
 SEALED = f"{STATE_DIR}/secrets.age"
 PLAINTEXT = f"{STATE_DIR}/secrets.INSECURE-PLAINTEXT.json"
 #: What the controller owns on the branch: every publish makes these exactly what it writes.
-MANAGED = (STATUS_DIR, OBSERVED, KUBECONFIG_DIR, STATE_DIR)
+MANAGED = (STATUS_DIR, OBSERVED_DIR, OBSERVED, KUBECONFIG_DIR, STATE_DIR)
 
 
 def resource_path(kind: str, name: str) -> str:
@@ -75,11 +78,13 @@ class SourceStatus:
 class StatusReader:
     """Reads one status tree: a worktree of the branch (`in_dir`) or a ref of a clone (`at_ref`)."""
 
-    def __init__(self, where: str, get: Callable[[str], bytes], names: Callable[[str], list[str]], ref: str = ""):
+    def __init__(self, where: str, get: Callable[[str], bytes], names: Callable[[str], list[str]], ref: str = "",
+                 repo: Path | None = None):
         self.where = where
         self.ref = ref  # the git ref read, for `at_ref` readers
         self._get = get  # raises FileNotFoundError(why) when the path is not there
         self._names = names  # file names in a folder, [] when there is none
+        self._repo = repo  # the clone, for `at_ref` readers (many files are read through one git process)
 
     @classmethod
     def in_dir(cls, root: Path) -> "StatusReader":
@@ -107,7 +112,7 @@ class StatusReader:
             proc = _git(repo, "ls-tree", "--name-only", f"{ref}:{folder}")
             return sorted(proc.stdout.decode().split()) if proc.returncode == 0 else []
 
-        return cls(f"{ref} in {repo}", get, names, ref)
+        return cls(f"{ref} in {repo}", get, names, ref, repo)
 
     @classmethod
     def for_clone(cls, repo: Path, ref: str | None = None) -> "StatusReader":
@@ -144,8 +149,41 @@ class StatusReader:
         return self.source().applied_sha
 
     def observed(self) -> ObservedState:
-        """The live-state snapshot of the last reconcile (required)."""
-        return ObservedState.from_dict(yaml.safe_load(self.require(OBSERVED)) or {})
+        """The live-state snapshot of the last reconcile (required): per cluster, or the older single file."""
+        if self.read(HYPERVISORS) is None and self.read(OBSERVED) is not None:
+            return ObservedState.from_dict(yaml.safe_load(self.require(OBSERVED)) or {})
+        if self.read(HYPERVISORS) is None:
+            raise GitopsError(f"cannot read {HYPERVISORS} at {self.where}: there is no observed snapshot")
+        with self.many() as read:
+            return load_snapshot(read, self._names(CLUSTERS_DIR))
+
+    @contextmanager
+    def many(self) -> Iterator[Callable[[str], bytes | None]]:
+        """A `read` for many files: at a ref, one `git cat-file --batch` answers them all."""
+        if self._repo is None:
+            yield self.read
+            return
+        proc = subprocess.Popen(["git", "cat-file", "--batch"], cwd=self._repo, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert proc.stdin is not None and proc.stdout is not None
+        stdin, stdout = proc.stdin, proc.stdout
+
+        def read(rel: str) -> bytes | None:
+            stdin.write(f"{self.ref}:{rel}\n".encode())
+            stdin.flush()
+            header = stdout.readline().split()
+            if len(header) != 3:  # "<name> missing"
+                return None
+            data = stdout.read(int(header[2]))
+            stdout.read(1)
+            return data if header[1] == b"blob" else None
+
+        try:
+            yield read
+        finally:
+            stdin.close()
+            stdout.close()
+            proc.wait(timeout=60)
 
     def public_state(self) -> dict[str, Any]:
         """`state/public.json` without its generation counter (required); no private key is in it."""

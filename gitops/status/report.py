@@ -56,8 +56,13 @@ class Outcome:
     actions: int = 0
 
 
+#: LibYAML when PyYAML has it: a large fleet has thousands of status documents per commit
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def dump(data: Any) -> bytes:
-    return yaml.safe_dump(data, sort_keys=True, default_flow_style=False, width=120).encode()
+    return yaml.dump(data, Dumper=_DUMPER, sort_keys=True, default_flow_style=False, width=120).encode()
 
 
 def _previous_conditions(previous: Callable[[str], bytes | None], rel: str) -> dict[str, dict[str, Any]]:
@@ -65,7 +70,7 @@ def _previous_conditions(previous: Callable[[str], bytes | None], rel: str) -> d
     if raw is None:
         return {}
     try:
-        doc = yaml.safe_load(raw) or {}
+        doc = yaml.load(raw, Loader=_LOADER) or {}  # noqa: S506 - a safe loader
     except yaml.YAMLError:
         return {}
     return {c.get("type"): c for c in doc.get("status", {}).get("conditions", []) if isinstance(c, dict)}
@@ -243,7 +248,7 @@ def _cluster_documents(model: RepoModel, desired: DesiredState, node_phases: dic
     out = {}
     for name in sorted(model.clusters):
         rel = resource_path("Cluster", name)
-        phases = {n: node_phases[n] for n in sorted(n for n, node in model.nodes.items() if node.cluster == name)}
+        phases = {n: node_phases[n] for n in sorted(node.name for node in model.nodes_of(name))}
         endpoint = desired.clusters[name].api_endpoint if name in desired.clusters else None
         phase = cluster_phase(phases, endpoint)
         status = {
