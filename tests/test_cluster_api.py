@@ -122,3 +122,18 @@ def test_observation_lists_every_collection_bootstrap_writes_to():
     from gitops.observe.clusters import COLLECTIONS
 
     assert {o.collection for o in OBJECTS} <= set(COLLECTIONS)
+
+
+def test_a_new_certificate_request_ends_a_quiet_streak_and_survives_the_status_snapshot():
+    """The controller skips planning while the live fingerprint holds: a worker's request must change it,
+    and the per-cluster snapshot on the status branch must keep what the cluster's API showed."""
+    from gitops.status.poll import live_fingerprint
+    from gitops.status.snapshot import CLUSTERS_DIR, load_snapshot, snapshot_files
+
+    converged = {o.key: o.spec_hash for o in OBJECTS}
+    _, quiet = _world(converged)
+    _, asking = _world(converged, csrs=[_request(SERVING_SIGNER, _csr("system:node:w1", ips=("10.0.0.1",)))])
+    assert live_fingerprint(quiet) != live_fingerprint(asking)
+    files = snapshot_files(asking)
+    names = [p.split("/")[-1] for p in files if p.startswith(CLUSTERS_DIR)]
+    assert load_snapshot(files.get, names).clusters == asking.clusters
