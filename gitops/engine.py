@@ -26,6 +26,7 @@ from gitops.plan.cluster_api import cluster_api_actions
 from gitops.plan.diff import DiffOptions, diff
 from gitops.plan.hosts import label_actions, sip_warnings
 from gitops.plan.learn import learn
+from gitops.plan.upgrades import check_versions
 from gitops.sip.reconcile import file_hosts, provider_for
 from gitops.sip.selection import SIPPlan, select_hosts
 from gitops.state.records import State
@@ -50,7 +51,9 @@ class Planned:
 
 def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: ObservedState,
               *, now: dt.datetime | None = None, source: str = "") -> Planned:
-    """One planning pass (pure): everything apply will do, in order."""
+    """One planning pass (pure): everything apply will do, in order. VersionSkew when the repo skips
+    or reverts a Kubernetes minor version."""
+    check_versions(model, observed)
     learned = learn(state, observed, {name: node.cluster for name, node in model.nodes.items()})
     hosts = bare_metal_hosts(model, config, learned, observed)
     warnings: list[str] = []

@@ -512,6 +512,44 @@ def test_scaling_from_3_to_1_controlplane_node_and_back_keeps_the_data(world):
     assert_converged(world)
 
 
+def test_an_image_upgrade_rolls_in_the_supported_order_and_the_api_stays_up(world):
+    """issue #13: an upgrade's order, on the real binaries under other image references (only v1.20.2
+    exists as real binaries here): every etcd member, then API servers, controller-managers, schedulers,
+    one at a time and health-gated, while a probe through the ingress never finds the API away."""
+    from gitops import lab as labmod
+
+    images = {"etcd": "etcd", "kubeApiserver": "kube-apiserver/v1.20.2",
+              "kubeControllerManager": "kube-controller-manager/v1.20.2", "kubeScheduler": "kube-scheduler/v1.20.2"}
+    refs = {}
+    for field, role in images.items():
+        source = world.lab.images[role]
+        refs[field] = source.rsplit(":", 1)[0] + ":rolled"
+        labmod.alias_image(source, refs[field], world.lab.dir)
+    path = world.repo / "clusters/team-a/cluster.yaml"
+    original = path.read_text()
+    path.write_text(original.replace('  etcdVersion: "3.5.16"\n', '  etcdVersion: "3.5.16"\n  images:\n'
+                                     + "".join(f"    {k}: {v}\n" for k, v in refs.items())))
+    wait_ready(world, "team-a")
+    probe = Probe(world, "team-a")
+    probe.start()
+    try:
+        applied = world.apply().stdout
+        wait_ready(world, "team-a")
+        time.sleep(3)
+    finally:
+        probe.stop()
+        path.write_text(original)
+    ran = [line for line in applied.splitlines() if line.startswith("[") and " recreate container " in line]
+    order = [(line.split()[2].split("/")[1], line.split()[2].split("/")[2]) for line in ran]
+    assert order == [(f"team-a-cp-{n}", component) for component in
+                     ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler") for n in (1, 2, 3)], applied
+    assert probe.requests > 20
+    assert probe.outages == 0, (probe.errors, applied)
+    assert etcd_members(world, "team-a") == ["team-a-cp-1", "team-a-cp-2", "team-a-cp-3"]
+    world.apply()  # back to the default references (the same binaries): rolls again
+    assert_converged(world)
+
+
 def test_container_removed_by_hand_is_healed(world):
     hv = world.lab.hypervisors[1].local()
     with CRIClient(hv.cri_endpoint()) as client:

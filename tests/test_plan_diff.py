@@ -10,6 +10,7 @@ import dataclasses
 import datetime as dt
 import io
 import json
+import re
 
 import pytest
 from repo_helpers import EXAMPLE_REPO
@@ -124,9 +125,10 @@ def test_drift_missing_and_exited_containers_are_healed(repo):
     observed.hypervisors["hv-private-1"] = dataclasses.replace(
         hv2, pods=(dataclasses.replace(pod, containers=exited), *hv2.pods[1:]))
     actions = make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan.actions
+    # missing containers first, then running ones replaced (in the supported rolling order)
     assert [(a.kind, a.node, a.component, a.reason) for a in actions] == [
-        (Kind.RECREATE_CONTAINER, pod.node, "etcd", "container is exited"),
         (Kind.CREATE_CONTAINER, "team-a-ingress", "haproxy", "container is missing"),
+        (Kind.RECREATE_CONTAINER, pod.node, "etcd", "container is exited"),
     ]
 
 
@@ -453,3 +455,32 @@ def test_sip_services_are_pods_on_the_public_hypervisor_behind_the_host_labels()
     jump = planned.compiled.desired.pods["tenant-1-jump"]
     keys = next(f for f in jump.files if f.name == "authorized_keys").content
     assert keys.startswith("ssh-ed25519 ") and keys.strip().endswith("ops@example.com")
+
+
+def test_an_upgrade_rolls_component_by_component_and_never_skips_a_minor(repo):
+    """Every component image changed (as an upgrade does): all etcd members first, then the API servers,
+    controller-managers and schedulers, node by node; a minor skipped or reverted is refused."""
+    from gitops.plan.upgrades import VersionSkew
+
+    state, observed = settle(repo.model)
+    cluster = repo.model.clusters["team-b"]
+    images = {"etcd": "lab/etcd:next", "kubeApiserver": "lab/kube-apiserver:v1.20.2-next",
+              "kubeControllerManager": "lab/kube-controller-manager:next", "kubeScheduler": "lab/kube-scheduler:next"}
+    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters,
+                                                      "team-b": dataclasses.replace(cluster, image_overrides=images)})
+    actions = [a for a in make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions
+               if a.kind == Kind.RECREATE_CONTAINER]
+    assert [(a.component, a.node) for a in actions] == [
+        (component, f"team-b-cp-{n}") for component in ("etcd", "kube-apiserver", "kube-controller-manager",
+                                                        "kube-scheduler") for n in (1, 2, 3)]
+    assert all(a.payload.etcd is not None for a in actions[:3])  # health-gated, one member at a time
+    assert all(a.payload.ready is not None for a in actions[3:6])  # each API server ready before the next
+    for version, words in (("1.22.0", "upgrade one minor version at a time (v1.21 first)"),
+                           ("1.19.7", "does not support downgrading a minor version")):
+        skipped = dataclasses.replace(cluster, kubernetes_version=f"v{version}")
+        model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": skipped})
+        with pytest.raises(VersionSkew, match=rf"Cluster team-b runs v1\.20 and the repo asks for v{version}: .*{re.escape(words)}"):
+            make_plan(model, repo.repo.config, state, observed, now=NOW)
+    one_minor = dataclasses.replace(cluster, kubernetes_version="v1.21.0")
+    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": one_minor})
+    assert make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions  # allowed: planned

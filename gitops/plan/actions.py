@@ -91,8 +91,14 @@ class Action:
 
     def sort_key(self) -> tuple:
         phase = KINDS[self.kind].phase
+        if self.kind == Kind.RECREATE_CONTAINER:
+            # running components change in the supported order, after the cluster's new containers:
+            # every etcd member (one at a time), then the API servers, controller-managers, schedulers
+            return (phase, self.cluster, 1, f"{self.order:04d}", self.node, 1, self.kind.value, self.component,
+                    self.target_id)
         sub = 0 if self.kind == Kind.ETCD_MEMBER_ADD else 1
-        return (phase, self.cluster, self.node, sub, self.order, self.kind.value, self.component, self.target_id)
+        return (phase, self.cluster, 0, self.node, f"{self.order:04d}", sub, self.kind.value, self.component,
+                self.target_id)
 
     def to_dict(self, payload: bool = True) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "payload"}

@@ -1,0 +1,59 @@
+"""Kubernetes version changes (pure): one minor version at a time, never down.
+
+The version a cluster runs is read from its running API servers' image tags
+(`...:v1.20.2`); a tag that is not a version (a digest, a custom name) is not
+checked. An upgrade then rolls in the supported order (see `Action.sort_key`):
+every etcd member, then the API servers, controller-managers and schedulers,
+one at a time, each gated on health.
+"""
+from __future__ import annotations
+
+import re
+
+from gitops.errors import GitopsError
+from gitops.model import versions
+from gitops.model.resources import RepoModel
+from gitops.observe import ObservedState
+
+_TAG = re.compile(r":v?(\d+)\.(\d+)\.(\d+)(?:[-+][^/]*)?$")
+
+
+class VersionSkew(GitopsError):
+    """The repo asks for a version change Kubernetes does not support."""
+
+
+def running_minors(observed: ObservedState) -> dict[str, set[tuple[int, int]]]:
+    """(major, minor) of every running kube-apiserver, by cluster."""
+    out: dict[str, set[tuple[int, int]]] = {}
+    for pod in observed.pods():
+        container = pod.running("kube-apiserver")
+        inputs = (container.inputs or {}) if container is not None else {}
+        image = str((inputs.get("container") or {}).get("image", ""))  # the spec annotation (hash_inputs)
+        match = _TAG.search(image)
+        if match:
+            out.setdefault(pod.cluster, set()).add((int(match[1]), int(match[2])))
+    return out
+
+
+def version_problems(model: RepoModel, observed: ObservedState) -> list[str]:
+    problems = []
+    running = running_minors(observed)
+    for name, cluster in sorted(model.clusters.items()):
+        if not running.get(name):
+            continue
+        want = versions.parse(cluster.kubernetes_version)[:2]
+        low, high = min(running[name]), max(running[name])
+        have = ", ".join(f"v{a}.{b}" for a, b in sorted(running[name]))
+        if want[0] != low[0] or want[1] > low[1] + 1:
+            problems.append(f"Cluster {name} runs {have} and the repo asks for {cluster.kubernetes_version}: "
+                            f"upgrade one minor version at a time (v{low[0]}.{low[1] + 1} first)")
+        elif want < high:
+            problems.append(f"Cluster {name} runs {have} and the repo asks for {cluster.kubernetes_version}: "
+                            "Kubernetes does not support downgrading a minor version")
+    return problems
+
+
+def check_versions(model: RepoModel, observed: ObservedState) -> None:
+    problems = version_problems(model, observed)
+    if problems:
+        raise VersionSkew("; ".join(problems))
