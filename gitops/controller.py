@@ -149,7 +149,7 @@ class Controller:
         quiet, self._quiet = self._quiet, None
         live = None
         if quiet is not None and sha == quiet.target.sha:
-            live = observe_all(quiet.target.model, quiet.target.config, reuse=self.files.reuse)
+            live = observe_all(quiet.target.model, quiet.target.config, self.store.load(), reuse=self.files.reuse)
             if live_fingerprint(live, self.files.files_digest) == quiet.fingerprint:
                 self.files.remember(live)
                 self._quiet = quiet
@@ -208,7 +208,7 @@ class Controller:
                 log.info("signature verified", extra={"sha": revision.sha, "signer": signer})
         except SignatureError as err:
             return [str(err)], None
-        validation = validate_repo(revision.path)
+        validation = validate_repo(revision.path, self.config.identity)  # decrypts secret fields in memory
         return [str(d) for d in validation.diagnostics], validation
 
     def _refuse(self, sha: str, refusal: list[str], applied_before: str, status: StatusBranch,
@@ -223,7 +223,7 @@ class Controller:
         return outcome
 
     def _last_good(self, sha: str) -> Validation:
-        validation = validate_repo(self.source.checkout(sha).path)
+        validation = validate_repo(self.source.checkout(sha).path, self.config.identity)
         if validation.model is None:
             raise GitopsError(f"the last good commit {sha[:12]} no longer validates")
         return validation
@@ -237,7 +237,7 @@ class Controller:
         first = [live] if live is not None else []
 
         def watch(m: RepoModel) -> ObservedState:
-            return first.pop() if first else observe_all(m, config)
+            return first.pop() if first else observe_all(m, config, self.store.load())
 
         try:
             result = apply_repo(model, config, self.store, allow_mass_delete=self.config.allow_mass_delete,
@@ -280,7 +280,7 @@ class Controller:
         if last is not None:  # its observation is the live state after the apply
             observed, compiled, sip = last.observed, last.compiled, last.sip
         else:
-            observed = observe_all(model, config)
+            observed = observe_all(model, config, self.store.load())
             hosts = bare_metal_hosts(model, config, self.store.load(), observed)
             compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable,
                                        hosts=hosts or ())

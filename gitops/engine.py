@@ -20,7 +20,9 @@ from gitops.errors import GitopsError
 from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
 from gitops.observe import FilesReuse, ObservedState, observe
+from gitops.observe.clusters import ClusterTarget, observe_clusters
 from gitops.plan.actions import Plan, Unknown, UnknownKind, ordered
+from gitops.plan.cluster_api import cluster_api_actions
 from gitops.plan.diff import DiffOptions, diff
 from gitops.plan.hosts import label_actions, sip_warnings
 from gitops.plan.learn import learn
@@ -65,9 +67,11 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
                                hosts=relabeled(hosts or [], sip))
     found = diff(compiled.desired, observed, compiled.state, DiffOptions(prune=config.prune.enabled,
                                                                                  health_timeout=config.health_timeout), now=now)
-    plan = Plan(actions=ordered(list(found.actions) + label_actions(sip)),
-                warnings=tuple(list(found.warnings) + warnings + list(compiled.deferred)), source=source,
-                unknowns=tuple(list(found.unknowns) + unknowns + _orphans(model, compiled.state)))
+    inside, inside_warnings, inside_unknowns = cluster_api_actions(compiled.desired, observed, config.health_timeout)
+    plan = Plan(actions=ordered(list(found.actions) + label_actions(sip) + inside),
+                warnings=tuple(list(found.warnings) + warnings + inside_warnings + list(compiled.deferred)),
+                source=source,
+                unknowns=tuple(list(found.unknowns) + unknowns + inside_unknowns + _orphans(model, compiled.state)))
     return Planned(compiled=compiled, observed=observed, plan=plan, sip=sip)
 
 
@@ -89,10 +93,14 @@ def bare_metal_hosts(model: RepoModel, config: RepoConfig, state: State,
     return list(observed.hosts) if observed.hosts is not None else None
 
 
-def observe_all(model: RepoModel, config: RepoConfig, reuse: FilesReuse | None = None) -> ObservedState:
-    """Observe the hypervisors, and a kubernetes BareMetalHost provider's hosts. `reuse`: node files
-    known from an earlier observation (the controller's quiet polls)."""
+def observe_all(model: RepoModel, config: RepoConfig, state: State | None = None,
+                reuse: FilesReuse | None = None) -> ObservedState:
+    """Observe the hypervisors, then (with the recorded `state`'s admin credentials) the API of every
+    cluster with a running API server, and a kubernetes BareMetalHost provider's hosts. `reuse`: node
+    files known from an earlier observation (the controller's quiet polls)."""
     observed = observe(model.hypervisors.values(), reuse=reuse)
+    if state is not None:
+        observed = dataclasses.replace(observed, clusters=observe_clusters(cluster_targets(model, state, observed)))
     if config.bare_metal.provider != "kubernetes" or not model.sip_clusters:
         return observed
     try:
@@ -101,6 +109,26 @@ def observe_all(model: RepoModel, config: RepoConfig, reuse: FilesReuse | None =
         log.warning("cannot list BareMetalHosts: %s", err)
         return observed
     return dataclasses.replace(observed, hosts=tuple(hosts))
+
+
+def cluster_targets(model: RepoModel, state: State, observed: ObservedState) -> list[ClusterTarget]:
+    """Each cluster with a running kube-apiserver, reached directly at its running ones (by node name)."""
+    running: dict[str, list[str]] = {}
+    for pod in observed.pods():
+        if pod.cluster in model.clusters and pod.running("kube-apiserver") and pod.node in state.nodes:
+            running.setdefault(pod.cluster, []).append(pod.node)
+    targets = []
+    for cluster, nodes in sorted(running.items()):
+        record = state.clusters.get(cluster)
+        if record is None or record.admin is None:
+            continue
+        servers = tuple(f"https://{model.hypervisors[state.nodes[n].hypervisor].ip_address}:"
+                        f"{state.nodes[n].ports['apiserver']}" for n in sorted(nodes)
+                        if state.nodes[n].hypervisor in model.hypervisors and "apiserver" in state.nodes[n].ports)
+        if servers:
+            targets.append(ClusterTarget(cluster, servers, record.authorities["cluster"].cert_pem,
+                                         record.admin.cert_pem, record.admin.key_pem))
+    return targets
 
 
 def connections(model: RepoModel, config: RepoConfig) -> Connections:
@@ -154,7 +182,7 @@ def apply_repo(model: RepoModel, config: RepoConfig, store: StateStore, *, allow
                progress: Progress | None = None, source: str = "", should_stop: Callable[[], bool] = lambda: False,
                observe_fn: Observe | None = None) -> ApplyResult:
     """Plan, then execute exactly that plan (`gitops apply REPO`, the controller)."""
-    watch = observe_fn or (lambda m: observe_all(m, config))
+    watch = observe_fn or (lambda m: observe_all(m, config, store.load()))
     planned = make_plan(model, config, store.load(), watch(model), source=source)
     return apply_plan(planned.plan, planned.state, model, config, store, allow_mass_delete=allow_mass_delete,
                       progress=progress, should_stop=should_stop, observe_fn=watch, planned=planned)
@@ -166,7 +194,7 @@ def apply_plan(the_plan: Plan, state: State, model: RepoModel, config: RepoConfi
                planned: Planned | None = None) -> ApplyResult:
     """Save the plan's recorded `state`, execute `the_plan` exactly, then plan once more to report what is
     left (the follow-up). `planned`: the planning pass that made the plan, when at hand."""
-    watch = observe_fn or (lambda m: observe_all(m, config))
+    watch = observe_fn or (lambda m: observe_all(m, config, store.load()))
     if len(the_plan.prunes) > config.prune.max_deletes and not allow_mass_delete:
         raise MassDeleteRefused(the_plan, config.prune.max_deletes)
     store.save(state)

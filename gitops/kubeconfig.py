@@ -1,4 +1,5 @@
-"""Admin kubeconfigs for clusters, from the recorded admin credential."""
+"""Kubeconfigs gitops writes and reads: admin kubeconfigs from the recorded admin credential, and
+the `cluster-info` kubeconfig (server and CA, no user) workers discover a cluster with."""
 from __future__ import annotations
 
 import base64
@@ -37,3 +38,21 @@ def admin_kubeconfig(cluster: str, record: ClusterRecord, endpoint: str, host_ov
         "preferences": {},
     }
     return yaml.safe_dump(config, sort_keys=True)
+
+
+def cluster_info_kubeconfig(endpoint: str, ca_pem: str) -> str:
+    """The kubeconfig `cluster-info` carries: server and CA, no user (as kubeadm publishes it)."""
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "", "cluster": {"certificate-authority-data": _b64(ca_pem), "server": endpoint}}],
+        "contexts": [], "current-context": "", "preferences": {}, "users": [],
+    }, sort_keys=True)
+
+
+def parse_cluster_info(text: str) -> tuple[str, str]:
+    """(server, CA PEM) of a `cluster-info` kubeconfig; ValueError when it is not one."""
+    try:
+        cluster = yaml.safe_load(text)["clusters"][0]["cluster"]
+        return str(cluster["server"]), base64.b64decode(cluster["certificate-authority-data"]).decode()
+    except (yaml.YAMLError, KeyError, IndexError, TypeError, ValueError) as err:
+        raise ValueError(f"not a cluster-info kubeconfig: {err}") from None

@@ -4,7 +4,9 @@
 # hypervisors (one public; one reached over mutual TLS through haproxy), write
 # the example repo wired to it, plan and apply it: two real control planes
 # (3 etcd, 3 kube-apiserver, 3 controller-managers and schedulers each, behind an
-# haproxy ingress), then kubectl through the ingress.
+# haproxy ingress), then kubectl through the ingress; then a worker joins team-a
+# (real kubelet and kube-proxy, gitops signing its certificates) and runs a
+# Deployment of 2 pods behind a ClusterIP Service.
 # The lab stays up afterwards so you can look around; the last lines say how
 # to inspect it and tear it down.
 set -euo pipefail
@@ -17,6 +19,10 @@ LAB=$WORK/lab
 REPO=$WORK/repo
 STATE=$WORK/state
 
+if [ -f "$WORK/worker/worker.json" ]; then
+    echo "== the previous demo worker leaves"
+    $G leave --dir "$WORK/worker"
+fi
 if [ -f "$LAB/lab.json" ]; then
     echo "== tearing down the previous demo lab"
     $G lab down --dir "$LAB"
@@ -29,7 +35,12 @@ $G lab up --dir "$LAB" --hypervisors 3 --public 1 --remote > "$WORK/lab-hypervis
 $G lab status --dir "$LAB"
 
 echo "== the example repo, wired to the lab: $REPO"
-$G lab example-repo --dir "$LAB" "$REPO"
+# the hypervisors' mTLS client keys go to git age-encrypted to the controller's identity;
+# plan and apply decrypt them in memory with it ($GITOPS_IDENTITY)
+[ -f "$WORK/controller.key" ] || age-keygen -o "$WORK/controller.key" 2>/dev/null
+export GITOPS_IDENTITY=$WORK/controller.key
+$G lab example-repo --dir "$LAB" "$REPO" --encrypt-to "$(age-keygen -y "$WORK/controller.key")"
+$G secrets list "$REPO"
 $G validate "$REPO"
 
 echo "== gitops plan, saved: what a reviewer approves"
@@ -59,14 +70,83 @@ k -n kube-system get leases
 k -n default create configmap gitops-demo --from-literal=hello=world
 k -n default get configmap gitops-demo -o jsonpath='{.data.hello}{"\n"}'
 
+echo "== a worker joins team-a: its own containerd in the lab (bridge CNI), the real kubelet and kube-proxy"
+FLAGS=$($G lab worker --dir "$LAB")
+JOIN=$($G join-token create "$REPO" --state-dir "$STATE" --cluster team-a --ttl 1h | tail -1)
+echo "\$ ${JOIN%%--token*}--token … $FLAGS" | tr '\n' ' '; echo
+$G ${JOIN#gitops } $FLAGS --dir "$WORK/worker" --timeout 300 &
+JOINING=$!
+signed() {  # wait for the kubelet's certificate request, show gitops's plan for it, apply it
+    for _ in $(seq 1 120); do
+        $G plan "$REPO" --state-dir "$STATE" | grep -q "$1" && break
+        sleep 1
+    done
+    $G plan "$REPO" --state-dir "$STATE"
+    $G apply "$REPO" --state-dir "$STATE" | tail -1
+}
+signed "kubelet client certificate"
+wait $JOINING
+signed "kubelet serving certificate"
+k wait --for=condition=Ready node/lab-worker-1 --timeout=180s
+k get nodes -o wide
+
+echo "== a Deployment of 2 pods on the worker, their logs, and a ClusterIP Service answering another pod"
+BUSYBOX=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["images"]["busybox"])' "$LAB/lab.json")
+sed "s|IMAGE|$BUSYBOX|" <<'YAML' > "$WORK/web.yaml"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: web
+        image: IMAGE
+        imagePullPolicy: Never
+        command: ["busybox", "sh", "-c",
+                  "echo hello from $(busybox hostname) > /www/index.html; echo serving; exec busybox httpd -f -v -p 8080 -h /www"]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client}
+spec:
+  containers:
+  - name: client
+    image: IMAGE
+    imagePullPolicy: Never
+    command: ["busybox", "sh", "-c",
+              "while true; do busybox wget -q -O - http://$WEB_SERVICE_HOST:$WEB_SERVICE_PORT/; busybox sleep 1; done"]
+YAML
+k apply -f "$WORK/web.yaml"
+k rollout status deployment/web --timeout=180s
+k wait --for=condition=Ready pod/client --timeout=180s
+k get pods -o wide
+for pod in $("$KUBECTL" --kubeconfig "$WORK/team-a.kubeconfig" get pods -l app=web -o name); do
+    k logs "$pod"
+done
+sleep 5
+k logs client --tail=4
+
 cat <<MSG
 
-Done. The lab is still running:
+Done. The lab is still running (plan and apply decrypt the repo's keys with
+GITOPS_IDENTITY=$WORK/controller.key: export it first):
   $G lab status --dir $LAB
   $G cri ps $REPO
   $G plan $REPO --state-dir $STATE
   $KUBECTL --kubeconfig $WORK/team-a.kubeconfig get --raw /readyz
 Edit $REPO (e.g. delete a Node), then plan and apply again.
 Tear it all down with:
+  $G leave --dir $WORK/worker
   $G lab down --dir $LAB
 MSG

@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(containerd runc haproxy etcd-server etcd-client openssh-server openssh-client openssl git age iproute2)
+APT_PACKAGES=(containerd runc haproxy etcd-server etcd-client openssh-server openssh-client openssl git age iproute2
+    containernetworking-plugins iptables conntrack busybox-static)  # the last four: worker nodes (kubelet CNI, kube-proxy, lab workload image)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -65,6 +65,17 @@ def remote_hypervisor_yaml(name: str, ca_pem: str, cert_pem: str, key_pem: str, 
     )
 
 
+def allow_plaintext(root: Path) -> Path:
+    """gitops.yaml tolerating plaintext private keys (tests about the keys themselves)."""
+    return write(root, "gitops.yaml", """
+        apiVersion: gitops.infra/v1alpha1
+        kind: GitopsConfig
+        spec:
+          secrets:
+            allowPlaintext: true
+        """)
+
+
 def minimal_repo(root: Path) -> Path:
     """A small valid repo: 2 hypervisors, 1 cluster, 2 nodes."""
     write(root, "hypervisors.yaml", """

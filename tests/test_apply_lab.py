@@ -29,6 +29,7 @@ import yaml
 from conftest import lab_tempdir, require_root
 
 from gitops.compile.authorities import authority
+from gitops.compile.bootstrap import bootstrap_objects
 from gitops.node import MANAGED, MANAGER, NODE
 from gitops.cri.client import CRIClient
 from gitops.lab import kubebin
@@ -287,20 +288,23 @@ def assert_complete(applied: str) -> None:
 def test_apply_creates_the_example_clusters_exactly_as_planned(world):
     saved = world.dir / "first.plan.json"
     before = world.plan("--out", str(saved))
-    # 40 + 13 for the clusters (5 of the changes: SIP host labels), 4 + 2 for tenant-1's two service pods
-    assert "Plan: 44 to add, 15 to change, 0 to remove." in before.stdout
+    # 40 + 13 for the clusters (5 of the changes: SIP host labels), 4 + 2 for tenant-1's two service pods,
+    # then each cluster's worker-bootstrap objects in its new API
+    objects = len(bootstrap_objects("https://127.0.0.1:1", "CA"))
+    total = 59 + 2 * objects
+    assert f"Plan: {44 + 2 * objects} to add, 15 to change, 0 to remove." in before.stdout
     # values that only exist once keys are generated on the nodes are shown as such, not left for later
     assert "file sa-pub.pem: (known after apply): service-account keys generated on team-a-cp-1, team-a-cp-2, " \
            "team-a-cp-3" in before.stdout
     planned = json.loads(saved.read_text())
     assert oct(saved.stat().st_mode & 0o777) == "0o600"
     subjects = [(a["kind"], a["cluster"], a["node"], a["component"]) for a in planned["plan"]["actions"]]
-    assert len(subjects) == 59
+    assert len(subjects) == total
     done = world.gitops("apply", str(saved), "--repo", str(world.repo), "--state-dir", str(world.state))
-    assert "Apply complete: 59 action(s), exactly as planned." in done.stdout
+    assert f"Apply complete: {total} action(s), exactly as planned." in done.stdout
     assert_complete(done.stdout)
     ran = [line for line in done.stdout.splitlines() if line.startswith("[") and line.endswith("s)")]
-    assert len(ran) == 59 and all(f"[{i + 1}/59]" in line for i, line in enumerate(ran))
+    assert len(ran) == total and all(f"[{i + 1}/{total}]" in line for i, line in enumerate(ran))
     for line, (kind, cluster, node, component) in zip(ran, subjects):  # in the saved order
         assert f" {cluster}/{node}{'/' + component if component else ''} " in line, (line, kind)
     pods = world.sandboxes()

@@ -46,10 +46,12 @@ class Loop:
     def workdir(self) -> Path:
         return self.base / "controller"
 
-    def git(self, *args: str, cwd: Path | None = None) -> str:
+    def git(self, *args: str, cwd: Path | None = None, check_ok: bool = False) -> str:
+        """`check_ok`: exit code 1 with no output is fine (git grep finding nothing)."""
         proc = subprocess.run(["git", *GIT_ID, *args], cwd=cwd or self.work, capture_output=True, text=True,
                               timeout=60)
-        assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stderr}"
+        assert proc.returncode == 0 or (check_ok and proc.returncode == 1 and not proc.stderr), \
+            f"git {' '.join(args)}: {proc.stderr}"
         return proc.stdout.strip()
 
     def push(self, message: str, *extra: str) -> str:
@@ -106,11 +108,11 @@ def loop():
     try:
         lab = labmod.up(base / "lab", hypervisors=3, public=1, remote=True, subnet="127.0.24")
         work = base / "work"
-        subprocess.run([GITOPS, "lab", "example-repo", "--dir", str(base / "lab"), str(work)], check=True,
-                       capture_output=True)
         user_key, controller_key = base / "user.key", base / "controller.key"
         recipient = keygen(user_key)
-        keygen(controller_key)
+        # the hypervisors' mTLS client keys go to git encrypted to the controller's identity
+        subprocess.run([GITOPS, "lab", "example-repo", "--dir", str(base / "lab"), str(work),
+                        "--encrypt-to", keygen(controller_key)], check=True, capture_output=True)
         config = work / "gitops.yaml"
         text = config.read_text()
         start = text.index("  kubeconfigRecipients:")
@@ -379,3 +381,34 @@ def test_watch_reconciles_a_local_working_copy_as_soon_as_a_commit_lands(loop):
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     assert "local commit detected" in err
+
+
+def test_no_decrypted_private_key_leaves_memory(loop):
+    """The lab's mTLS client key is in git only age-encrypted; after the controller applied with it,
+    neither the key nor any `PRIVATE KEY` block is on the status branch, in the controller's
+    workdir (outside its git objects), in its output, or in the plan a user sees."""
+    key = (loop.lab.dir / "pki" / "client.key").read_text()
+    marker = key.splitlines()[1]  # the first line of the key's base64
+    committed = loop.git("grep", "-l", "PRIVATE KEY", check_ok=True)
+    assert committed == "", committed
+    assert "BEGIN AGE ENCRYPTED FILE" in (loop.work / "hypervisors" / "hv-private-2.yaml").read_text()
+    outputs = [loop.reconcile().stdout + loop.reconcile().stderr]
+    plan = subprocess.run([GITOPS, "plan", str(loop.work), "--state-dir", str(loop.base / "plan-state"),
+                           "--identity", str(loop.controller_key), "-o", "json"],
+                          capture_output=True, text=True, timeout=300)
+    outputs.append(plan.stdout + plan.stderr)
+    files = loop.git("--git-dir", str(loop.origin), "ls-tree", "-r", "--name-only", "gitops/status", cwd=loop.base)
+    branch = [loop.status_file(rel) for rel in files.splitlines()]
+    workdir = [p.read_text(errors="replace") for p in loop.workdir.rglob("*")
+               if p.is_file() and ".git" not in p.relative_to(loop.workdir).parts]
+    for text in outputs + branch:
+        assert "PRIVATE KEY" not in text and marker not in text
+    for text in workdir:
+        assert marker not in text  # (the controller's own state holds the clusters' CA keys, by design)
+    shutil.rmtree(loop.base / "plan-state", ignore_errors=True)
+    # without the identity, nothing is observed or applied, and the field is named
+    refused = subprocess.run([GITOPS, "plan", str(loop.work), "--state-dir", str(loop.base / "plan-state")],
+                             capture_output=True, text=True, timeout=120, env={**os.environ, "GITOPS_IDENTITY": ""})
+    assert refused.returncode == 1
+    assert "hypervisors/hv-private-2.yaml:" in refused.stderr and "no identity to decrypt it" in refused.stderr
+    shutil.rmtree(loop.base / "plan-state", ignore_errors=True)

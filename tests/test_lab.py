@@ -25,7 +25,8 @@ from gitops.cri import ContainerSpec, ContainerState, CRIClient, Mount, SandboxS
 from gitops.model.validate import load_hypervisors
 from gitops.lab import LabError, hypervisors_yaml
 from gitops.lab import images as labimages
-from gitops.lab import procs, standins
+from gitops import procs
+from gitops.lab import standins
 from gitops.model.resources import DATA_DIR_ANNOTATION, DEFAULT_AGENT_IMAGE
 
 

@@ -23,6 +23,8 @@ from gitops.model.config import BareMetalSource, RepoConfig
 from gitops.model.validate import validate_repo
 from gitops.node import NodeFiles
 from gitops.observe import ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
+from gitops.compile.bootstrap import bootstrap_objects
+from gitops.observe.clusters import ObservedCluster
 from gitops.pki import cert_to_pem, generate_key, sign_public_key
 from gitops.plan.actions import Kind, Plan, Unknown, UnknownKind
 from gitops.plan.diff import CERTIFICATE_FACTS, CLUSTER_DIFFS
@@ -43,6 +45,10 @@ def repo():
 
 def nothing_observed(model) -> ObservedState:
     return ObservedState({n: ObservedHypervisor(n, True) for n in model.hypervisors})
+
+
+#: objects gitops keeps in each cluster's API (RBAC, cluster-info: gitops.compile.bootstrap)
+OBJECTS = len(bootstrap_objects("https://127.0.0.1:6443", "CA"))
 
 
 def converged(desired: DesiredState, state: State, model, now=NOW) -> ObservedState:
@@ -66,7 +72,9 @@ def converged(desired: DesiredState, state: State, model, now=NOW) -> ObservedSt
         pods[pod.hypervisor].append(ObservedPod(f"s-{pod.node}", pod.node, pod.cluster, pod.role, pod.hypervisor,
                                                 True, pod.sandbox.labels["gitops.infra/spec-hash"], i,
                                                 containers, files))
-    return ObservedState({n: ObservedHypervisor(n, True, "", tuple(p)) for n, p in pods.items()})
+    clusters = {name: ObservedCluster(name, True, objects={o.key: o.spec_hash for o in cluster.objects})
+                for name, cluster in desired.clusters.items()}
+    return ObservedState({n: ObservedHypervisor(n, True, "", tuple(p)) for n, p in pods.items()}, clusters=clusters)
 
 
 def settle(model, config=RepoConfig(), now=NOW):
@@ -91,7 +99,8 @@ def test_empty_hypervisors_plan_every_pod_in_order(repo):
     # all pods before any key, all keys before any file, files before containers
     phases = [a.kind for a in planned.plan.actions]
     assert phases.index(Kind.GENERATE_KEYS) > max(i for i, k in enumerate(phases) if k == Kind.CREATE_POD)
-    assert planned.plan.summary() == {"add": 8 + 6 + 6 * 4 + 2, "change": 8, "remove": 0}
+    # pods, keys, containers, etcd promotions; then the worker-bootstrap objects in each cluster's API
+    assert planned.plan.summary() == {"add": 8 + 6 + 6 * 4 + 2 + 2 * OBJECTS, "change": 8, "remove": 0}
 
 
 def test_converged_state_plans_nothing(repo):
@@ -133,7 +142,7 @@ def test_spec_change_names_the_changed_fields(repo):
     assert all(a.kind == Kind.RECREATE_CONTAINER and a.reason == "spec changed" for a in etcd)
     assert "image: 'registry.k8s.io/etcd:3.5.16-0' -> 'registry.example.com/etcd:3.5.17-0'" in etcd[0].details
     api = next(a for a in actions if a.component == "kube-apiserver" and a.node == "team-b-cp-1")
-    assert any(d.startswith("args[22]: '--service-cluster-ip-range=10.112.0.0/12' -> ") for d in api.details), \
+    assert any(d.startswith("args[24]: '--service-cluster-ip-range=10.112.0.0/12' -> ") for d in api.details), \
         api.details
     # the service IP is unchanged (10.112.0.1), so the serving certificate needs no reissue
     assert not [a for a in actions if a.kind == Kind.WRITE_FILES]
@@ -376,11 +385,15 @@ def test_mass_delete_is_refused_before_touching_anything(repo, tmp_path):
 def test_renderers(repo):
     plan = make_plan(repo.model, repo.repo.config, State(), nothing_observed(repo.model), now=NOW).plan
     md = render_markdown(plan)
-    assert md.startswith("### gitops plan\n\n**Plan: 40 to add, 8 to change, 0 to remove.**")
+    assert md.startswith(f"### gitops plan\n\n**Plan: {40 + 2 * OBJECTS} to add, 8 to change, 0 to remove.**")
     assert "#### Cluster `team-a`" in md and "```diff" in md
     assert "+ team-a-cp-1 on hv-private-1: create pod: pod does not exist" in md
+    # the cluster's API comes after its nodes, once they run
+    section = md.split("#### Cluster `team-a`")[1].split("#### Cluster")[0]
+    assert section.index("team-a-ingress on") < section.index(
+        "+ ClusterRoleBinding: create object gitops:kubelet-bootstrap: the cluster's API is new")
     data = json.loads(render_json(plan))
-    assert data["summary"] == {"add": 40, "change": 8, "remove": 0}
+    assert data["summary"] == {"add": 40 + 2 * OBJECTS, "change": 8, "remove": 0}
     assert data["actions"][0]["kind"] == "create-pod"
 
 

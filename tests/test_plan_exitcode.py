@@ -103,7 +103,7 @@ def world(tmp_path_factory):
 ])
 def test_detailed_exit_codes(world, monkeypatch, case, extra, code, first_line):
     repo, state_dir, observed = world
-    monkeypatch.setattr(plan_cli, "observe_all", lambda model, config: observed[case])
+    monkeypatch.setattr(plan_cli, "observe_all", lambda model, config, state=None: observed[case])
     result = CliRunner().invoke(cli, ["plan", str(repo), "--state-dir", str(state_dir), "--detailed-exitcode",
                                       *extra])
     assert result.exit_code == code, result.output
@@ -119,7 +119,7 @@ def test_detailed_exit_codes(world, monkeypatch, case, extra, code, first_line):
 
 def test_exit_code_is_0_without_the_flag_even_when_incomplete(world, monkeypatch):
     repo, state_dir, observed = world
-    monkeypatch.setattr(plan_cli, "observe_all", lambda model, config: observed["drift+down"])
+    monkeypatch.setattr(plan_cli, "observe_all", lambda model, config, state=None: observed["drift+down"])
     result = CliRunner().invoke(cli, ["plan", str(repo), "--state-dir", str(state_dir)])
     assert result.exit_code == 0, result.output
     assert "? Unknown: hypervisor hv-private-2 is unreachable" in result.output

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from jsonschema import Draft202012Validator
 from repo_helpers import (
     EXAMPLE_REPO,
+    allow_plaintext,
     make_cert,
     minimal_repo,
     pem_cert,
@@ -407,6 +408,7 @@ def test_remote_endpoint_tls_material(repo):
     ca, ca_key = make_cert("ca", ca=True)
     client, client_key = make_cert("client", issuer_key=ca_key, issuer=ca)
     _, other_key = make_cert("other")
+    allow_plaintext(repo)  # the keys themselves are under test here (tests/test_repo_secrets.py: encrypted)
     write(repo, "good.yaml", remote_hypervisor_yaml("remote-ok", pem_cert(ca), pem_cert(client), pem_key(client_key)))
     assert errors(repo) == []
     write(repo, "mismatch.yaml", remote_hypervisor_yaml(

@@ -11,7 +11,9 @@ SIGKILL) observes what exists and plans only what is missing.
 """
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import json
 import logging
 import ssl
 import time
@@ -27,6 +29,7 @@ from gitops.compile.desired import FileSpec, resolve_container
 from gitops.cri.client import CRIClient
 from gitops.cri.errors import CRIError, Reason
 from gitops.errors import GitopsError
+from gitops.kubeapi import Credentials, KubeAPI
 from gitops.node import AGENT
 from gitops.pki import load_csr_pem, sign_public_key
 from gitops.pki.x509 import cert_to_pem
@@ -39,7 +42,9 @@ from gitops.plan.payloads import (
     GenerateKeys,
     LabelHost,
     PodRef,
+    PutObject,
     Remove,
+    SignRequest,
     WriteFiles,
 )
 from gitops.sip.providers import BMHProvider
@@ -325,6 +330,52 @@ class _Runner:
             self.provider = self.connections.hosts(self.state)
         apply_change(self.provider, LabelChange(p.host, action.cluster, p.set, p.remove, action.reason), self.state)
         self.save()
+
+    # ------------------------------------------------------------------ inside the cluster's own API
+
+    def api(self, cluster: str, server: str) -> KubeAPI:
+        """The cluster's API as its admin (credentials from the recorded state, in memory only)."""
+        record = self.state.clusters[cluster]
+        if record.admin is None:
+            raise ApplyError(f"cluster {cluster} has no admin credential recorded")
+        return KubeAPI(server, record.authorities["cluster"].cert_pem,
+                       Credentials(record.admin.cert_pem, record.admin.key_pem))
+
+    def create_object(self, action: Action, p: PutObject) -> None:
+        with self.api(p.cluster, p.server) as api:
+            if p.wait_ready:
+                deadline = time.monotonic() + p.wait_ready
+                while not api.ready():
+                    if time.monotonic() > deadline:
+                        raise ApplyError(f"the API of cluster {p.cluster} at {p.server} not ready after "
+                                         f"{p.wait_ready}s")
+                    time.sleep(0.5)
+            api.apply(p.collection, json.loads(p.body))
+
+    update_object = create_object
+
+    def sign_certificate_request(self, action: Action, p: SignRequest) -> None:
+        """Approve (when the plan says so) and sign exactly the request the plan saw."""
+        path = f"/apis/certificates.k8s.io/v1/certificatesigningrequests/{p.name}"
+        with self.api(p.cluster, p.server) as api:
+            current = api.get(path)
+            if current is None or current["metadata"].get("uid") != p.uid:
+                raise ApplyError(f"certificate request {p.name} is gone or was replaced since the plan")
+            if p.approve:
+                conditions = list((current.get("status") or {}).get("conditions") or [])
+                if not any(c.get("type") == "Approved" for c in conditions):
+                    conditions.append({"type": "Approved", "status": "True", "reason": "GitopsApproved",
+                                       "message": "the request matches its node (gitops)"})
+                    current = api.request("PUT", f"{path}/approval", {**current, "status": {
+                        **(current.get("status") or {}), "conditions": conditions}})
+            request = load_csr_pem(p.request)
+            cert = sign_public_key(authority(self.state.clusters[p.cluster].authorities, "cluster"),
+                                   request.public_key(), p.common_name, organizations=p.organizations,
+                                   dns_names=p.dns_names, ip_addresses=p.ip_addresses, server=p.server_auth,
+                                   client=p.client_auth, days=p.days, now=self.now)
+            status = {**(current.get("status") or {}),
+                      "certificate": base64.b64encode(cert_to_pem(cert).encode()).decode()}
+            api.request("PUT", f"{path}/status", {**current, "status": status})
 
     def _forget(self, node: str, cluster: str) -> None:
         """The node left the repo and its pod is gone: free its ports and records."""

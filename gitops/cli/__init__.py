@@ -35,9 +35,9 @@ def _register() -> None:
     # gRPC's C core logs TLS handshake failures to stderr, where gitops reports them as CRIErrors
     # already; the command (not the library) quiets it, before its commands load grpc.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-    from gitops.cli import controller, cri, lab, reconcile, validate
+    from gitops.cli import controller, cri, lab, reconcile, secrets, validate, worker
 
-    for module in (validate, reconcile, controller, cri, lab):
+    for module in (validate, reconcile, controller, cri, lab, worker, secrets):
         for command in module.COMMANDS:
             cli.add_command(command)
 

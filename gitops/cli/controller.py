@@ -160,12 +160,14 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> Non
     for error in src.errors:
         console.print(f"  [red]{error}[/red]")
     if cluster is None:
-        table = Table("CLUSTER", "PHASE", "REASON", "API", "NODES READY", "SOURCE")
+        table = Table("CLUSTER", "PHASE", "REASON", "API", "NODES READY", "WORKERS READY", "SOURCE")
         for name, doc in docs["Cluster"].items():
             st = doc["status"]
             ready = sum(1 for p in st.get("nodes", {}).values() if p == "Ready")
+            workers = st.get("workers") or {}
+            joined = f"{workers['ready']}/{workers['total']}" if workers.get("observed") else "?"
             table.add_row(name, st["phase"], st["conditions"][0]["reason"], st.get("endpoints", {}).get("api", ""),
-                          f"{ready}/{len(st.get('nodes', {}))}", str(st.get("observedSourceSHA", ""))[:12])
+                          f"{ready}/{len(st.get('nodes', {}))}", joined, str(st.get("observedSourceSHA", ""))[:12])
     else:
         table = Table("NODE", "PHASE", "HYPERVISOR", "COMPONENTS", "MESSAGE")
         for name, doc in docs["Node"].items():
@@ -177,6 +179,15 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> Non
             components = f"{len(states) - len(bad)}/{len(states)} running" + (f" ({', '.join(bad)})" if bad else "")
             table.add_row(name, st["phase"], st.get("hypervisor", ""), components, st["conditions"][0]["message"])
     console.print(table)
+    if cluster is not None:
+        workers = docs["Cluster"][cluster]["status"].get("workers") or {}
+        if workers.get("observed"):
+            joined = Table("WORKER", "READY", "ADDRESS", "KUBELET")
+            for name, w in sorted(workers.get("nodes", {}).items()):
+                joined.add_row(name, "yes" if w["ready"] else "no", w.get("address", ""), w.get("kubeletVersion", ""))
+            console.print(joined)
+        else:
+            console.print(f"workers: unknown ({workers.get('reason', 'not observed')})")
     if cluster is None and docs["SIPCluster"]:
         sip = Table("SIPCLUSTER", "PHASE", "HOSTS (active / standby)", "MESSAGE")
         for name, doc in docs["SIPCluster"].items():

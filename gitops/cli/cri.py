@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from gitops.cli.secrets import read_identity
 from gitops.cri import CRIClient, CRIError, read_all
 from gitops.errors import GitopsError
 from gitops.model.resources import Hypervisor
@@ -15,8 +16,8 @@ from gitops.model.validate import load_hypervisors
 
 
 def _load(repo: str | None, hypervisors_file: str | None) -> dict[str, Hypervisor]:
-    """The validated hypervisors of a repo, or of a file of Hypervisor documents."""
-    return dict(sorted(load_hypervisors(Path(hypervisors_file or repo or ".")).items()))
+    """The validated hypervisors of a repo, or of a file of Hypervisor documents (keys decrypted with $GITOPS_IDENTITY)."""
+    return dict(sorted(load_hypervisors(Path(hypervisors_file or repo or "."), read_identity(None)).items()))
 
 
 def _select(hvs: dict[str, Hypervisor], names: Sequence[str]) -> list[Hypervisor]:

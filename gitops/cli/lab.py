@@ -90,11 +90,14 @@ def down_cmd(lab_dir: Path | None) -> None:
 @lab.command("example-repo")
 @click.argument("target", type=click.Path(file_okay=False, path_type=Path))
 @_DIR
-def example_repo_cmd(target: Path, lab_dir: Path | None) -> None:
+@click.option("--encrypt-to", "recipients", multiple=True, metavar="AGE1...",
+              help="Write the lab's mTLS client keys age-encrypted to this recipient (repeatable; e.g. the "
+                   "controller's), and refuse plaintext keys in gitops.yaml. Default: plaintext, allowed for labs.")
+def example_repo_cmd(target: Path, lab_dir: Path | None, recipients: tuple[str, ...]) -> None:
     """Write the example repo to TARGET with its Hypervisors pointing at this lab."""
     from gitops.lab.example import write_example_repo
 
-    for line in write_example_repo(labmod.info(lab_dir), target):
+    for line in write_example_repo(labmod.info(lab_dir), target, recipients=recipients):
         click.echo(line, err=True)
     click.echo(str(target))
 
@@ -124,3 +127,16 @@ def images_alias_cmd(src: str, dst: str, lab_dir: Path | None) -> None:
 
 
 COMMANDS: list[click.Command] = [lab]
+
+
+
+@lab.command("worker")
+@click.option("--number", type=int, default=1, show_default=True, help="Which lab worker (lab-worker-N).")
+@_DIR
+def worker_cmd(number: int, lab_dir: Path | None) -> None:
+    """Start a lab worker's own containerd (bridge CNI, its own address); print the `gitops join` flags
+    for it, one per line."""
+    from gitops.lab.worker import prepare
+
+    for flag in prepare(number, lab_dir).join_flags():
+        click.echo(flag)

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from gitops.cli.secrets import identity_option, read_identity
 from gitops.compile import compile_desired
 from gitops.engine import ApplyResult, apply_plan, make_plan, observe_all
 from gitops.errors import GitopsError
@@ -35,8 +36,9 @@ def state_store(repo: Path, state_dir: Path | None) -> LocalDirStore:
     return LocalDirStore(directory)
 
 
-def load(repo: Path):
-    result = validate_repo(repo)
+def load(repo: Path, identity: Path | None = None, *, sealed_ok: bool = False):
+    """The validated repo, secret fields decrypted in memory with `identity` (else $GITOPS_IDENTITY)."""
+    result = validate_repo(repo, read_identity(identity), sealed_ok=sealed_ok)
     if result.model is None:
         raise InvalidRepo(result.diagnostics)
     return result
@@ -62,17 +64,20 @@ state_option = click.option("--state-dir", type=click.Path(file_okay=False, path
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path),
               help="Save the plan to FILE (JSON, mode 0600): `gitops apply FILE` executes exactly it, or refuses "
                    "if the repo, the state or the live state moved since.")
+@identity_option
 def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exitcode: bool,
-         status_ref: str | None, out: Path | None) -> None:
+         status_ref: str | None, out: Path | None, identity: Path | None) -> None:
     """Show what `gitops apply` would change on the hypervisors."""
-    result = load(repo)
+    # against a snapshot no hypervisor is contacted: encrypted client keys may stay encrypted
+    result = load(repo, identity, sealed_ok=bool(status_ref))
     model = result.model
     if status_ref and out:
         raise click.UsageError("--out needs the live state: it cannot be used with --against-status")
     if status_ref:
         state, observed, source = snapshot_from_status(repo, status_ref)
     else:
-        state, observed, source = state_store(repo, state_dir).load(), observe_all(model, result.repo.config), ""
+        state = state_store(repo, state_dir).load()
+        observed, source = observe_all(model, result.repo.config, state), ""
     planned = make_plan(model, result.repo.config, state, observed, source=source)
     show(planned.plan, fmt, output)
     if out is not None:
@@ -125,7 +130,9 @@ EXIT_STALE = 4
 @click.option("--repo", "repo_option", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="With a PLANFILE: the repo it was made from (default: the current directory).")
 @click.option("--allow-mass-delete", is_flag=True, help="Allow removing more pods than prune.maxDeletes.")
-def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_mass_delete: bool) -> None:
+@identity_option
+def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_mass_delete: bool,
+          identity: Path | None) -> None:
     """Apply REPO (plan, then execute that plan), or execute a saved PLANFILE exactly.
 
     A saved plan is refused (exit 4, nothing changed) when the repo, the recorded
@@ -133,10 +140,10 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
     """
     saved = SavedPlan.read(target) if target.is_file() else None
     repo = (repo_option or Path(".")) if saved is not None else target
-    result = load(repo)
+    result = load(repo, identity)
     model, config = result.model, result.repo.config
     store = state_store(repo, state_dir)
-    observed = observe_all(model, config)
+    observed = observe_all(model, config, store.load())
     if saved is not None:
         try:
             saved.check(repo_digest(result.repo.root, result.repo.files), state_digest(store.load()),
@@ -192,7 +199,7 @@ def report_apply(outcome: ApplyResult, console: Console) -> None:
 @click.option("--endpoint-host-override", help="Put this host in the server URL instead of the ingress IP.")
 def kubeconfig(repo: Path, state_dir: Path | None, cluster: str, endpoint_host_override: str | None) -> None:
     """Print an admin kubeconfig (kubernetes-admin, system:masters) for CLUSTER's ingress."""
-    result = load(repo)
+    result = load(repo, sealed_ok=True)  # contacts no hypervisor: encrypted client keys may stay encrypted
     model = result.model
     if cluster not in model.clusters:
         raise GitopsError(f"no Cluster {cluster!r} in {repo} (defined: {', '.join(sorted(model.clusters)) or 'none'})")

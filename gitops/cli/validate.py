@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from gitops.cli.secrets import IDENTITY_ENV, identity_option, read_identity
 from gitops.model import schemas
 from gitops.model.validate import validate_repo
 
@@ -14,12 +15,16 @@ from gitops.model.validate import validate_repo
 @click.command()
 @click.argument("repo", default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def validate(repo: Path, output: str) -> None:
+@identity_option
+def validate(repo: Path, output: str, identity: Path | None) -> None:
     """Check every document of REPO against the schemas and the semantic rules.
 
-    Exits 0 when the repo is valid, 1 with every error (file:line: Kind/name: field: message).
+    With an identity, encrypted secret fields are decrypted (in memory) and checked like
+    plaintext ones; one that does not decrypt is an error. Without one, only their armor is
+    checked, and validate says so. Exits 0 when the repo is valid, 1 with every error
+    (file:line: Kind/name: field: message).
     """
-    result = validate_repo(repo)
+    result = validate_repo(repo, read_identity(identity), sealed_ok=True)
     kinds = Counter(doc.kind for doc in result.repo.documents if doc.kind)
     summary = {
         "documents": len(result.repo.documents),
@@ -31,10 +36,18 @@ def validate(repo: Path, output: str) -> None:
             "repo": str(repo),
             "valid": result.ok,
             "errors": [d.to_dict() for d in result.diagnostics],
+            "warnings": [d.to_dict() for d in result.warnings],
+            "notDecrypted": [d.to_dict() for d in result.sealed],
             "summary": summary,
         }
         click.echo(json.dumps(payload, indent=2, sort_keys=True))
-    elif result.ok:
+        raise SystemExit(0 if result.ok else 1)
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if result.sealed:
+        click.echo(f"note: {len(result.sealed)} encrypted secret field(s) not decrypted (no --identity or "
+                   f"${IDENTITY_ENV}): their armor was checked, not what they hold", err=True)
+    if result.ok:
         counts = ", ".join(f"{n} {kind}" for kind, n in summary["kinds"].items()) or "no resources"
         click.echo(f"ok: {repo}: {summary['documents']} documents in {summary['files']} files ({counts})")
     else:

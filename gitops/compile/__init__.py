@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gitops.compile.authorities import ensure_authorities
+from gitops.compile.bootstrap import bootstrap_objects
 from gitops.compile.components import etcd_member, pod_for
 from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState
 from gitops.compile.placement import PlacementError, place
@@ -90,10 +91,12 @@ def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str,
                     if nodes[n].role == CONTROLPLANE)
     ingress = sorted((n, hv, rec) for n, (hv, rec) in placed.items() if nodes[n].role != CONTROLPLANE)
     endpoint = None
+    objects: tuple = ()
     if ingress:
         _, hv, rec = ingress[0]
         endpoint = f"https://{hv.ip_address}:{rec.ports['apiserver']}"
-    return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint)
+        objects = bootstrap_objects(endpoint, record.authorities["cluster"].cert_pem)
+    return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint, objects=objects)
 
 
 def _freeze_etcd_flags(state: State, cluster: str, model: RepoModel,

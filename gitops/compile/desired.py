@@ -179,12 +179,38 @@ class EtcdMember:
 
 
 @dataclass(frozen=True)
+class KubeObject:
+    """An object gitops keeps in a cluster's own API (worker bootstrap: RBAC, cluster-info).
+
+    `body` is its canonical JSON, labeled managed-by=gitops and annotated with `spec_hash`
+    (a digest of everything else), so observation compares one annotation.
+    """
+
+    #: the collection's API path, e.g. /apis/rbac.authorization.k8s.io/v1/clusterrolebindings
+    collection: str
+    kind: str
+    name: str
+    body: str
+    spec_hash: str
+
+    @property
+    def key(self) -> str:
+        """What observation reports it under: collection/name."""
+        return f"{self.collection}/{self.name}"
+
+    def manifest(self) -> dict[str, Any]:
+        return json.loads(self.body)
+
+
+@dataclass(frozen=True)
 class DesiredCluster:
     name: str
     #: controlplane nodes that should be etcd members, sorted
     etcd_members: tuple[EtcdMember, ...]
     #: https://ingress-ip:port for kubeconfigs, or None without an ingress node
     api_endpoint: str | None
+    #: objects gitops keeps in the cluster's API, sorted by key (none without an endpoint)
+    objects: tuple[KubeObject, ...] = ()
 
     @cached_property
     def content_digest(self) -> str:

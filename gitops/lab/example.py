@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -9,6 +10,9 @@ import yaml
 
 from gitops.lab.errors import LabError
 from gitops.lab.lab import LabHypervisor, LabInfo, _Dumper, hypervisor_document
+from gitops.model.config import CONFIG_FILE
+from gitops.model.yamlload import load_yaml_documents
+from gitops.secrets import encrypt
 
 
 def example_source() -> Path:
@@ -16,14 +20,20 @@ def example_source() -> Path:
     return Path(str(resources.files("gitops").joinpath("example_repo")))
 
 
-def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None) -> list[str]:
+def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None,
+                       recipients: Sequence[str] = ()) -> list[str]:
     """Copy the example repo to `target`, its Hypervisors replaced by the lab's.
 
     Each example Hypervisor keeps its name (Nodes pin them) and takes the next
     lab hypervisor of the same kind (public/private); a remote example
-    hypervisor uses the lab's mTLS front when the lab has one. Returns the
-    `example name -> lab name` lines for the user.
+    hypervisor uses the lab's mTLS front when the lab has one. The lab's mTLS
+    client keys are written in plaintext (the example's gitops.yaml allows it,
+    for labs), or, given age `recipients`, encrypted to them, with gitops.yaml
+    listing them and refusing plaintext. Returns the `example name -> lab name`
+    lines for the user.
     """
+    if recipients:
+        encrypt(b"", recipients)  # every recipient parses, before anything is written
     source = source or example_source()
     if target.exists() and any(target.iterdir()):
         raise LabError(f"{target} exists and is not empty")
@@ -42,6 +52,33 @@ def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None) -
         renamed = LabHypervisor(**{**hv.__dict__, "name": doc["metadata"]["name"],
                                    "remote_uri": hv.remote_uri if remote else ""})
         header = f"# {doc['metadata']['name']} is lab hypervisor {hv.name} ({'mTLS' if remote else 'unix socket'})\n"
-        path.write_text(header + yaml.dump(hypervisor_document(renamed), Dumper=_Dumper, sort_keys=False))
+        document = hypervisor_document(renamed)
+        if remote and recipients:
+            client = document["spec"]["remoteCRIEndpoint"]["clientCertificate"]  # type: ignore[index]
+            client["privateKey"] = encrypt(client["privateKey"].encode(), recipients)
+        path.write_text(header + yaml.dump(document, Dumper=_Dumper, sort_keys=False))
         mapping.append(f"{doc['metadata']['name']} -> {hv.name} ({'mTLS ' + hv.remote_uri if remote else hv.socket})")
+    if recipients:
+        _encrypted_secrets_policy(target / CONFIG_FILE, recipients)
     return mapping
+
+
+def _encrypted_secrets_policy(path: Path, recipients: Sequence[str]) -> None:
+    """In the copied gitops.yaml: `secrets.recipients` are `recipients`, `allowPlaintext: false`.
+
+    Edited as text (the example's comments stay), at the lines the loader records.
+    """
+    text = path.read_text()
+    [doc] = load_yaml_documents(text, spans=True)
+    base = ("spec", "secrets")
+    items = sorted(line for p, line in doc.positions.items() if p[:3] == base + ("recipients",) and len(p) == 4)
+    allow = doc.spans.get(base + ("allowPlaintext",))
+    if not items or allow is None or text[allow.start:allow.end] != "true":
+        raise LabError(f"{path}: expected spec.secrets.recipients and allowPlaintext: true to rewrite")
+    text = text[:allow.start] + "false" + text[allow.end:]
+    lines = text.splitlines(keepends=True)
+    first = lines[items[0] - 1]
+    indent = first[:len(first) - len(first.lstrip())]
+    new = [f"{indent}- {r}  # set by gitops lab example-repo --encrypt-to\n" for r in recipients]
+    lines[items[0] - 1:items[-1]] = new
+    path.write_text("".join(lines))

@@ -107,8 +107,10 @@ def _version(argv: list[str], pattern: str) -> str:
 
 
 def base_recipes() -> dict[str, ImageRecipe]:
-    """The lab's own images: `pause` (sandbox), `etcd` and `haproxy`, from the host's Debian packages."""
+    """The lab's own images: `pause` (sandbox), `etcd` and `haproxy`, from the host's Debian packages,
+    and `busybox` (busybox-static) for workloads on joined workers."""
     etcd = _which("etcd")
+    busybox = _which("busybox")
     haproxy = _which("haproxy")
     sleep = _which("sleep")
     return {
@@ -118,6 +120,8 @@ def base_recipes() -> dict[str, ImageRecipe]:
                             (etcd,), (etcd,), dirs=("var/lib/etcd",)),
         "haproxy": ImageRecipe("haproxy", _version([haproxy, "-v"], r"version\s+(\d+\.\d+\.\d+)"),
                                (haproxy,), (haproxy,), dirs=("usr/local/etc/haproxy",)),
+        "busybox": ImageRecipe("busybox", _version([busybox], r"BusyBox v(\d+\.\d+\.\d+)"),
+                               (busybox,), (busybox,), cmd=("sh",), dirs=("tmp", "www")),
     }
 
 

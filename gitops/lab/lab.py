@@ -33,7 +33,8 @@ import yaml
 
 from gitops.logs import event
 from gitops.cri import CRIClient, CRIError
-from gitops.lab import configs, images, procs, standins
+from gitops import procs
+from gitops.lab import configs, images, standins
 from gitops.lab.errors import LabError
 from gitops.lab.standins import DEFAULT_KUBERNETES_VERSIONS
 from gitops.model.resources import (
@@ -376,6 +377,25 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
     return LabInfo(lab_dir, tuple(hvs), image_refs, tuple(started), aliases, kinds)
 
 
+def add_runtime(lab_dir: Path, name: str, ip: str) -> tuple[Path, procs.Proc]:
+    """One more containerd in the lab, not a hypervisor (a worker's CRI): in `lab_dir/hv-<name>`, streaming
+    on `ip`, with the lab images; recorded so `down` stops it. Returns its directory and process."""
+    lab = info(lab_dir)
+    hv_dir = lab.dir / f"hv-{name}"
+    for sub in ("cni/bin", "cni/conf", "logs"):
+        (hv_dir / sub).mkdir(parents=True, exist_ok=True)
+    config = hv_dir / "containerd.toml"
+    config.write_text(configs.containerd_config(hv_dir, ip, lab.images["pause"]))
+    ctrd = procs.spawn("containerd", name, ["containerd", "--config", str(config)], hv_dir / "logs" / "containerd.log",
+                       hv_dir)
+    _save(lab.dir, lab.hypervisors, [*lab.processes, ctrd], lab.images, lab.aliases, lab.kubernetes)
+    _wait(f"containerd for {name}", _cri_ready(Hypervisor(name, False, ip, PortRange(1, 1),
+                                                          LocalCRIEndpoint(str(hv_dir / "containerd.sock")))),
+          READY_TIMEOUT, ctrd)
+    _ctr_import(str(hv_dir / "containerd.sock"), lab.dir / "images" / IMAGES_ARCHIVE, name)
+    return hv_dir, ctrd
+
+
 def _drain(hv: LabHypervisor) -> list[str]:
     """Stop and remove every pod sandbox on a hypervisor (best effort)."""
     removed = []
@@ -440,6 +460,10 @@ def down(lab_dir: Path | None = None) -> DownReport:
                 sock.unlink()
         stopped += [f"leftover[{pid}]" for pid in sorted(set(leftovers))]
     _remove_cgroups(lab_dir)
+    from gitops.lab.worker import release  # a worker's address on lo (gitops.lab.worker)
+
+    for hv_dir in sorted(lab_dir.glob("hv-*")):
+        stopped += release(hv_dir)
     unmounted = procs.unmount_under(lab_dir)
     for name in [STATE_FILE, "images", "pki"] + [p.name for p in lab_dir.glob("hv-*")]:
         path = lab_dir / name

@@ -24,6 +24,14 @@ class BareMetalSource:
 
 
 @dataclass(frozen=True)
+class SecretsPolicy:
+    """`spec.secrets`: who secret fields are encrypted to, and whether plaintext keys are tolerated."""
+
+    recipients: tuple[str, ...] = ()
+    allow_plaintext: bool = False
+
+
+@dataclass(frozen=True)
 class RepoConfig:
     paths: tuple[str, ...] = (".",)
     status_branch: str = DEFAULT_STATUS_BRANCH
@@ -36,6 +44,11 @@ class RepoConfig:
     #: the controller reads the node files of a pod whose containers did not change at most this often
     #: (spec.drift.nodeFilesIntervalSeconds; 0: on every poll)
     node_files_interval: int = 300
+    secrets: SecretsPolicy = field(default_factory=SecretsPolicy)
+
+    @property
+    def allow_plaintext(self) -> bool:
+        return self.secrets.allow_plaintext
 
     @classmethod
     def from_spec(cls, spec: dict) -> "RepoConfig":
@@ -57,5 +70,9 @@ class RepoConfig:
                 provider=spec.get("bareMetal", {}).get("provider", "file"),
                 kubeconfig=spec.get("bareMetal", {}).get("kubeconfig"),
                 namespace=spec.get("bareMetal", {}).get("namespace"),
+            ),
+            secrets=SecretsPolicy(
+                recipients=tuple(spec.get("secrets", {}).get("recipients", ())),
+                allow_plaintext=spec.get("secrets", {}).get("allowPlaintext", False),
             ),
         )

@@ -54,6 +54,17 @@ def load_repo(root: str | os.PathLike[str]) -> LoadedRepo:
     return repo
 
 
+def repo_files(root: str | os.PathLike[str]) -> tuple[RepoConfig, list[str], list[Diagnostic]]:
+    """gitops.yaml's settings and the repo's YAML files (repo-relative), without reading the files."""
+    root_path = Path(root)
+    if not root_path.is_dir():
+        raise GitopsError(f"{root}: not a directory (expected an infra repo checkout)")
+    root_path = root_path.resolve()
+    diagnostics: list[Diagnostic] = []
+    config = _load_config(root_path, diagnostics)
+    return config, _yaml_files(root_path, config, diagnostics), diagnostics
+
+
 def _load_config(root: Path, diagnostics: list[Diagnostic]) -> RepoConfig:
     path = root / CONFIG_FILE
     if not path.is_file():
@@ -174,4 +185,4 @@ def _render(doc: Document, err: ValidationError) -> list[Diagnostic]:
     return [doc.error(path, message)]
 
 
-__all__ = ["LoadedRepo", "load_repo", "schema_errors"]
+__all__ = ["LoadedRepo", "load_repo", "repo_files", "schema_errors"]

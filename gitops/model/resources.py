@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from gitops.errors import GitopsError
+from gitops.secrets import is_armored
+
 if TYPE_CHECKING:
     from gitops.cri.endpoint import CRIEndpoint
 
@@ -74,6 +77,9 @@ class Hypervisor:
         ep = self.endpoint
         if isinstance(ep, LocalCRIEndpoint):
             return CRIEndpoint.unix(self.name, ep.path)
+        if is_armored(ep.client_private_key):
+            raise GitopsError(f"Hypervisor {self.name}: its client private key is age-encrypted and was not "
+                              "decrypted (give the identity: --identity FILE or $GITOPS_IDENTITY)")
         return CRIEndpoint.tls(self.name, ep.target, ep.ca_certificate, ep.client_certificate,
                                ep.client_private_key)
 

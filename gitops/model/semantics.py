@@ -19,6 +19,7 @@ from gitops.model.diagnostics import Diagnostic
 from gitops.model.documents import Document
 from gitops.model.networkdata import NetworkDataError, first_ipv4, network_data_from_secret
 from gitops.model.resources import DATA_DIR_ANNOTATION
+from gitops.secrets import is_armored
 
 HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$")
 
@@ -123,6 +124,8 @@ def hypervisor_tls(docs: list[Document], _everything: list[Document]) -> Iterabl
         if isinstance(cert, Diagnostic):
             yield cert
         key_path = base + ("clientCertificate", "privateKey")
+        if is_armored(hv.get(key_path)):
+            continue  # not decrypted (no identity, or an error already reported): nothing to compare
         try:
             key = serialization.load_pem_private_key(hv.get(key_path).encode(), password=None)
         except (ValueError, TypeError):

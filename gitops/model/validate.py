@@ -1,16 +1,20 @@
 """Validation = schema + semantics over a whole repo; the model only when all is well."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from dataclasses import dataclass, field
 
 from gitops.errors import GitopsError
 from gitops.model.build import build_model
+from gitops.model.config import CONFIG_FILE, RepoConfig, SecretsPolicy
 from gitops.model.diagnostics import Diagnostic
 from gitops.model.repo import LoadedRepo, load_repo, read_documents, schema_errors
 from gitops.model.resources import Hypervisor, RepoModel
+from gitops.model.secretfields import IDENTITY_HINT, Opened, open_secrets
 from gitops.model.semantics import check_all
+from gitops.secrets import load_identities, public_recipient
 
 
 @dataclass
@@ -18,23 +22,57 @@ class Validation:
     repo: LoadedRepo
     diagnostics: list[Diagnostic] = field(default_factory=list)
     model: RepoModel | None = None
+    #: not errors: plaintext keys allowed by spec.secrets.allowPlaintext, an identity not among the recipients
+    warnings: list[Diagnostic] = field(default_factory=list)
+    #: encrypted secret fields left encrypted (no identity given, `sealed_ok`): their armor was checked
+    sealed: list[Diagnostic] = field(default_factory=list)
+    #: secret fields decrypted into the in-memory documents and model
+    decrypted: int = 0
 
     @property
     def ok(self) -> bool:
         return not self.diagnostics
 
 
-def validate_repo(root: str | os.PathLike[str]) -> Validation:
+def validate_repo(root: str | os.PathLike[str], identity: str | None = None, *,
+                  sealed_ok: bool = False) -> Validation:
     """Load, schema-check and semantically check the repo at `root`.
 
+    `identity` is the text of an age identity file: encrypted secret fields are decrypted
+    with it, in memory only. Without one they stay encrypted and are an error, unless
+    `sealed_ok` (validate, plan against a snapshot: their armor is still checked and they
+    are listed in `sealed`; the model then holds the armored text, which connects nowhere).
     All problems are collected (sorted by file and line); `model` is set only
     when there are none, so a bad commit is refused as a whole.
     """
     repo = load_repo(root)
-    diagnostics = list(repo.diagnostics) + check_all(repo.valid, repo.documents)
+    identities = load_identities(identity) if identity else None
+    opened = open_secrets(repo.documents, repo.config, identities)
+    diagnostics = list(repo.diagnostics) + opened.errors + check_all(repo.valid, repo.documents)
+    if not sealed_ok:
+        diagnostics += [_needs_identity(d) for d in opened.sealed]
     diagnostics = sorted(set(diagnostics))
     model = build_model(repo.documents) if not diagnostics else None
-    return Validation(repo=repo, diagnostics=diagnostics, model=model)
+    return Validation(repo=repo, diagnostics=diagnostics, model=model,
+                      warnings=sorted(set(opened.warnings + _recipient_warnings(repo, identities, opened))),
+                      sealed=opened.sealed if sealed_ok else [], decrypted=opened.decrypted)
+
+
+def _needs_identity(sealed: Diagnostic) -> Diagnostic:
+    return dataclasses.replace(sealed, message=f"age-encrypted, and no identity to decrypt it ({IDENTITY_HINT})")
+
+
+def _recipient_warnings(repo: LoadedRepo, identities: list | None, opened: Opened) -> list[Diagnostic]:
+    """The identity decrypts today, but `secrets encrypt`/`rekey` would not encrypt to it."""
+    recipients = repo.config.secrets.recipients
+    if not identities or not recipients or not opened.decrypted:
+        return []
+    if any(public_recipient(i) in recipients for i in identities):
+        return []
+    return [Diagnostic(CONFIG_FILE, _line_of(repo.root / CONFIG_FILE, "recipients:"), "GitopsConfig",
+                       "spec.secrets.recipients",
+                       f"the identity's recipient {public_recipient(identities[0])} is not listed: values "
+                       "re-encrypted by `gitops secrets encrypt` or `rekey` will not be readable with it")]
 
 
 class InvalidRepo(GitopsError):
@@ -46,20 +84,29 @@ class InvalidRepo(GitopsError):
         super().__init__(f"repo is invalid ({len(diagnostics)} error(s)):\n{lines}")
 
 
-def load_model(root: str | os.PathLike[str]) -> RepoModel:
-    """The validated model of the repo at `root`, or `InvalidRepo`."""
-    result = validate_repo(root)
+def _line_of(path: Path, needle: str) -> int:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return 1
+    return next((number for number, line in enumerate(lines, 1) if line.strip().startswith(needle)), 1)
+
+
+def load_model(root: str | os.PathLike[str], identity: str | None = None) -> RepoModel:
+    """The validated model of the repo at `root` (secret fields decrypted with `identity`), or `InvalidRepo`."""
+    result = validate_repo(root, identity)
     if result.model is None:
         raise InvalidRepo(result.diagnostics)
     return result.model
 
 
-def load_hypervisors(path: str | os.PathLike[str]) -> dict[str, Hypervisor]:
+def load_hypervisors(path: str | os.PathLike[str], identity: str | None = None) -> dict[str, Hypervisor]:
     """The validated Hypervisors of a repo directory, or of one YAML file of Hypervisor documents
-    (such as `gitops lab hypervisors` prints). Raises `InvalidRepo` with every error."""
+    (such as `gitops lab hypervisors` prints; plaintext keys allowed there, as no repo settings
+    apply). Raises `InvalidRepo` with every error."""
     target = Path(path)
     if target.is_dir():
-        return load_model(target).hypervisors
+        return load_model(target, identity).hypervisors
     if not target.is_file():
         raise GitopsError(f"{path}: no such file or directory")
     diagnostics: list[Diagnostic] = []
@@ -69,6 +116,9 @@ def load_hypervisors(path: str | os.PathLike[str]) -> dict[str, Hypervisor]:
             diagnostics.append(doc.error(("kind",), "only Hypervisor documents are expected in this file"))
         else:
             diagnostics.extend(schema_errors(doc))
+    opened = open_secrets(docs, RepoConfig(secrets=SecretsPolicy(allow_plaintext=True)),
+                          load_identities(identity) if identity else None)
+    diagnostics += opened.errors + [_needs_identity(d) for d in opened.sealed]
     if not diagnostics:
         diagnostics = check_all(docs, docs)
     if diagnostics:

@@ -66,26 +66,41 @@ class YamlError(Exception):
         self.path = path
 
 
+@dataclass(frozen=True)
+class Span:
+    """Where a mapping's scalar value is written: character offsets into the text, for in-place edits."""
+
+    start: int
+    end: int  # a block scalar's span ends after its last line break (and any blank lines after it)
+    key_column: int  # 0-based column of its key
+    style: str  # '' plain, '|' or '>' block, '"' or "'" quoted
+    flow: bool  # inside a flow mapping ({...}), where block scalars are not allowed
+
+
 @dataclass
 class RawDocument:
-    """One YAML document: its data plus the line of each field path."""
+    """One YAML document: its data plus the line of each field path (and, on request, value spans)."""
 
     line: int
     data: Any
     positions: dict[Path_, int] = field(default_factory=dict)
+    spans: dict[Path_, Span] = field(default_factory=dict)
 
 
 class _Builder:
     """Turns a composed node tree into Python values, with positions and limits."""
 
-    def __init__(self) -> None:
+    def __init__(self, spans: bool = False) -> None:
         self._scalars = yaml.constructor.SafeConstructor()
         self.visited = 0
+        self._spans: dict[Path_, Span] | None = {} if spans else None
 
     def build(self, node: yaml.Node) -> RawDocument:
         positions: dict[Path_, int] = {}
+        if self._spans is not None:
+            self._spans = {}
         data = self._value(node, (), positions, 0)
-        return RawDocument(line=node.start_mark.line + 1, data=data, positions=positions)
+        return RawDocument(line=node.start_mark.line + 1, data=data, positions=positions, spans=self._spans or {})
 
     def _value(self, node: yaml.Node, path: Path_, pos: dict[Path_, int], depth: int) -> Any:
         self.visited += 1
@@ -131,15 +146,21 @@ class _Builder:
                 raise YamlError(key_line, f"duplicate key {key!r} (first at line {pos[path + (key,)]})",
                                 path + (key,))
             pos[path + (key,)] = key_line
+            if self._spans is not None and isinstance(value_node, yaml.ScalarNode):
+                self._spans[path + (key,)] = Span(value_node.start_mark.index, value_node.end_mark.index,
+                                                  key_node.start_mark.column, value_node.style or "",
+                                                  bool(node.flow_style))
             out[key] = self._value(value_node, path + (key,), pos, depth + 1)
         for k, v in merged.items():
             out.setdefault(k, v)
         return out
 
 
-def load_yaml_documents(text: str | bytes) -> list[RawDocument]:
+def load_yaml_documents(text: str | bytes, *, spans: bool = False) -> list[RawDocument]:
     """Parse every document of a YAML stream (empty documents are dropped).
 
+    With `spans`, each document also records where its mapping values' scalars are written
+    (character offsets into the decoded text), so a field can be rewritten in place.
     Raises `YamlError` with the line of the first problem.
     """
     if len(text) > MAX_FILE_BYTES:
@@ -151,7 +172,7 @@ def load_yaml_documents(text: str | bytes) -> list[RawDocument]:
             text = text.decode("utf-8")
         except UnicodeDecodeError as err:
             raise YamlError(text[: err.start].count(b"\n") + 1, "not UTF-8 text, not YAML") from None
-    builder = _Builder()
+    builder = _Builder(spans)
     docs: list[RawDocument] = []
     try:
         for node in yaml.compose_all(text, Loader=_Loader):

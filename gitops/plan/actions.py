@@ -21,6 +21,9 @@ class Kind(str, Enum):
     CREATE_CONTAINER = "create-container"
     RECREATE_CONTAINER = "recreate-container"
     LABEL_HOST = "label-host"
+    CREATE_OBJECT = "create-object"
+    UPDATE_OBJECT = "update-object"
+    SIGN_CERTIFICATE_REQUEST = "sign-certificate-request"
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,10 @@ KINDS: dict[Kind, KindInfo] = {
     Kind.CREATE_CONTAINER: KindInfo(6, "+", "create container"),
     Kind.RECREATE_CONTAINER: KindInfo(6, "~", "recreate container"),
     Kind.LABEL_HOST: KindInfo(7, "~", "label host"),
+    # inside each cluster's own API, once its control plane runs
+    Kind.CREATE_OBJECT: KindInfo(8, "+", "create object"),
+    Kind.UPDATE_OBJECT: KindInfo(8, "~", "update object"),
+    Kind.SIGN_CERTIFICATE_REQUEST: KindInfo(9, "+", "sign certificate request"),
 }
 
 
@@ -109,6 +116,8 @@ class UnknownKind(str, Enum):
     HYPERVISOR = "hypervisor"
     #: the BareMetalHost provider could not list the hosts
     BARE_METAL_HOSTS = "bare-metal-hosts"
+    #: a cluster's API server runs but did not answer (its objects and certificate requests not checked)
+    CLUSTER_API = "cluster-api"
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,9 @@ class Unknown:
             if self.nodes:
                 text += f"; its {len(self.nodes)} node(s) were not checked: {', '.join(self.nodes)}"
             return text
+        if self.kind == UnknownKind.CLUSTER_API:
+            return (f"the API of cluster {self.name} did not answer{why}; its worker bootstrap objects and "
+                    "certificate requests were not checked")
         text = f"BareMetalHosts could not be listed from the {self.name} provider{why}"
         if self.sip_clusters:
             text += f"; SIPCluster(s) not planned: {', '.join(self.sip_clusters)}"

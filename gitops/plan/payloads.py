@@ -128,9 +128,43 @@ class LabelHost:
     remove: tuple[str, ...] = ()
 
 
-Payload = Union[CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange, CreateContainer, Remove, LabelHost]
+@dataclass(frozen=True)
+class PutObject:
+    """Create or replace one object (canonical JSON `body`) in `collection` of the cluster's API at
+    `server`, as the cluster's admin. `wait_ready`: the plan also creates that API; wait up to so many
+    seconds for its /readyz first."""
+
+    cluster: str
+    server: str
+    collection: str
+    body: str
+    wait_ready: int = 0
+
+
+@dataclass(frozen=True)
+class SignRequest:
+    """Answer the certificate request `name` (uid `uid`, PEM `request`) with a certificate signed by the
+    cluster CA for exactly this subject, names and usage; approve it first when `approve`."""
+
+    cluster: str
+    server: str
+    name: str
+    uid: str
+    request: str
+    common_name: str
+    organizations: tuple[str, ...] = ()
+    dns_names: tuple[str, ...] = ()
+    ip_addresses: tuple[str, ...] = ()
+    server_auth: bool = False
+    client_auth: bool = False
+    days: int = 365
+    approve: bool = False
+
+
+Payload = Union[CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange, CreateContainer, Remove, LabelHost,
+                PutObject, SignRequest]
 TYPES: dict[str, type] = {t.__name__: t for t in (CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange,
-                                                   CreateContainer, Remove, LabelHost)}
+                                                   CreateContainer, Remove, LabelHost, PutObject, SignRequest)}
 
 
 def payload_to_dict(payload: Payload) -> dict[str, Any]:

@@ -12,6 +12,10 @@ from gitops.plan.actions import KINDS, Action, Kind, Plan, UnknownKind
 COLOUR = {"+": "green", "~": "yellow", "-": "red"}
 
 
+#: kinds from this phase on act inside the cluster's own API
+API_PHASE = KINDS[Kind.CREATE_OBJECT].phase
+
+
 def headline(plan: Plan) -> str:
     """The summary line. It never says "No changes." alone when something could not be observed."""
     if plan.unknowns:
@@ -50,11 +54,21 @@ def describe(action: Action) -> str:
 
 def _groups(plan: Plan) -> "OrderedDict[tuple[str, str], list[Action]]":
     groups: OrderedDict[tuple[str, str], list[Action]] = OrderedDict()
-    for action in sorted(plan.actions, key=lambda a: (a.cluster, a.node)):
+    # a cluster's nodes first, then what happens inside its API (objects, workers' certificates)
+    for action in sorted(plan.actions, key=lambda a: (a.cluster, a.info.phase >= API_PHASE, a.node)):
         groups.setdefault((action.cluster, action.node), []).append(action)
     for key in groups:
         groups[key].sort(key=Action.sort_key)
     return groups
+
+
+def _what(actions: list[Action]) -> str:
+    kinds = {a.kind for a in actions}
+    if Kind.LABEL_HOST in kinds:
+        return "Host"
+    if Kind.SIGN_CERTIFICATE_REQUEST in kinds:
+        return "Worker"
+    return "In its API:" if kinds & {Kind.CREATE_OBJECT, Kind.UPDATE_OBJECT} else "Node"
 
 
 def render_text(plan: Plan, console: Console) -> None:
@@ -69,8 +83,7 @@ def render_text(plan: Plan, console: Console) -> None:
             cluster = cluster_name
             console.print(f"\n[bold]Cluster {escape(cluster_name)}[/bold]")
         hv = next((a.hypervisor for a in actions if a.hypervisor), "")
-        what = "Host" if any(a.kind == Kind.LABEL_HOST for a in actions) else "Node"
-        console.print(f"  {what} {escape(node)}" + (f" [dim]on {escape(hv)}[/dim]" if hv else ""))
+        console.print(f"  {_what(actions)} {escape(node)}" + (f" [dim]on {escape(hv)}[/dim]" if hv else ""))
         for action in actions:
             colour = COLOUR[action.symbol]
             console.print(f"    [{colour}]{action.symbol} {escape(describe(action))}[/{colour}]")

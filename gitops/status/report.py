@@ -153,7 +153,7 @@ def resource_documents(model: RepoModel, desired: DesiredState, observed: Observ
     nodes = _node_documents(model, desired, observed, outcome, previous, now, placements)
     node_phase = {name: phase for name, (phase, _) in nodes.items()}
     out = {rel: doc for _, (_, (rel, doc)) in nodes.items()}
-    out.update(_cluster_documents(model, desired, node_phase, outcome, previous, now))
+    out.update(_cluster_documents(model, desired, node_phase, outcome, previous, now, observed))
     out.update(_hypervisor_documents(model, observed, previous, now))
     return out
 
@@ -232,8 +232,19 @@ def cluster_phase(phases: dict[str, str], endpoint: str | None) -> Phase:
     return Phase("Ready", True, "AllNodesReady", "all nodes ready")
 
 
+def workers_status(observed: ObservedState, cluster: str) -> dict[str, Any]:
+    """The cluster's joined workers as its API lists them (not in the repo: workers join with tokens)."""
+    seen = observed.clusters.get(cluster)
+    if seen is None or not seen.reachable:
+        return {"observed": False, "reason": seen.error if seen is not None else "no API server running"}
+    return {"observed": True, "total": len(seen.workers), "ready": sum(1 for w in seen.workers if w.ready),
+            "nodes": {w.name: {"ready": w.ready, "address": w.address, "kubeletVersion": w.kubelet_version}
+                      for w in seen.workers}}
+
+
 def _cluster_documents(model: RepoModel, desired: DesiredState, node_phases: dict[str, str], outcome: Outcome,
-                       previous: Callable[[str], bytes | None], now: dt.datetime) -> dict[str, bytes]:
+                       previous: Callable[[str], bytes | None], now: dt.datetime,
+                       observed: ObservedState) -> dict[str, bytes]:
     out = {}
     for name in sorted(model.clusters):
         rel = resource_path("Cluster", name)
@@ -247,6 +258,7 @@ def _cluster_documents(model: RepoModel, desired: DesiredState, node_phases: dic
                                      _previous_conditions(previous, rel), now)],
             "endpoints": {"api": endpoint} if endpoint else {},
             "nodes": phases,
+            "workers": workers_status(observed, name),
             "kubeconfig": kubeconfig_path(name) if endpoint else None,
         }
         out[rel] = dump({"apiVersion": API_VERSION, "kind": "ClusterStatus", "metadata": {"name": name},

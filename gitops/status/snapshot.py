@@ -1,8 +1,9 @@
 """The observed snapshot on the status branch: one compact JSON file per cluster (pure).
 
-`observed/clusters/<cluster>.json` holds the pods labeled with that cluster;
-`observed/hypervisors.json` holds each hypervisor's reachability, the pods whose
-cluster label is not a usable file name, and the listed BareMetalHosts. Every
+`observed/clusters/<cluster>.json` holds the pods labeled with that cluster and
+what its API holds (`api`, see `gitops.observe.clusters`); `observed/hypervisors.json`
+holds each hypervisor's reachability, the pods and cluster APIs whose cluster name is
+not a usable file name, and the listed BareMetalHosts. Every
 file is sorted, compact JSON, so a status commit rewrites only the clusters whose
 pods changed. A container's spec is its spec annotation, verbatim (JSON text).
 """
@@ -19,6 +20,7 @@ from gitops.errors import GitopsError
 from gitops.model.resources import BareMetalHost
 from gitops.node import NodeFiles
 from gitops.observe import ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
+from gitops.observe.clusters import ObservedCluster
 
 OBSERVED_DIR = "observed"
 HYPERVISORS = f"{OBSERVED_DIR}/hypervisors.json"
@@ -47,6 +49,7 @@ def snapshot_files(observed: ObservedState) -> dict[str, bytes]:
     loose: list[ObservedPod] = []
     for pod in observed.pods():
         (by_cluster.setdefault(pod.cluster, []) if _NAME.match(pod.cluster) else loose).append(pod)
+    apis = {n: c for n, c in observed.clusters.items() if _NAME.match(n)}
     top: dict[str, Any] = {
         "hypervisors": {n: {"name": hv.name, "reachable": hv.reachable, "error": hv.error}
                         for n, hv in sorted(observed.hypervisors.items())},
@@ -54,15 +57,21 @@ def snapshot_files(observed: ObservedState) -> dict[str, bytes]:
     }
     if observed.hosts is not None:
         top["bareMetalHosts"] = [asdict(h) for h in observed.hosts]
+    others = {n: c.to_dict() for n, c in sorted(observed.clusters.items()) if n not in apis}
+    if others:
+        top["clusters"] = others
     out = {HYPERVISORS: compact(top)}
-    for cluster, pods in sorted(by_cluster.items()):
-        out[cluster_path(cluster)] = cluster_file(cluster, pods)
+    for cluster in sorted(by_cluster.keys() | apis.keys()):
+        out[cluster_path(cluster)] = cluster_file(cluster, by_cluster.get(cluster, ()), apis.get(cluster))
     return out
 
 
-def cluster_file(cluster: str, pods: Iterable[ObservedPod]) -> bytes:
-    """`observed/clusters/<cluster>.json`: the cluster's pods, sorted."""
-    return compact({"cluster": cluster, "pods": [pod_dict(p) for p in sorted(pods, key=_pod_key)]})
+def cluster_file(cluster: str, pods: Iterable[ObservedPod], api: ObservedCluster | None = None) -> bytes:
+    """`observed/clusters/<cluster>.json`: the cluster's pods, sorted, and what its API holds."""
+    data: dict[str, Any] = {"cluster": cluster, "pods": [pod_dict(p) for p in sorted(pods, key=_pod_key)]}
+    if api is not None:
+        data["api"] = api.to_dict()
+    return compact(data)
 
 
 def pod_dict(pod: ObservedPod) -> dict[str, Any]:
@@ -104,12 +113,16 @@ def load_snapshot(read: Callable[[str], bytes | None], cluster_files: Iterable[s
     top = json.loads(raw)
     pods: dict[str, list[ObservedPod]] = {name: [] for name in top.get("hypervisors", {})}
     loaded = [pod_from_dict(p) for p in top.get("pods", [])]
+    apis = {n: ObservedCluster.from_dict(c) for n, c in top.get("clusters", {}).items()}
     for name in sorted(cluster_files):
         if not name.endswith(".json"):
             continue
         data = read(f"{CLUSTERS_DIR}/{name}")
         if data is not None:
-            loaded.extend(pod_from_dict(p) for p in json.loads(data).get("pods", []))
+            part = json.loads(data)
+            loaded.extend(pod_from_dict(p) for p in part.get("pods", []))
+            if part.get("api") is not None:
+                apis[part["cluster"]] = ObservedCluster.from_dict(part["api"])
     for pod in loaded:
         if pod.hypervisor not in pods:
             raise GitopsError(f"observed snapshot: pod {pod.node} is on {pod.hypervisor}, which "
@@ -119,4 +132,5 @@ def load_snapshot(read: Callable[[str], bytes | None], cluster_files: Iterable[s
                                             tuple(sorted(pods[name], key=lambda p: _pod_key(p)[1:])))
                    for name, hv in sorted(top.get("hypervisors", {}).items())}
     hosts = top.get("bareMetalHosts")
-    return ObservedState(hypervisors, tuple(BareMetalHost(**h) for h in hosts) if hosts is not None else None)
+    return ObservedState(hypervisors, tuple(BareMetalHost(**h) for h in hosts) if hosts is not None else None,
+                         dict(sorted(apis.items())))

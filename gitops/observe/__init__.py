@@ -1,4 +1,5 @@
-"""Live state: the managed pods, containers and node files on every hypervisor.
+"""Live state: the managed pods, containers and node files on every hypervisor
+(and, in `gitops.observe.clusters`, what gitops keeps inside each cluster's API).
 
 Reads only. Hypervisors are read in parallel; one that cannot be reached is
 reported as such (`reachable=False`), and later stages never plan anything on
@@ -19,6 +20,7 @@ from gitops.cri.errors import CRIError
 from gitops.cri.types import ContainerState, SandboxState
 from gitops.memo import content_digest
 from gitops.model.resources import BareMetalHost, Hypervisor
+from gitops.observe.clusters import ObservedCluster
 from gitops.node import (
     AGENT,
     CLUSTER,
@@ -101,6 +103,8 @@ class ObservedState:
     hypervisors: dict[str, ObservedHypervisor]
     #: BareMetalHosts listed from a kubernetes provider (None when not observed)
     hosts: tuple[BareMetalHost, ...] | None = None
+    #: each cluster's own API, for clusters with a running API server (see gitops.observe.clusters)
+    clusters: dict[str, ObservedCluster] = field(default_factory=dict)
 
     def pods(self) -> list[ObservedPod]:
         return [p for hv in self.hypervisors.values() for p in hv.pods]
@@ -113,6 +117,8 @@ class ObservedState:
         data: dict[str, Any] = {"hypervisors": {n: asdict(hv) for n, hv in sorted(self.hypervisors.items())}}
         if self.hosts is not None:
             data["bareMetalHosts"] = [asdict(h) for h in self.hosts]
+        if self.clusters:
+            data["clusters"] = {n: c.to_dict() for n, c in sorted(self.clusters.items())}
         return data
 
     @classmethod
@@ -130,7 +136,8 @@ class ObservedState:
                 ))
             hvs[name] = ObservedHypervisor(raw["name"], raw["reachable"], raw.get("error", ""), tuple(pods))
         hosts = data.get("bareMetalHosts")
-        return cls(hvs, tuple(BareMetalHost(**h) for h in hosts) if hosts is not None else None)
+        clusters = {n: ObservedCluster.from_dict(c) for n, c in data.get("clusters", {}).items()}
+        return cls(hvs, tuple(BareMetalHost(**h) for h in hosts) if hosts is not None else None, clusters)
 
 
 #: node files read earlier that still hold for a pod as listed now (None: read them now)

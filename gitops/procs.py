@@ -1,4 +1,5 @@
-"""Process and mount bookkeeping for the lab: start daemons detached, stop exactly those."""
+"""Process and mount bookkeeping: start daemons detached, stop exactly those (PID + start time), undo
+mounts under a directory. The lab and a joined worker both use it."""
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gitops.logs import event
-from gitops.lab.errors import LabError
+from gitops.errors import GitopsError
+
+
+class ProcError(GitopsError):
+    """A process could not be started, stopped, or its mounts undone."""
+
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +76,7 @@ def spawn(role: str, hypervisor: str, argv: list[str], log_path: Path, cwd: Path
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                  cwd=cwd, start_new_session=True, close_fds=True)
         except OSError as err:
-            raise LabError(f"cannot start {argv[0]}: {err}") from err
+            raise ProcError(f"cannot start {argv[0]}: {err}") from err
     st = None
     for _ in range(100):
         st = start_time(p.pid)
@@ -78,7 +84,7 @@ def spawn(role: str, hypervisor: str, argv: list[str], log_path: Path, cwd: Path
             break
         time.sleep(0.01)
     if st is None:
-        raise LabError(f"{argv[0]} exited immediately; see {log_path}")
+        raise ProcError(f"{argv[0]} exited immediately; see {log_path}")
     event(log, logging.INFO, "started", role=role, hypervisor=hypervisor, pid=p.pid)
     return Proc(role, hypervisor, p.pid, st, tuple(argv), str(log_path))
 
@@ -198,7 +204,7 @@ def terminate(pids: list[tuple[int, int | None]], timeout: float = 10.0) -> None
             time.sleep(0.05)
     left = [p for p, st in pids if alive(p, st)]
     if left:
-        raise LabError(f"processes did not exit: {left}")
+        raise ProcError(f"processes did not exit: {left}")
 
 
 def _unescape(field: str) -> str:
@@ -231,5 +237,5 @@ def unmount_under(path: Path) -> list[str]:
                 event(log, logging.WARNING, "umount failed", path=point, errno=ctypes.get_errno())
     left = mounts_under(path)
     if left:
-        raise LabError(f"cannot unmount {left}")
+        raise ProcError(f"cannot unmount {left}")
     return done

@@ -1,0 +1,134 @@
+"""Secret fields: which fields of which kinds may hold an age-encrypted value, and opening them.
+
+A secret field holds either plaintext (refused unless `spec.secrets.allowPlaintext`) or one
+ASCII-armored age file (`-----BEGIN AGE ENCRYPTED FILE-----`), encrypted to the repo's
+`spec.secrets.recipients`. Loading decrypts it with the identity the command was given and
+puts the plaintext in the in-memory document only; the files on disk never change.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyrage import x25519
+
+from gitops.model.config import RepoConfig
+from gitops.model.diagnostics import Diagnostic, format_path
+from gitops.model.documents import Document, FieldPath
+from gitops.secrets import SecretsError, decrypt, dearmor, is_armored
+
+#: Per kind, the fields that may be age-encrypted. Add a path here to declare a new secret field.
+SECRET_FIELDS: dict[str, tuple[FieldPath, ...]] = {
+    "Hypervisor": (("spec", "remoteCRIEndpoint", "clientCertificate", "privateKey"),),
+}
+
+#: both PEM keys and armored age files start with it: a cheap test before the others (repos at scale)
+PEM_MARK = "-----BEGIN"
+#: any PEM private key: PKCS#8, RSA, EC, OPENSSH, ENCRYPTED ...
+PRIVATE_KEY = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")
+
+IDENTITY_HINT = "--identity FILE or $GITOPS_IDENTITY"
+
+
+def declared(kind: str) -> tuple[FieldPath, ...]:
+    return SECRET_FIELDS.get(kind, ())
+
+
+def describe_declared() -> str:
+    return "; ".join(f"{kind}: {', '.join(format_path(p) for p in paths)}" for kind, paths in SECRET_FIELDS.items())
+
+
+def strings(value: Any, path: FieldPath = ()) -> Iterator[tuple[FieldPath, str]]:
+    """Every string value under `value`, with its path."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from strings(item, path + (key,))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from strings(item, path + (index,))
+
+
+def secret_values(doc: Document) -> Iterator[tuple[FieldPath, str]]:
+    """The declared secret fields of `doc` that are present, with their (string) values."""
+    for path in declared(doc.kind):
+        value = doc.get(path)
+        if isinstance(value, str):
+            yield path, value
+
+
+@dataclass
+class Opened:
+    """What opening a repo's secrets found: errors, warnings, and values left sealed."""
+
+    errors: list[Diagnostic] = field(default_factory=list)
+    warnings: list[Diagnostic] = field(default_factory=list)
+    #: encrypted values not decrypted because no identity was given (armor checked)
+    sealed: list[Diagnostic] = field(default_factory=list)
+    decrypted: int = 0
+
+
+def plaintext_findings(docs: list[Document], allow: bool) -> Iterator[Diagnostic]:
+    """A plaintext private key anywhere in the documents' values (error, or warning when allowed)."""
+    for doc in docs:
+        secret = set(declared(doc.kind))
+        for path, value in strings(doc.data):
+            if PEM_MARK not in value or not PRIVATE_KEY.search(value):
+                continue
+            if path in secret:
+                how = f"encrypt it: gitops secrets encrypt {doc.file} --field {format_path(path)}"
+            else:
+                how = ("this field is not a secret field gitops decrypts, so keep the key out of the repo "
+                       f"(secret fields: {describe_declared()})")
+            if allow:
+                yield doc.error(path, "plaintext private key (allowed by spec.secrets.allowPlaintext in gitops.yaml)")
+            else:
+                yield doc.error(path, f"plaintext private key in the repo; {how}, or set "
+                                      "spec.secrets.allowPlaintext: true in gitops.yaml (labs only)")
+
+
+def open_secrets(docs: list[Document], config: RepoConfig,
+                 identities: list[x25519.Identity] | None) -> Opened:
+    """Check every secret field; with identities, decrypt the encrypted ones in place (in memory).
+
+    Without identities, encrypted values are checked for structure (the armor parses) and
+    listed in `sealed`. An encrypted value in a field that is not declared secret is an error.
+    """
+    out = Opened()
+    findings = list(plaintext_findings(docs, config.allow_plaintext))
+    (out.warnings if config.allow_plaintext else out.errors).extend(findings)
+    for doc in docs:
+        secret = set(declared(doc.kind))
+        for path, value in strings(doc.data):
+            if PEM_MARK not in value or not is_armored(value):
+                continue
+            if path not in secret:
+                out.errors.append(doc.error(path, "age-encrypted value in a field gitops does not decrypt "
+                                                  f"(secret fields: {describe_declared()})"))
+                continue
+            try:
+                if identities is None:
+                    dearmor(value)
+                    out.sealed.append(doc.error(path, "age-encrypted; not decrypted (no identity given): "
+                                                      "armor checked only"))
+                    continue
+                plain = decrypt(value, identities).decode("utf-8")
+            except SecretsError as err:
+                out.errors.append(doc.error(path, str(err)))
+                continue
+            except UnicodeDecodeError:
+                out.errors.append(doc.error(path, "decrypted value is not UTF-8 text"))
+                continue
+            _set(doc.data, path, plain)
+            out.decrypted += 1
+    return out
+
+
+def _set(data: dict[str, Any], path: FieldPath, value: str) -> None:
+    node: Any = data
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value

@@ -1,0 +1,144 @@
+"""Live state inside each cluster's own API: gitops's bootstrap objects, joined nodes,
+and certificate requests waiting for gitops to sign them. Reads only."""
+from __future__ import annotations
+
+import base64
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
+from gitops.node import MANAGED, MANAGER, SPEC_HASH
+
+log = logging.getLogger(__name__)
+
+#: where gitops keeps objects (gitops.compile.bootstrap): listed by the managed-by label
+COLLECTIONS = (
+    "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-public/roles",
+    "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-public/rolebindings",
+    "/api/v1/namespaces/kube-public/configmaps",
+)
+CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+
+
+@dataclass(frozen=True)
+class ClusterTarget:
+    """How to reach a cluster's API as its admin."""
+
+    cluster: str
+    #: the cluster's running API servers, tried in order until one answers
+    servers: tuple[str, ...]
+    ca_pem: str = field(repr=False)
+    cert_pem: str = field(repr=False)
+    key_pem: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class ObservedCSR:
+    """A certificate request no one has answered yet (no certificate issued, not denied)."""
+
+    name: str
+    uid: str
+    signer: str
+    username: str
+    groups: tuple[str, ...]
+    usages: tuple[str, ...]
+    request: str  # PEM
+    approved: bool
+
+
+@dataclass(frozen=True)
+class ObservedWorker:
+    name: str
+    ready: bool
+    kubelet_version: str = ""
+    address: str = ""
+
+
+@dataclass(frozen=True)
+class ObservedCluster:
+    name: str
+    reachable: bool
+    error: str = ""
+    #: gitops's objects found (collection/name) and their spec-hash annotation
+    objects: dict[str, str] = field(default_factory=dict)
+    #: the cluster's Nodes (all of them are workers: control planes run as pods, not kubelets)
+    workers: tuple[ObservedWorker, ...] = ()
+    pending_csrs: tuple[ObservedCSR, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "reachable": self.reachable, "error": self.error,
+                "objects": dict(sorted(self.objects.items())),
+                "workers": [vars(w) for w in self.workers],
+                "pending_csrs": [{**vars(c), "groups": list(c.groups), "usages": list(c.usages)}
+                                 for c in self.pending_csrs]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ObservedCluster":
+        return cls(data["name"], data["reachable"], data.get("error", ""), dict(data.get("objects", {})),
+                   tuple(ObservedWorker(**w) for w in data.get("workers", ())),
+                   tuple(ObservedCSR(**{**c, "groups": tuple(c["groups"]), "usages": tuple(c["usages"])})
+                         for c in data.get("pending_csrs", ())))
+
+
+def observe_cluster(target: ClusterTarget, timeout: float = 5.0) -> ObservedCluster:
+    """The first API server that answers tells; the cluster is unreachable when none does."""
+    errors = []
+    for server in target.servers:
+        try:
+            return _observe(target, server, timeout)
+        except KubeAPIError as err:
+            errors.append(str(err))
+        except (OSError, KeyError, TypeError, ValueError) as err:  # an odd answer is one cluster's problem
+            errors.append(f"{server}: unexpected answer: {type(err).__name__}: {err}")
+    log.info("cluster API unreachable: %s", "; ".join(errors))
+    return ObservedCluster(target.cluster, reachable=False, error="; ".join(errors))
+
+
+def _observe(target: ClusterTarget, server: str, timeout: float) -> ObservedCluster:
+    with KubeAPI(server, target.ca_pem, Credentials(target.cert_pem, target.key_pem), timeout=timeout) as api:
+        objects: dict[str, str] = {}
+        for collection in COLLECTIONS:
+            for item in api.list(collection, f"{MANAGED}={MANAGER}"):
+                meta = item.get("metadata") or {}
+                objects[f"{collection}/{meta.get('name')}"] = (meta.get("annotations") or {}).get(SPEC_HASH, "")
+        workers = tuple(sorted((_worker(n) for n in api.list("/api/v1/nodes")), key=lambda w: w.name))
+        csrs = tuple(sorted(filter(None, (_pending(c) for c in api.list(CSRS))), key=lambda c: c.name))
+    return ObservedCluster(target.cluster, True, objects=dict(sorted(objects.items())), workers=workers,
+                           pending_csrs=csrs)
+
+
+def observe_clusters(targets: list[ClusterTarget], timeout: float = 5.0) -> dict[str, ObservedCluster]:
+    """Every target in parallel (a few threads: each is a handful of short requests)."""
+    if not targets:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(targets))) as pool:
+        found = list(pool.map(lambda t: observe_cluster(t, timeout), targets))
+    return {o.name: o for o in sorted(found, key=lambda o: o.name)}
+
+
+def _worker(node: dict[str, Any]) -> ObservedWorker:
+    status = node.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
+    addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or ()}
+    return ObservedWorker(name=node["metadata"]["name"], ready=ready,
+                          kubelet_version=(status.get("nodeInfo") or {}).get("kubeletVersion", ""),
+                          address=addresses.get("InternalIP", ""))
+
+
+def _pending(csr: dict[str, Any]) -> ObservedCSR | None:
+    spec, status = csr.get("spec") or {}, csr.get("status") or {}
+    conditions = {c.get("type") for c in status.get("conditions") or ()}
+    if status.get("certificate") or "Denied" in conditions or "Failed" in conditions:
+        return None
+    try:
+        request = base64.b64decode(spec.get("request", "")).decode()
+    except ValueError:
+        request = ""
+    return ObservedCSR(name=csr["metadata"]["name"], uid=csr["metadata"].get("uid", ""),
+                       signer=spec.get("signerName", ""), username=spec.get("username", ""),
+                       groups=tuple(spec.get("groups") or ()), usages=tuple(spec.get("usages") or ()),
+                       request=request, approved="Approved" in conditions)

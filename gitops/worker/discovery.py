@@ -1,0 +1,83 @@
+"""Finding a cluster from the worker: `cluster-info` fetched without trust, then trusted by the CA's pin.
+
+As kubeadm does it: the ConfigMap is read anonymously (TLS unverified: nothing is
+trusted yet), its CA is accepted only if the SHA-256 of its public key matches the
+hash the join command carries, and from then on every request verifies the server
+against that CA. The bootstrap token is checked before anything is written.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives import serialization
+
+from gitops.errors import GitopsError
+from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
+from gitops.kubeconfig import parse_cluster_info
+from gitops.pki import PKIError, load_cert_pem
+
+CLUSTER_INFO = "/api/v1/namespaces/kube-public/configmaps/cluster-info"
+TOKEN = re.compile(r"^([a-z0-9]{6})\.([a-z0-9]{16})$")
+
+
+class JoinError(GitopsError):
+    pass
+
+
+@dataclass(frozen=True)
+class Discovered:
+    #: where the worker reaches the API (as given to `gitops join`)
+    server: str
+    ca_pem: str
+    #: the endpoint cluster-info announces
+    announced: str = ""
+
+
+def ca_hash(ca_pem: str) -> str:
+    """`sha256:<hex>` of the CA certificate's SubjectPublicKeyInfo (kubeadm's pin format)."""
+    cert = load_cert_pem(ca_pem)
+    der = cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return "sha256:" + hashlib.sha256(der).hexdigest()
+
+
+def new_token() -> tuple[str, str]:
+    """A bootstrap token's id and secret ([a-z0-9]{6} and {16})."""
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return ("".join(secrets.choice(alphabet) for _ in range(6)),
+            "".join(secrets.choice(alphabet) for _ in range(16)))
+
+
+def discover(server: str, token: str, pin: str, timeout: float = 10.0) -> Discovered:
+    """The cluster at `server`, its CA checked against `pin` and `token` checked against the API."""
+    if not TOKEN.match(token):
+        raise JoinError("the token must look like abcdef.0123456789abcdef ([a-z0-9]{6}.[a-z0-9]{16})")
+    if not pin.startswith("sha256:"):
+        raise JoinError("--ca-cert-hash must be sha256:<hex of the CA's public key>")
+    try:
+        with KubeAPI(server, "", timeout=timeout) as untrusted:
+            info = untrusted.get(CLUSTER_INFO)
+    except KubeAPIError as err:
+        raise JoinError(f"cannot read cluster-info from {server}: {err}") from None
+    if info is None:
+        raise JoinError(f"{server} has no cluster-info in kube-public: is it a gitops cluster, applied?")
+    try:
+        announced, ca_pem = parse_cluster_info((info.get("data") or {}).get("kubeconfig", ""))
+        found = ca_hash(ca_pem)
+    except (ValueError, PKIError) as err:
+        raise JoinError(f"cluster-info at {server} is not a usable kubeconfig: {err}") from None
+    if found != pin:
+        raise JoinError(f"the cluster CA at {server} does not match the pinned hash: got {found}, expected {pin}; "
+                        "refusing to trust it")
+    with KubeAPI(server, ca_pem, Credentials(token=token), timeout=timeout) as api:
+        try:
+            api.request("GET", "/apis/certificates.k8s.io/v1/certificatesigningrequests", query={"limit": "1"})
+        except KubeAPIError as err:
+            if err.status == 401:
+                raise JoinError("the bootstrap token was refused (invalid or expired): create a new one with "
+                                "`gitops join-token create`") from None
+            if err.status != 403:
+                raise JoinError(f"cannot check the bootstrap token: {err}") from None
+    return Discovered(server=server, ca_pem=ca_pem, announced=announced)

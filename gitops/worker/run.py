@@ -1,0 +1,221 @@
+"""Joining and leaving, on the worker machine.
+
+`join`: discover and pin the cluster, check the token, write the worker's files,
+start kubelet (or write systemd units), wait until the cluster signed its client
+certificate (gitops signs it on its next reconcile), then start kube-proxy.
+`leave`: stop both, remove the Node, the pods kubelet left in the CRI, kube-proxy's
+iptables chains, the CNI bridge, kubelet's mounts and the worker directory.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from gitops.cri.client import CRIClient
+from gitops.cri.endpoint import CRIEndpoint
+from gitops.cri.errors import CRIError
+from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
+from gitops import procs
+from gitops.worker import configs
+from gitops.worker.configs import WorkerSpec
+from gitops.worker.discovery import JoinError, discover
+
+log = logging.getLogger(__name__)
+
+STATE = "worker.json"
+#: sandboxes kubelet created carry this label (gitops's own pods never do)
+KUBELET_POD_LABEL = "io.kubernetes.pod.uid"
+
+
+def join(spec: WorkerSpec, token: str, ca_cert_hash: str, *, kubelet: str, kube_proxy: str,
+         cluster_cidr: str = "10.88.0.0/16", systemd_dir: Path | None = None, timeout: float = 600.0,
+         say: Callable[[str], None] = print) -> None:
+    found = discover(spec.server, token, ca_cert_hash)
+    say(f"cluster CA matches {ca_cert_hash}; bootstrap token accepted by {spec.server}")
+    if (spec.dir / STATE).exists():
+        raise JoinError(f"{spec.dir} already holds a worker; run `gitops leave --dir {spec.dir}` first")
+    spec.dir.mkdir(parents=True, exist_ok=True)
+    spec.dir.chmod(0o700)
+    _write(spec.ca_file, found.ca_pem)
+    _write(spec.bootstrap_kubeconfig, configs.bootstrap_kubeconfig(spec, token), secret=True)
+    _write(spec.dir / "kubelet.yaml", configs.kubelet_config(spec))
+    _write(spec.dir / "kube-proxy.yaml", configs.kube_proxy_config(spec, cluster_cidr))
+    if spec.cni_file is not None:
+        spec.cni_file.parent.mkdir(parents=True, exist_ok=True)
+        _write(spec.cni_file, configs.bridge_network(spec))
+    kubelet_argv = [kubelet, *configs.kubelet_args(spec)]
+    proxy_argv = [kube_proxy, *configs.kube_proxy_args(spec)]
+    state: dict[str, object] = {"spec": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()},
+                                "ip_forward": _ip_forward(), "kube_proxy": kube_proxy, "processes": []}
+    if systemd_dir is not None:
+        systemd_dir.mkdir(parents=True, exist_ok=True)
+        _write(systemd_dir / "gitops-kubelet.service", configs.systemd_unit("kubelet (gitops worker)", kubelet_argv))
+        _write(systemd_dir / "gitops-kube-proxy.service", configs.systemd_unit(
+            "kube-proxy (gitops worker)", proxy_argv, after="gitops-kubelet.service"))
+        state["systemd"] = str(systemd_dir)
+        _save(spec, state)
+        say(f"wrote gitops-kubelet.service and gitops-kube-proxy.service in {systemd_dir}; "
+            "start them with `systemctl daemon-reload && systemctl enable --now gitops-kubelet gitops-kube-proxy`")
+        return
+    started = _start(spec, "kubelet", kubelet_argv)
+    state["processes"] = [started]
+    _save(spec, state)
+    say(f"kubelet started (pid {started['pid']}); waiting for the cluster to sign this node's client certificate: "
+        "gitops signs it on its next reconcile (`gitops apply`, or `gitops watch` running)")
+    deadline = time.monotonic() + timeout
+    while not spec.client_certificate.exists():
+        if not procs.start_time(int(started["pid"])):  # type: ignore[arg-type]
+            raise JoinError(f"kubelet exited; see {spec.dir / 'kubelet.log'}")
+        if time.monotonic() > deadline:
+            raise JoinError(f"no client certificate after {timeout:.0f}s: is gitops reconciling this cluster? "
+                            f"(kubelet keeps waiting; see {spec.dir / 'kubelet.log'})")
+        time.sleep(1)
+    proxy = _start(spec, "kube-proxy", proxy_argv)
+    state["processes"] = [started, proxy]
+    _save(spec, state)
+    say(f"node {spec.name} registered; kube-proxy started (pid {proxy['pid']}). It turns Ready once its network "
+        "is up; its serving certificate is signed by gitops on the next reconcile")
+
+
+def leave(directory: Path, *, say: Callable[[str], None] = print) -> list[str]:
+    """Undo `join` on this machine; returns what was cleaned. Safe to repeat."""
+    path = directory / STATE
+    if not path.exists():
+        return []
+    state = json.loads(path.read_text())
+    raw = state["spec"]
+    spec = WorkerSpec(**{**raw, "dir": Path(raw["dir"]),
+                         "cni_conf_dir": Path(raw["cni_conf_dir"]) if raw.get("cni_conf_dir") else None})
+    done: list[str] = []
+    try:
+        procs.terminate([(p["pid"], p["start_time"]) for p in state.get("processes", [])], timeout=10)
+    except procs.ProcError as err:
+        raise JoinError(str(err)) from None
+    done.append("stopped kubelet and kube-proxy")
+    if _delete_node(spec):
+        done.append(f"deleted Node {spec.name}")
+    done += _remove_pods(spec)
+    done += _clean_iptables(state.get("kube_proxy", "kube-proxy"))
+    if subprocess.run(["ip", "link", "show", spec.bridge], capture_output=True).returncode == 0:
+        subprocess.run(["ip", "link", "delete", spec.bridge], check=False, capture_output=True)
+        done.append(f"deleted bridge {spec.bridge}")
+    if spec.cni_file is not None and spec.cni_file.exists():
+        spec.cni_file.unlink()
+    shutil.rmtree(Path("/var/lib/cni/networks") / spec.bridge, ignore_errors=True)
+    try:
+        done += [f"unmounted {m}" for m in procs.unmount_under(spec.dir)]
+    except procs.ProcError as err:
+        raise JoinError(str(err)) from None
+    for entry in _pod_logs(spec):
+        shutil.rmtree(entry, ignore_errors=True)
+    if state.get("ip_forward") == "0" and _ip_forward() == "1":
+        Path("/proc/sys/net/ipv4/ip_forward").write_text("0\n")
+        done.append("net.ipv4.ip_forward back to 0")
+    shutil.rmtree(spec.dir, ignore_errors=True)
+    done.append(f"removed {spec.dir}")
+    for line in done:
+        say(line)
+    return done
+
+
+def _start(spec: WorkerSpec, name: str, argv: list[str]) -> dict[str, object]:
+    try:
+        proc = procs.spawn(name, spec.name, argv, spec.dir / f"{name}.log", spec.dir)
+    except procs.ProcError as err:
+        raise JoinError(str(err)) from None
+    return {"name": name, "pid": proc.pid, "start_time": proc.start_time}
+
+
+def _write(path: Path, text: str, secret: bool = False) -> None:
+    path.write_text(text)
+    if secret:
+        path.chmod(0o600)
+
+
+def _save(spec: WorkerSpec, state: dict[str, object]) -> None:
+    _write(spec.dir / STATE, json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def _ip_forward() -> str:
+    try:
+        return Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _delete_node(spec: WorkerSpec) -> bool:
+    """Delete our Node object with the node's own credentials (the Node authorizer allows exactly that)."""
+    cert = spec.client_certificate
+    if not cert.exists() or not spec.ca_file.exists():
+        return False
+    pem = cert.read_text()
+    key = "".join(re.findall(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----\n?", pem, re.S))
+    try:
+        with KubeAPI(spec.server, spec.ca_file.read_text(), Credentials(pem, key)) as api:
+            return api.delete(f"/api/v1/nodes/{spec.name}")
+    except KubeAPIError as err:
+        log.warning("cannot delete Node %s: %s (delete it as an admin: kubectl delete node %s)",
+                    spec.name, err, spec.name)
+        return False
+
+
+def _remove_pods(spec: WorkerSpec) -> list[str]:
+    """Sandboxes kubelet left in the CRI (stopping one tears its network down through CNI)."""
+    done = []
+    try:
+        with CRIClient(CRIEndpoint.unix(spec.name, spec.cri_endpoint.removeprefix('unix://'))) as client:
+            for sandbox in client.list_sandboxes():
+                if KUBELET_POD_LABEL not in sandbox.labels:
+                    continue
+                for container in client.list_containers():
+                    if container.sandbox_id == sandbox.id:
+                        client.stop_container(container.id)
+                        client.remove_container(container.id)
+                client.stop_sandbox(sandbox.id)
+                client.remove_sandbox(sandbox.id)
+                done.append(f"removed pod {sandbox.namespace}/{sandbox.name}")
+    except CRIError as err:
+        log.warning("cannot clean pods from %s: %s", spec.cri_endpoint, err)
+    return done
+
+
+def _clean_iptables(kube_proxy: str) -> list[str]:
+    """kube-proxy --cleanup, then every KUBE-* chain it leaves behind (KUBE-MARK-*, KUBE-PROXY-CANARY)."""
+    if shutil.which(kube_proxy) or Path(kube_proxy).exists():
+        subprocess.run([kube_proxy, "--cleanup"], capture_output=True, check=False)
+    removed = []
+    for table in ("nat", "filter", "mangle"):
+        listing = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True, text=True, check=False)
+        chains = sorted({line.split()[1] for line in listing.stdout.splitlines()
+                         if line.startswith("-N KUBE-")})
+        rules = [shlex.split(line) for line in listing.stdout.splitlines()
+                 if line.startswith("-A ") and " KUBE-" in line and not line.split()[1].startswith("KUBE-")]
+        for rule in rules:
+            subprocess.run(["iptables", "-t", table, "-D", *rule[1:]], capture_output=True, check=False)
+        for chain in chains:
+            subprocess.run(["iptables", "-t", table, "-F", chain], capture_output=True, check=False)
+        for chain in chains:
+            if subprocess.run(["iptables", "-t", table, "-X", chain], capture_output=True).returncode == 0:
+                removed.append(f"{table}/{chain}")
+    return [f"removed iptables chains {', '.join(removed)}"] if removed else []
+
+
+def _pod_logs(spec: WorkerSpec) -> list[Path]:
+    """kubelet 1.20 writes pod logs under /var/log/pods/<namespace>_<pod>_<uid> whatever its root dir."""
+    pods = spec.root_dir / "pods"
+    uids = {p.name for p in pods.iterdir()} if pods.is_dir() else set()
+    root = Path("/var/log/pods")
+    dirs = [e for e in root.iterdir() if e.name.rsplit("_", 1)[-1] in uids] if root.is_dir() else []
+    links = Path("/var/log/containers")
+    for link in (links.iterdir() if links.is_dir() else ()):
+        if link.is_symlink() and any(str(d) in str(link.readlink()) for d in dirs):
+            link.unlink()
+    return dirs

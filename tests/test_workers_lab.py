@@ -1,0 +1,304 @@
+"""Workers join a gitops cluster, on real parts only.
+
+The example repo's team-a cluster (real etcd, kube-apiserver, controller-manager and
+scheduler v1.20.2, haproxy ingress) on 3 lab containerd hypervisors; a worker with its
+own lab containerd, Debian's bridge CNI plugins, and the real kubelet and kube-proxy
+v1.20.2 built from Debian's source package; kubectl v1.20.2 as the client; iptables from
+Debian. The tests run in file order and share one lab: bootstrap objects, refused joins,
+a join, workloads (logs, exec, a Service), then the worker leaves and nothing is left.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import lab_tempdir, require_root
+
+from gitops.lab import kubebin
+
+GITOPS = str(Path(sys.executable).parent / "gitops")
+SUBNET = "127.0.24"
+
+
+@dataclasses.dataclass
+class Cluster:
+    dir: Path
+    repo: Path
+    state: Path
+    lab: object
+    kubeconfig: Path
+    worker_dir: Path
+    busybox: str
+    joined: bool = False
+
+    def gitops(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        proc = subprocess.run([GITOPS, *args], capture_output=True, text=True, timeout=timeout, cwd=self.dir)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"gitops {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def apply(self) -> subprocess.CompletedProcess:
+        return self.gitops("apply", str(self.repo), "--state-dir", str(self.state))
+
+    def plan(self, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self.gitops("plan", str(self.repo), "--state-dir", str(self.state), *extra, check=check)
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120,
+                stdin: str | None = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run([str(kubebin.kubectl()), "--kubeconfig", str(self.kubeconfig), *args],
+                              capture_output=True, text=True, timeout=timeout, input=stdin)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def token(self, ttl: str = "1h") -> list[str]:
+        """`gitops join-token create`'s printed command, as argv."""
+        out = self.gitops("join-token", "create", str(self.repo), "--state-dir", str(self.state),
+                          "--cluster", "team-a", "--ttl", ttl).stdout
+        command = out.strip().splitlines()[-1].split()
+        assert command[:2] == ["gitops", "join"], out
+        return [GITOPS, *command[1:]]
+
+
+def _host_leftovers() -> dict[str, list[str]]:
+    chains = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+    return {
+        "processes": subprocess.run(["pgrep", "-f", "kubelet --config|kube-proxy --config"], capture_output=True,
+                                    text=True).stdout.split(),
+        "chains": sorted({line.split()[0] for line in chains.splitlines() if line.startswith(":KUBE-")}),
+        "bridges": [line for line in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True)
+                    .stdout.splitlines() if f"gitops{SUBNET.split('.')[2]}w" in line],
+        "ip_forward": [Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()],
+        "addresses": [line for line in subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True,
+                                                      text=True).stdout.splitlines() if "10.250." in line],
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    require_root()
+    from gitops import lab as labmod
+
+    before = _host_leftovers()
+    base = lab_tempdir("gitops-workers-")
+    try:
+        lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet=SUBNET)
+        repo = base / "repo"
+        subprocess.run([GITOPS, "lab", "example-repo", "--dir", str(base / "lab"), str(repo)], check=True,
+                       capture_output=True)
+        shutil.rmtree(repo / "clusters" / "team-b")  # one cluster is enough here, and faster
+        c = Cluster(base, repo, base / "state", lab, base / "team-a.kubeconfig", base / "worker",
+                    lab.images["busybox"])
+        c.apply()
+        c.kubeconfig.write_text(c.gitops("kubeconfig", str(repo), "--state-dir", str(c.state),
+                                         "--cluster", "team-a").stdout)
+        yield c
+    finally:
+        try:
+            subprocess.run([GITOPS, "leave", "--dir", str(base / "worker")], capture_output=True, timeout=120)
+        finally:
+            try:
+                labmod.down(base / "lab")
+            finally:
+                shutil.rmtree(base, ignore_errors=True)
+    assert _host_leftovers() == before
+
+
+def test_bootstrap_objects_are_in_the_plan_and_applied(cluster):
+    assert cluster.plan("--detailed-exitcode", check=False).returncode == 0
+    bindings = cluster.kubectl("get", "clusterrolebindings", "-l", "gitops.infra/managed-by=gitops",
+                               "-o", "json").stdout
+    subjects = {b["metadata"]["name"]: b["subjects"][0]["name"] for b in json.loads(bindings)["items"]}
+    assert subjects["gitops:kubelet-bootstrap"] == "system:bootstrappers"
+    assert subjects["gitops:node-autoapprove-bootstrap"] == "system:bootstrappers"
+    # cluster-info is readable without credentials, and names the ingress
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # as `gitops join` reads it: no trust yet
+    with urllib.request.urlopen(f"{_server(cluster)}/api/v1/namespaces/kube-public/configmaps/cluster-info",
+                                context=context, timeout=30) as response:
+        info = json.load(response)
+    assert yaml.safe_load(info["data"]["kubeconfig"])["clusters"][0]["cluster"]["server"] == _server(cluster)
+    # drift is seen and planned: an object changed behind gitops's back is put back
+    cluster.kubectl("patch", "clusterrolebinding", "gitops:node-proxier", "--type=merge",
+                    "-p", '{"metadata":{"annotations":{"gitops.infra/spec-hash":"edited"}}}')
+    planned = cluster.plan().stdout
+    assert "~ update object gitops:node-proxier: spec hash edited !=" in planned, planned
+    cluster.apply()
+    assert cluster.plan("--detailed-exitcode", check=False).returncode == 0
+
+
+def _server(cluster: Cluster) -> str:
+    return yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+
+
+def test_bad_tokens_and_pins_are_refused(cluster):
+    command = cluster.token()
+    flags = cluster.gitops("lab", "worker", "--dir", str(cluster.lab.dir)).stdout.split()
+    token_at = command.index("--token") + 1
+    # a token the cluster never issued
+    wrong = [*command[:token_at], "abcdef.0123456789abcdef", *command[token_at + 1:]]
+    refused = subprocess.run([*wrong, *flags, "--dir", str(cluster.worker_dir)], capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 1
+    assert "the bootstrap token was refused (invalid or expired)" in refused.stderr
+    # an expired one
+    expired = cluster.token(ttl="1s")
+    time.sleep(3)
+    refused = subprocess.run([*expired, *flags, "--dir", str(cluster.worker_dir)], capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 1 and "refused (invalid or expired)" in refused.stderr, refused.stderr
+    # the right token, but a CA pin that is not this cluster's
+    pin_at = command.index("--ca-cert-hash") + 1
+    other = [*command[:pin_at], "sha256:" + "0" * 64, *command[pin_at + 1:]]
+    refused = subprocess.run([*other, *flags, "--dir", str(cluster.worker_dir)], capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 1 and "does not match the pinned hash" in refused.stderr, refused.stderr
+    assert not cluster.worker_dir.exists()  # nothing written before the checks pass
+
+
+def test_join_can_write_systemd_units_instead(cluster):
+    flags = cluster.gitops("lab", "worker", "--dir", str(cluster.lab.dir)).stdout.split()
+    units, directory = cluster.dir / "units", cluster.dir / "worker-units"
+    done = subprocess.run([*cluster.token(), *flags, "--dir", str(directory), "--systemd-dir", str(units)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "wrote gitops-kubelet.service and gitops-kube-proxy.service" in done.stdout
+    kubelet = (units / "gitops-kubelet.service").read_text()
+    assert f"ExecStart={kubebin.binary('kubelet')} --config={directory}/kubelet.yaml " in kubelet
+    assert f"--bootstrap-kubeconfig={directory}/bootstrap.kubeconfig" in kubelet
+    proxy = (units / "gitops-kube-proxy.service").read_text()
+    assert "Requires=gitops-kubelet.service" in proxy and f"--config={directory}/kube-proxy.yaml" in proxy
+    assert oct((directory / "bootstrap.kubeconfig").stat().st_mode & 0o777) == "0o600"  # it holds the token
+    assert subprocess.run(["pgrep", "-f", f"{directory}/kubelet.yaml"]).returncode == 1  # nothing started
+    cluster.gitops("leave", "--dir", str(directory))
+    assert not directory.exists()
+
+
+def test_worker_joins_and_gitops_signs_its_certificates(cluster):
+    flags = cluster.gitops("lab", "worker", "--dir", str(cluster.lab.dir)).stdout.split()
+    join = subprocess.Popen([*cluster.token(), *flags, "--dir", str(cluster.worker_dir), "--timeout", "180"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cluster.dir)
+    cluster.joined = True
+    try:
+        planned = ""
+        for _ in range(60):  # the kubelet asks for its client certificate; the plan shows gitops signing it
+            planned = cluster.plan().stdout
+            if "sign certificate request kubelet" in planned:
+                break
+            time.sleep(1)
+        assert "worker lab-worker-1 asks for a kubelet client certificate" in planned, planned
+        assert "sign for system:node:lab-worker-1 O=system:nodes" in planned
+        cluster.apply()
+        out, _ = join.communicate(timeout=120)
+        assert join.returncode == 0, out
+        assert "node lab-worker-1 registered" in out
+    finally:
+        if join.poll() is None:
+            join.kill()
+    # then its serving certificate: approved and signed by gitops too
+    for _ in range(60):
+        planned = cluster.plan().stdout
+        if "kubelet serving certificate" in planned:
+            break
+        time.sleep(1)
+    assert "approve it (gitops approves kubelet serving requests)" in planned, planned
+    assert "10.250.24.1" in planned
+    cluster.apply()
+    cluster.kubectl("wait", "--for=condition=Ready", "node/lab-worker-1", "--timeout=120s")
+    assert cluster.plan("--detailed-exitcode", check=False).returncode == 0
+    csrs = json.loads(cluster.kubectl("get", "csr", "-o", "json").stdout)["items"]
+    assert {c["spec"]["signerName"] for c in csrs if c["status"].get("certificate")} == {
+        "kubernetes.io/kube-apiserver-client-kubelet", "kubernetes.io/kubelet-serving"}
+
+
+WORKLOAD = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: web
+        image: IMAGE
+        imagePullPolicy: Never
+        command: ["busybox", "sh", "-c",
+                  "echo hello from $(busybox hostname) > /www/index.html; echo serving; exec busybox httpd -f -v -p 8080 -h /www"]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+"""
+
+CLIENT = """
+apiVersion: v1
+kind: Pod
+metadata: {name: client}
+spec:
+  containers:
+  - name: client
+    image: IMAGE
+    imagePullPolicy: Never
+    command: ["busybox", "sh", "-c",
+              "while true; do busybox wget -q -O - http://$WEB_SERVICE_HOST:$WEB_SERVICE_PORT/; busybox sleep 1; done"]
+"""
+
+
+def test_workloads_run_logs_exec_and_a_service_answers(cluster):
+    cluster.kubectl("apply", "-f", "-", stdin=WORKLOAD.replace("IMAGE", cluster.busybox))
+    cluster.kubectl("rollout", "status", "deployment/web", "--timeout=120s")
+    pods = json.loads(cluster.kubectl("get", "pods", "-l", "app=web", "-o", "json").stdout)["items"]
+    assert len(pods) == 2 and {p["spec"]["nodeName"] for p in pods} == {"lab-worker-1"}
+    assert all(p["status"]["phase"] == "Running" for p in pods)
+    name = pods[0]["metadata"]["name"]
+    assert "serving" in cluster.kubectl("logs", name).stdout  # the API server reaches the kubelet, verified
+    assert cluster.kubectl("exec", name, "--", "busybox", "cat", "/www/index.html").stdout.strip() \
+        == f"hello from {name}"
+    cluster.kubectl("apply", "-f", "-", stdin=CLIENT.replace("IMAGE", cluster.busybox))
+    cluster.kubectl("wait", "--for=condition=Ready", "pod/client", "--timeout=120s")
+    answers: set[str] = set()
+    for _ in range(30):  # through the ClusterIP (kube-proxy's iptables rules) to both pods
+        answers = {line for line in cluster.kubectl("logs", "client").stdout.splitlines() if line.startswith("hello")}
+        if len(answers) == 2:
+            break
+        time.sleep(1)
+    assert answers == {f"hello from {p['metadata']['name']}" for p in pods}
+
+
+def test_status_shows_the_joined_worker(cluster):
+    from gitops.engine import observe_all
+    from gitops.model.validate import validate_repo
+    from gitops.state import LocalDirStore
+    from gitops.status.report import workers_status
+
+    result = validate_repo(cluster.repo)
+    observed = observe_all(result.model, result.repo.config, LocalDirStore(cluster.state).load())
+    status = workers_status(observed, "team-a")
+    assert status["observed"] and status["total"] == 1 and status["ready"] == 1
+    assert status["nodes"]["lab-worker-1"]["address"] == "10.250.24.1"
+    assert status["nodes"]["lab-worker-1"]["kubeletVersion"] == "v1.20.2"
+
+
+def test_worker_leaves_and_nothing_is_left(cluster):
+    out = cluster.gitops("leave", "--dir", str(cluster.worker_dir)).stdout
+    assert "deleted Node lab-worker-1" in out
+    assert "lab-worker-1" not in cluster.kubectl("get", "nodes").stdout
+    left = _host_leftovers()
+    assert left["processes"] == [] and left["chains"] == [] and left["bridges"] == []
+    assert not cluster.worker_dir.exists()
+    assert not list(Path("/var/log/pods").glob("default_*"))  # kubelet's pod logs, outside its root dir
