@@ -89,7 +89,7 @@ GENERATOR_VERSION = 2
 #: fixed clock: certificates in the cached snapshot stay valid for the plan's `now`
 NOW = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
 #: gitops sources whose changes alter spec hashes, file digests or the JSON forms
-HASHED_SOURCES = ("gitops/compile", "gitops/observe.py", "gitops/state", "gitops/pki", "gitops/cri/types.py")
+HASHED_SOURCES = ("gitops/compile", "gitops/observe", "gitops/state", "gitops/pki", "gitops/cri/types.py")
 CONTROLPLANE_PER_CLUSTER = 3
 PORTS = {"controlplane": 5, "controlplane-ingress": 1}
 PORT_BASE = 20000
