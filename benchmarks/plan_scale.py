@@ -89,7 +89,7 @@ GENERATOR_VERSION = 2
 #: fixed clock: certificates in the cached snapshot stay valid for the plan's `now`
 NOW = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
 #: gitops sources whose changes alter spec hashes, file digests or the JSON forms
-HASHED_SOURCES = ("gitops/compile", "gitops/observe.py", "gitops/state", "gitops/pki", "gitops/cri/types.py")
+HASHED_SOURCES = ("gitops/compile", "gitops/observe", "gitops/state", "gitops/pki", "gitops/cri/types.py")
 CONTROLPLANE_PER_CLUSTER = 3
 PORTS = {"controlplane": 5, "controlplane-ingress": 1}
 PORT_BASE = 20000
@@ -423,15 +423,19 @@ def status_commits(files: dict[str, bytes], observed: ObservedState, cluster: st
     cluster's observed file changed. Returns each commit's seconds (StatusBranch.publish: fetch, reset,
     write, add, commit, push) and the bytes it added to the bare repo's objects."""
     seconds, added = [], []
-    with tempfile.TemporaryDirectory(prefix="gitops-status-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gitops-status-bench-", ignore_cleanup_errors=True) as tmp:
         origin, seed = Path(tmp) / "origin.git", Path(tmp) / "seed"
         run = lambda *a, cwd=None: subprocess.run(a, cwd=cwd, check=True, capture_output=True)  # noqa: E731
         run("git", "init", "-q", "--bare", "-b", "main", str(origin))
+        for key in ("gc.auto", "receive.autogc"):  # no background gc: the bytes each push adds, as stored
+            run("git", "config", key, "0", cwd=origin)
         run("git", "clone", "-q", str(origin), str(seed))
         run("git", "-c", "user.name=b", "-c", "user.email=b@x", "commit", "-q", "--allow-empty", "-m", "init",
             cwd=seed)
         run("git", "push", "-q", "origin", "HEAD:main", cwd=seed)
         branch = StatusBranch(str(origin), Path(tmp) / "controller")
+        with branch.repo.config_writer() as config:
+            config.set_value("gc", "auto", "0")
         tree = dict(files)
         branch.publish(lambda b: b.write_tree(tree, MANAGED), "the whole status tree")
         for i in range(runs):

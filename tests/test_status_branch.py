@@ -11,6 +11,7 @@ import pytest
 
 from gitops.errors import GitopsError
 from gitops.observe import ObservedState
+from gitops.observe.clusters import ObservedCluster
 from gitops.secrets import decrypt, encrypt
 from gitops.state import CertRecord, ClusterRecord, NodeRecord, State
 from gitops.status.branch import StatusBranch
@@ -143,6 +144,9 @@ def _snapshot():
     hv, pod = next((hv, p) for hv in observed.hypervisors.values() for p in hv.pods if p.cluster == "team-a")
     restarted = dataclasses.replace(pod, containers=tuple(dataclasses.replace(c, id=c.id + "-2", created_at=99)
                                                           for c in pod.containers))
+    apis = {"team-a": ObservedCluster("team-a", True, objects={"configmaps/kube-system/x": "h1"}),
+            "Not A File Name": ObservedCluster("Not A File Name", False, "unreachable")}
+    observed = dataclasses.replace(observed, clusters=apis)
     moved = dataclasses.replace(observed, hypervisors={**observed.hypervisors, hv.name: dataclasses.replace(
         hv, pods=tuple(restarted if p is pod else p for p in hv.pods))})
     return observed, moved

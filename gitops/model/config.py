@@ -41,10 +41,10 @@ class RepoConfig:
     bare_metal: BareMetalSource = field(default_factory=BareMetalSource)
     #: etcd steps and API server replacements wait at most this long for health (spec.rollout.healthTimeoutSeconds)
     health_timeout: int = 60
-    secrets: SecretsPolicy = field(default_factory=SecretsPolicy)
     #: the controller reads the node files of a pod whose containers did not change at most this often
     #: (spec.drift.nodeFilesIntervalSeconds; 0: on every poll)
     node_files_interval: int = 300
+    secrets: SecretsPolicy = field(default_factory=SecretsPolicy)
 
     @property
     def allow_plaintext(self) -> bool:

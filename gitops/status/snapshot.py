@@ -1,9 +1,9 @@
 """The observed snapshot on the status branch: one compact JSON file per cluster (pure).
 
-`observed/clusters/<cluster>.json` holds the pods labeled with that cluster and what
-its own API showed (gitops's objects, workers, pending certificate requests);
-`observed/hypervisors.json` holds each hypervisor's reachability, the pods whose
-cluster label is not a usable file name, and the listed BareMetalHosts. Every
+`observed/clusters/<cluster>.json` holds the pods labeled with that cluster and
+what its API holds (`api`, see `gitops.observe.clusters`); `observed/hypervisors.json`
+holds each hypervisor's reachability, the pods and cluster APIs whose cluster name is
+not a usable file name, and the listed BareMetalHosts. Every
 file is sorted, compact JSON, so a status commit rewrites only the clusters whose
 pods changed. A container's spec is its spec annotation, verbatim (JSON text).
 """
@@ -49,6 +49,7 @@ def snapshot_files(observed: ObservedState) -> dict[str, bytes]:
     loose: list[ObservedPod] = []
     for pod in observed.pods():
         (by_cluster.setdefault(pod.cluster, []) if _NAME.match(pod.cluster) else loose).append(pod)
+    apis = {n: c for n, c in observed.clusters.items() if _NAME.match(n)}
     top: dict[str, Any] = {
         "hypervisors": {n: {"name": hv.name, "reachable": hv.reachable, "error": hv.error}
                         for n, hv in sorted(observed.hypervisors.items())},
@@ -56,17 +57,17 @@ def snapshot_files(observed: ObservedState) -> dict[str, bytes]:
     }
     if observed.hosts is not None:
         top["bareMetalHosts"] = [asdict(h) for h in observed.hosts]
-    apis = {name: api for name, api in observed.clusters.items() if name not in by_cluster}
-    if apis:  # (a cluster's API is observed only while its pods run: hardly ever)
-        top["clusters"] = {name: api.to_dict() for name, api in sorted(apis.items())}
+    others = {n: c.to_dict() for n, c in sorted(observed.clusters.items()) if n not in apis}
+    if others:
+        top["clusters"] = others
     out = {HYPERVISORS: compact(top)}
-    for cluster, pods in sorted(by_cluster.items()):
-        out[cluster_path(cluster)] = cluster_file(cluster, pods, observed.clusters.get(cluster))
+    for cluster in sorted(by_cluster.keys() | apis.keys()):
+        out[cluster_path(cluster)] = cluster_file(cluster, by_cluster.get(cluster, ()), apis.get(cluster))
     return out
 
 
 def cluster_file(cluster: str, pods: Iterable[ObservedPod], api: ObservedCluster | None = None) -> bytes:
-    """`observed/clusters/<cluster>.json`: the cluster's pods, sorted, and what its API showed."""
+    """`observed/clusters/<cluster>.json`: the cluster's pods, sorted, and what its API holds."""
     data: dict[str, Any] = {"cluster": cluster, "pods": [pod_dict(p) for p in sorted(pods, key=_pod_key)]}
     if api is not None:
         data["api"] = api.to_dict()
@@ -112,16 +113,16 @@ def load_snapshot(read: Callable[[str], bytes | None], cluster_files: Iterable[s
     top = json.loads(raw)
     pods: dict[str, list[ObservedPod]] = {name: [] for name in top.get("hypervisors", {})}
     loaded = [pod_from_dict(p) for p in top.get("pods", [])]
-    apis = {name: ObservedCluster.from_dict(api) for name, api in top.get("clusters", {}).items()}
+    apis = {n: ObservedCluster.from_dict(c) for n, c in top.get("clusters", {}).items()}
     for name in sorted(cluster_files):
         if not name.endswith(".json"):
             continue
         data = read(f"{CLUSTERS_DIR}/{name}")
         if data is not None:
-            parsed = json.loads(data)
-            loaded.extend(pod_from_dict(p) for p in parsed.get("pods", []))
-            if parsed.get("api") is not None:
-                apis[parsed["cluster"]] = ObservedCluster.from_dict(parsed["api"])
+            part = json.loads(data)
+            loaded.extend(pod_from_dict(p) for p in part.get("pods", []))
+            if part.get("api") is not None:
+                apis[part["cluster"]] = ObservedCluster.from_dict(part["api"])
     for pod in loaded:
         if pod.hypervisor not in pods:
             raise GitopsError(f"observed snapshot: pod {pod.node} is on {pod.hypervisor}, which "
