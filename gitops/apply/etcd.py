@@ -74,9 +74,10 @@ class EtcdAdmin:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, path: str, body: dict[str, Any], urls: list[str] | None = None) -> dict[str, Any]:
+        """POST to the first of `urls` (default: every member this admin knows) that answers."""
         errors = []
-        for url in self.client_urls:
+        for url in urls or self.client_urls:
             request = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(),
                                              headers={"Content-Type": "application/json"}, method="POST")
             try:
@@ -147,6 +148,25 @@ class EtcdAdmin:
         except (urllib.error.URLError, OSError, ValueError) as err:
             return str(getattr(err, "reason", err))
         return "" if str(data.get("health")) == "true" else (data.get("reason") or "health false")
+
+    def hand_off_leadership(self, client_url: str, timeout: float = SETTLE) -> bool:
+        """If the member at `client_url` leads, make another voting member the leader first, so that
+        stopping it costs the cluster no election (and its API servers no failed /readyz). True when
+        leadership moved."""
+        status = self._post("/v3/maintenance/status", {}, [client_url])
+        me, leader = str(status.get("header", {}).get("member_id", "")), str(status.get("leader", ""))
+        if not me or me != leader:
+            return False
+        others = [m for m in self.members() if m.id != me and not m.learner]
+        if not others:
+            return False
+        self._post("/v3/maintenance/transfer-leadership", {"targetID": others[0].id}, [client_url])
+        deadline = time.monotonic() + timeout
+        while str(self._post("/v3/maintenance/status", {}, [client_url]).get("leader", "")) == me:
+            if time.monotonic() > deadline:
+                raise EtcdError(f"etcd leadership did not move away from {client_url} in {timeout:.0f}s")
+            time.sleep(0.2)
+        return True
 
     def remove(self, name: str, peer_url: str | None = None) -> bool:
         """Remove the member called `name` (or holding `peer_url`); False when absent."""

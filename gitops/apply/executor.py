@@ -295,6 +295,8 @@ class _Runner:
         what = f"{'before' if before else 'after'} changing etcd on {action.node}"
         with self.etcd(action.cluster, p.etcd.peers or (p.etcd.client_url,)) as etcd:
             etcd.wait_healthy(list(urls), p.etcd.timeout, what)
+            if before:
+                etcd.hand_off_leadership(p.etcd.client_url, p.etcd.timeout)
 
     def remove_container(self, action: Action, p: Remove) -> None:
         self._remove_container(action.hypervisor, p.target_id)

@@ -76,7 +76,8 @@ class EtcdMemberChange:
 @dataclass(frozen=True)
 class EtcdHealth:
     """An etcd container change on a running cluster: the other members (`peers`) must be healthy
-    before it, and the member at `client_url` healthy after it, within `timeout` seconds."""
+    before it (and a member that leads hands leadership to another first), and the member at
+    `client_url` healthy after it, within `timeout` seconds."""
 
     client_url: str
     peers: tuple[str, ...]
