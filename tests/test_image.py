@@ -8,7 +8,7 @@ hypervisor: it reaches two hypervisors through their mounted unix sockets and on
 its status branch, and leaves nothing for a live `gitops plan` to do. The node pods it creates run
 the files agent built from the same Dockerfile.
 
-Marked `image` (about 6 minutes): plain `pytest` leaves it out, `scripts/test.sh` (CI) runs it.
+Marked `image` (about 5 minutes): plain `pytest` leaves it out, `scripts/test.sh` (CI) runs it.
 """
 from __future__ import annotations
 
