@@ -59,6 +59,12 @@ def progress(message: str) -> None:
         print("\n" + line, end="", flush=True)
 
 
+def mounts_under(path: Path) -> list[str]:
+    root = str(path.resolve())
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return [p for p in points if p == root or p.startswith(root + "/")]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -143,7 +149,6 @@ def run(request):
     for tool in ("buildah", "mmdebstrap", "unshare", "age-keygen"):
         assert shutil.which(tool), f"{tool} not found (scripts/install-deps.sh installs it)"
     from gitops import lab as labmod
-    from gitops.lab.procs import mounts_under
 
     base = lab_tempdir("gitops-image-")
     daemon = None
