@@ -93,8 +93,8 @@ def reconcile(once: bool, **options) -> None:
 @click.command()
 @controller_options
 @click.option("--interval", default="30s", show_default=True, help="Poll interval (30s, 5m, ...).")
-@click.option("--metrics-address", default="127.0.0.1:9100", show_default=True,
-              help="host:port for /metrics and /healthz; empty to disable.")
+@click.option("--metrics-address", default="127.0.0.1:9100", show_default=True, envvar="GITOPS_METRICS_ADDRESS",
+              help="host:port for /metrics and /healthz ($GITOPS_METRICS_ADDRESS); empty to disable.")
 @click.option("--watch-local/--no-watch-local", default=True, show_default=True,
               help="When --repo is a local working copy, reconcile as soon as a commit lands (debounced).")
 def watch(interval: str, metrics_address: str, watch_local: bool, **options) -> None:
