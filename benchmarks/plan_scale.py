@@ -76,6 +76,7 @@ from gitops.observe import (  # noqa: E402
     ObservedPod,
     ObservedState,
 )
+from gitops.observe.clusters import ObservedCluster  # noqa: E402
 from gitops.pki import CertKey, cert_to_pem, generate_key, sign_public_key  # noqa: E402
 from gitops.plan.actions import Kind  # noqa: E402
 from gitops.state.records import State  # noqa: E402
@@ -85,7 +86,7 @@ from gitops.status.report import Outcome, Result, resource_documents  # noqa: E4
 from gitops.status.snapshot import HYPERVISORS, cluster_file, cluster_path, snapshot_files  # noqa: E402
 
 #: bump when the generated repo, state or snapshot change shape
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3  # 3: the snapshot holds each cluster's API observation
 #: fixed clock: certificates in the cached snapshot stay valid for the plan's `now`
 NOW = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
 #: gitops sources whose changes alter spec hashes, file digests or the JSON forms
@@ -267,8 +268,11 @@ def converged(desired: DesiredState, state: State, model: RepoModel, certs: dict
             key=lambda c: (c.component, c.created_at, c.id)))
         pods[pod.hypervisor].append(ObservedPod(_hexid(pod.node), pod.node, pod.cluster, pod.role, pod.hypervisor,
                                                 True, pod.sandbox.labels[SPEC_HASH], created, containers, files))
+    # each cluster's own API holds gitops's bootstrap objects (RBAC, cluster-info), no worker yet
+    apis = {name: ObservedCluster(name, True, objects={o.key: o.spec_hash for o in cluster.objects})
+            for name, cluster in desired.clusters.items()}
     return ObservedState({n: ObservedHypervisor(n, True, "", tuple(sorted(p, key=lambda p: (p.node, p.created_at))))
-                          for n, p in sorted(pods.items())})
+                          for n, p in sorted(pods.items())}, clusters=apis)
 
 
 def write_snapshot(root: Path, files: dict[str, bytes]) -> None:
@@ -534,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         assert plan.actions == (), f"converged system planned {len(plan.actions)} actions, e.g. " \
             f"{plan.actions[:3]}" + (" (cached snapshot: try --rebuild)" if cached else "")
         assert plan.warnings == (), plan.warnings[:3]
+        assert plan.complete, plan.unknowns[:3]
         desired = planned.compiled.desired
         del planned, plan
 
