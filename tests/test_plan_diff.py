@@ -299,6 +299,16 @@ def test_expiring_certificate_is_renewed(repo):
     files = [a for a in plan.actions if a.kind == Kind.WRITE_FILES]
     assert len(files) == 6  # every controlplane node
     assert any(d.startswith("certificate etcd-server: expires 2027-11-01") for d in files[0].details)
+    # every component reading a re-issued certificate restarts, after the files, in the rolling order
+    restarts = [a for a in plan.actions if a.kind == Kind.RECREATE_CONTAINER]
+    assert [(a.cluster, a.component, a.node) for a in restarts] == [
+        (cluster, component, f"{cluster}-cp-{n}") for cluster in ("team-a", "team-b")
+        for component in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler") for n in (1, 2, 3)]
+    assert max(plan.actions.index(a) for a in files) < plan.actions.index(restarts[0])
+    scheduler = restarts[-1]
+    assert scheduler.reason == "certificate scheduler re-issued: restarts to read it"  # through its kubeconfig
+    assert "certificate etcd-peer, etcd-server re-issued" in restarts[0].reason
+    assert restarts[0].payload.etcd is not None and restarts[3].payload.ready is not None  # gated, one at a time
 
 
 def test_certificates_are_verified_once_per_content_and_still_checked_against_now(repo):
@@ -367,7 +377,8 @@ def test_a_plan_diffs_only_the_clusters_whose_inputs_changed(repo):
     # the clock moves into the certificates' renewal window: the reused answers expire
     later = NOW + dt.timedelta(days=340)
     renew = make_plan(repo.model, repo.repo.config, state, observed, now=later).plan
-    assert CLUSTER_DIFFS.misses == clusters * 2 + 1 and {a.kind for a in renew.actions} == {Kind.WRITE_FILES}
+    assert CLUSTER_DIFFS.misses == clusters * 2 + 1
+    assert {a.kind for a in renew.actions} == {Kind.WRITE_FILES, Kind.RECREATE_CONTAINER}
     # the same answer as a diff from scratch, whatever was reused
     CLUSTER_DIFFS.clear()
     assert make_plan(repo.model, repo.repo.config, state, observed, now=later).plan == renew

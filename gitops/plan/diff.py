@@ -29,7 +29,7 @@ from gitops.compile.desired import (
 )
 from gitops.memo import Memo, key_of
 from gitops.model.resources import CONTROLPLANE
-from gitops.node import AGENT, SPEC_HASH, NodeFiles
+from gitops.node import AGENT, FILES, SPEC_HASH, NodeFiles
 from gitops.observe import ObservedContainer, ObservedPod, ObservedState
 from gitops.pki import is_signed_by, load_cert_pem
 from gitops.plan.actions import Action, Kind, Plan, Unknown, UnknownKind, ordered
@@ -236,7 +236,11 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterReco
         observed = list(have.containers)
         agent = have.running(AGENT)
         pod = PodRef(have.sandbox_id, agent.id if agent else "")
-    actions.extend(_file_actions(want, files, record, now, base, pod, deadlines))
+    file_actions = _file_actions(want, files, record, now, base, pod, deadlines)
+    actions.extend(file_actions)
+    # certificates re-issued on a running pod: every component that reads one restarts (rolling, gated)
+    renewed = set() if fresh else {i.spec.name for a in file_actions if isinstance(a.payload, WriteFiles)
+                                   for i in a.payload.certificates}
     desired_names = {c.spec.name for c in want.containers}
     for index, container in enumerate(want.containers):
         if fresh and index == 0:
@@ -245,13 +249,22 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterReco
         etcd = _etcd_health(want, container, record, cluster, options) if container.spec.name == "etcd" else None
         ready = ApiReady(f"{want.api_url}/readyz", options.health_timeout) \
             if container.spec.name == "kube-apiserver" and want.api_url else None
-        actions.extend(_container_actions(want, container, mine, index, base, pod, etcd, ready))
+        reads = tuple(sorted(renewed & _certificates_read(want, container))) if renewed else ()
+        actions.extend(_container_actions(want, container, mine, index, base, pod, etcd, ready, reads))
     for extra in observed:
         if extra.component not in desired_names:
             actions.append(Action(Kind.REMOVE_CONTAINER, **base, component=extra.component,
                                   reason="component is no longer part of this node", target_id=extra.id,
                                   payload=Remove(extra.id)))
     return actions
+
+
+def _certificates_read(pod: DesiredPod, container: DesiredContainer) -> set[str]:
+    """The pod's certificates a container reads: named in its arguments or in a file they name
+    (a kubeconfig pointing at its client certificate)."""
+    text = " ".join(container.spec.args)
+    text += "".join(f.content for f in pod.files if f"{FILES}/{f.name}" in text)
+    return {c.name for c in pod.certificates if f"{FILES}/{c.name}." in text}
 
 
 def _bootstrap(want: DesiredPod, record: ClusterRecord | None, cluster: DesiredCluster | None) -> tuple[str, ...]:
@@ -277,7 +290,7 @@ def _etcd_health(pod: DesiredPod, container: DesiredContainer, record: ClusterRe
 
 def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[ObservedContainer], index: int,
                        base: dict, ref: PodRef, etcd: EtcdHealth | None = None,
-                       ready: ApiReady | None = None) -> list[Action]:
+                       ready: ApiReady | None = None, renewed: tuple[str, ...] = ()) -> list[Action]:
     """`etcd`: the member's health gate, used when a running etcd is replaced (a deliberate disruption);
     `ready`: the same for a running API server, which must be ready again before the next one goes.
     A missing or exited etcd is started without one: it is down already, and waiting for quorum
@@ -291,7 +304,7 @@ def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[Obser
     latest = have[-1]
     out = [Action(Kind.REMOVE_CONTAINER, **base, component=name, order=index, target_id=old.id,
                   reason="superseded container", payload=Remove(old.id)) for old in have[:-1]]
-    if latest.spec_hash != want.spec_hash:
+    if latest.spec_hash != want.spec_hash or (renewed and latest.state == "running"):
         gate: tuple[str, ...] = ()
         if etcd is not None and latest.state == "running":
             payload = dataclasses.replace(payload, etcd=etcd)
@@ -300,9 +313,12 @@ def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[Obser
         if ready is not None and latest.state == "running":
             payload = dataclasses.replace(payload, ready=ready)
             gate = (f"one at a time: waits until its /readyz answers ok (up to {ready.timeout}s)",)
+        if latest.spec_hash != want.spec_hash:
+            reason, what = "spec changed", changed_fields(latest.inputs, want.summary)
+        else:
+            reason, what = f"certificate {', '.join(renewed)} re-issued: restarts to read it", []
         out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
-                          reason="spec changed", details=(*changed_fields(latest.inputs, want.summary), *gate),
-                          payload=payload))
+                          reason=reason, details=(*what, *gate), payload=payload))
     elif latest.state != "running":
         out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
                           reason=f"container is {latest.state}", payload=payload))
