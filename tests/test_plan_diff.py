@@ -495,3 +495,30 @@ def test_an_upgrade_rolls_component_by_component_and_never_skips_a_minor(repo):
     one_minor = dataclasses.replace(cluster, kubernetes_version="v1.21.0")
     model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": one_minor})
     assert make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions  # allowed: planned
+
+
+def test_no_change_needing_an_unreachable_members_vote(repo):
+    """issue #13: with an etcd member on an unreachable hypervisor, no node of its cluster gets a change that
+    needs quorum (a running etcd replaced: with 1 of 3 members away, stopping a second loses quorum); the
+    cluster's other changes and the other clusters go ahead."""
+    state, healthy = settle(repo.model)
+    observed = private_2_down(healthy)
+    away = sorted(n for n, r in state.nodes.items() if r.hypervisor == "hv-private-2" and n.startswith("team-a-cp"))
+    assert away  # team-a has a member there
+    clusters = dict(repo.model.clusters)
+    clusters["team-a"] = dataclasses.replace(clusters["team-a"], image_overrides={"etcd": "lab/etcd:next",
+                                                                                 "kubeScheduler": "lab/sched:next"})
+    clusters["team-b"] = dataclasses.replace(clusters["team-b"], image_overrides={"kubeScheduler": "lab/sched:next"})
+    plan = make_plan(dataclasses.replace(repo.model, clusters=clusters), repo.repo.config, state, observed,
+                     now=NOW).plan
+    team_a = [(a.node, a.component) for a in plan.actions if a.cluster == "team-a"]
+    assert not [c for _, c in team_a if c == "etcd"]  # held, with every action of those nodes
+    held = [w for w in plan.warnings if w.startswith("cluster team-a: etcd member ")]
+    assert len(held) == 1 and "is unreachable, so no change that needs its vote is made" in held[0], plan.warnings
+    # team-b's scheduler changes only need no vote: they go ahead on its reachable nodes
+    assert {a.component for a in plan.actions if a.cluster == "team-b"} == {"kube-scheduler"}
+    # once the member answers again, the etcd roll is planned
+    later = make_plan(dataclasses.replace(repo.model, clusters=clusters), repo.repo.config, state, healthy,
+                      now=NOW).plan
+    assert [a.node for a in later.actions if a.cluster == "team-a" and a.component == "etcd"] == \
+        ["team-a-cp-1", "team-a-cp-2", "team-a-cp-3"]

@@ -193,7 +193,37 @@ def _cluster_diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime)
         actions.extend(_pod_actions(want, keepers.get(node), inputs.record, inputs.want, now, options, deadlines))
 
     actions.extend(_etcd_membership(inputs, options.health_timeout))
+    actions, held = _hold_votes(inputs, actions)
+    warnings.extend(held)
     return ClusterDiff(tuple(actions), tuple(warnings), now, min(deadlines, default=None))
+
+
+_MEMBERSHIP = (Kind.ETCD_MEMBER_ADD, Kind.ETCD_MEMBER_PROMOTE, Kind.ETCD_MEMBER_REMOVE)
+
+
+def _hold_votes(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Action], list[tuple[str, str]]]:
+    """While a recorded etcd member is on an unreachable hypervisor, its vote cannot be counted on: no node
+    of the cluster gets a change that needs quorum (a membership change, a running etcd replaced, a member's
+    pod removed). Those nodes' actions wait; the cluster's other changes and other clusters go ahead."""
+    away = sorted(n for n, hv in inputs.members_on if hv in inputs.down)
+    if not away:
+        return actions, []
+    recorded = {n for n, _ in inputs.members_on}
+
+    def needs_votes(a: Action) -> bool:
+        return (a.kind in _MEMBERSHIP
+                or (a.kind == Kind.REMOVE_POD and a.node in recorded)
+                or (a.kind == Kind.RECREATE_CONTAINER and a.component == "etcd"
+                    and isinstance(a.payload, CreateContainer) and a.payload.etcd is not None))
+
+    waiting = sorted({a.node for a in actions if needs_votes(a)})
+    if not waiting:
+        return actions, []
+    kept = [a for a in actions if a.node not in waiting]
+    where = ", ".join(f"{n} on {hv}" for n, hv in inputs.members_on if n in away)
+    return kept, [(waiting[0], f"cluster {inputs.cluster}: etcd member {where} is unreachable, so no change that "
+                               f"needs its vote is made: {len(actions) - len(kept)} action(s) on "
+                               f"{', '.join(waiting)} wait until it answers")]
 
 
 def unreachable(name: str, observed: ObservedState, desired: DesiredState, state: State) -> Unknown:
