@@ -18,7 +18,7 @@ from gitops.controller import Controller, ControllerConfig
 from gitops.errors import GitopsError
 from gitops.metrics import serve
 from gitops.source import SignaturePolicy
-from gitops.status.reader import StatusReader
+from gitops.status.reader import StatusReader, branch_of_checkout
 from gitops.status.report import Result
 
 log = logging.getLogger("gitops.controller")
@@ -124,11 +124,19 @@ def watch(interval: str, metrics_address: str, watch_local: bool, **options) -> 
 
 
 def _watch_local(path: Path, trigger: threading.Event, stop: threading.Event) -> None:
-    """Fire `trigger` when the working copy's git refs change (a commit), debounced."""
+    """Fire `trigger` when the working copy's git refs change (a commit), debounced. The refs the
+    controller writes there itself (its status branch, its apply lease under refs/gitops/) are not
+    commits to reconcile: reacting to them would reconcile again after every status commit."""
     from watchfiles import watch as watch_files
 
+    own = (f"/refs/heads/{branch_of_checkout(path)}", "/refs/gitops/")
+
+    def is_commit(_change: object, name: str) -> bool:
+        ref = name.replace(os.sep, "/")
+        return ("/refs/" in ref or ref.endswith("HEAD")) and not any(mark in ref for mark in own)
+
     for _changes in watch_files(path / ".git", stop_event=stop, debounce=1000, recursive=True,
-                                watch_filter=lambda _change, name: "/refs/" in name or name.endswith("HEAD")):
+                                watch_filter=is_commit):
         log.info("local commit detected; reconciling now", extra={"path": str(path)})
         trigger.set()
 
