@@ -129,10 +129,12 @@ def _watch_local(path: Path, trigger: threading.Event, stop: threading.Event) ->
     commits to reconcile: reacting to them would reconcile again after every status commit."""
     from watchfiles import watch as watch_files
 
-    own = (f"/refs/heads/{branch_of_checkout(path)}", "/refs/gitops/")
+    own = (f"/refs/heads/{branch_of_checkout(path)}", "/refs/gitops")
 
     def is_commit(_change: object, name: str) -> bool:
         ref = name.replace(os.sep, "/")
+        if os.path.isdir(name) or ref.endswith(("/FETCH_HEAD", "/ORIG_HEAD")):
+            return False  # a ref's directory appearing, or git noting a fetch: not a commit
         return ("/refs/" in ref or ref.endswith("HEAD")) and not any(mark in ref for mark in own)
 
     for _changes in watch_files(path / ".git", stop_event=stop, debounce=1000, recursive=True,
