@@ -20,6 +20,7 @@ from gitops.plan.actions import Action, Plan
 from gitops.plan.render import describe, headline, render_json, render_markdown, render_text, unknown_lines
 from gitops.plan.saved import SavedPlan, StalePlan, observed_digest, repo_digest, state_digest
 from gitops.state import LocalDirStore
+from gitops.state.records import ClusterRecord
 from gitops.status.reader import SOURCE, SourceStatus, StatusReader
 from gitops.status.state import merge
 
@@ -199,18 +200,23 @@ def report_apply(outcome: ApplyResult, console: Console) -> None:
 @click.option("--endpoint-host-override", help="Put this host in the server URL instead of the ingress IP.")
 def kubeconfig(repo: Path, state_dir: Path | None, cluster: str, endpoint_host_override: str | None) -> None:
     """Print an admin kubeconfig (kubernetes-admin, system:masters) for CLUSTER's ingress."""
-    result = load(repo, sealed_ok=True)  # contacts no hypervisor: encrypted client keys may stay encrypted
-    model = result.model
+    record, endpoint = applied_cluster(repo, state_dir, cluster)
+    if endpoint is None:
+        raise GitopsError(f"Cluster {cluster} has no controlplane-ingress Node, so it has no API endpoint")
+    click.echo(admin_kubeconfig(cluster, record, endpoint, endpoint_host_override), nl=False)
+
+
+def applied_cluster(repo: Path, state_dir: Path | None, cluster: str) -> tuple[ClusterRecord, str | None]:
+    """CLUSTER's recorded credentials (it must have been applied) and its ingress endpoint (None without one).
+    Contacts no hypervisor, so encrypted client keys may stay encrypted."""
+    model = load(repo, sealed_ok=True).model
     if cluster not in model.clusters:
         raise GitopsError(f"no Cluster {cluster!r} in {repo} (defined: {', '.join(sorted(model.clusters)) or 'none'})")
     state = state_store(repo, state_dir).load()
-    if cluster not in state.clusters or state.clusters[cluster].admin is None:
+    record = state.clusters.get(cluster)
+    if record is None or record.admin is None:
         raise GitopsError(f"Cluster {cluster} has not been applied yet (no credentials recorded); run gitops apply")
-    desired = compile_desired(model, state).desired.clusters[cluster]
-    if desired.api_endpoint is None:
-        raise GitopsError(f"Cluster {cluster} has no controlplane-ingress Node, so it has no API endpoint")
-    click.echo(admin_kubeconfig(cluster, state.clusters[cluster], desired.api_endpoint, endpoint_host_override),
-               nl=False)
+    return record, compile_desired(model, state).desired.clusters[cluster].api_endpoint
 
 
 COMMANDS: list[click.Command] = [plan, apply, kubeconfig]

@@ -10,8 +10,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from gitops.cli.reconcile import load, repo_argument, state_option, state_store
-from gitops.compile import compile_desired
+from gitops.cli.reconcile import applied_cluster, repo_argument, state_option
 from gitops.errors import GitopsError
 from gitops.kubeapi import Credentials, KubeAPI
 from gitops.node import MANAGED, MANAGER
@@ -43,14 +42,7 @@ def join_token() -> None:
 def join_token_create(repo: Path, state_dir: Path | None, cluster: str, ttl: str) -> None:
     """Create a bootstrap token in CLUSTER and print the `gitops join` command a worker runs."""
     lifetime = _duration(ttl)
-    model = load(repo, sealed_ok=True).model  # contacts no hypervisor: encrypted client keys may stay encrypted
-    if cluster not in model.clusters:
-        raise GitopsError(f"no Cluster {cluster!r} in {repo} (defined: {', '.join(sorted(model.clusters)) or 'none'})")
-    state = state_store(repo, state_dir).load()
-    record = state.clusters.get(cluster)
-    if record is None or record.admin is None:
-        raise GitopsError(f"Cluster {cluster} has not been applied yet (no credentials recorded); run gitops apply")
-    endpoint = compile_desired(model, state).desired.clusters[cluster].api_endpoint
+    record, endpoint = applied_cluster(repo, state_dir, cluster)
     if endpoint is None:
         raise GitopsError(f"Cluster {cluster} has no controlplane-ingress Node: workers have nothing to join")
     token_id, secret = new_token()
