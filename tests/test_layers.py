@@ -20,7 +20,8 @@ RANK = {
     "sip": 4,
     # the stages: compile and observe feed plan, plan feeds apply, the engine owns the loop
     "compile": 5, "observe": 5, "lab": 5,
-    "plan": 6, "worker": 6,
+    # learning what only the hypervisors know is not planning: neither imports the other
+    "learn": 6, "plan": 6, "worker": 6,
     "apply": 7,
     "engine": 8,
     "status": 9, "source": 9,
