@@ -19,9 +19,10 @@ RANK = {
     "node": 3, "model": 3, "kubeconfig": 3,
     "sip": 4,
     # the stages: compile and observe feed plan, plan feeds apply, the engine owns the loop
-    "compile": 5, "observe": 5, "lab": 5,
-    # learning what only the hypervisors know is not planning: neither imports the other
-    "learn": 6, "plan": 6, "worker": 6,
+    "compile": 5, "observe": 5,
+    # learning what only the hypervisors know is not planning: neither imports the other;
+    # the lab builds the jump host's image from compile's jump host
+    "learn": 6, "plan": 6, "lab": 6, "worker": 6,
     "apply": 7,
     "engine": 8,
     "status": 9, "source": 9,
