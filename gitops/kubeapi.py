@@ -158,14 +158,18 @@ class KubeAPI:
                 return False
             raise
 
-    def ready(self) -> bool:
+    def not_ready(self, path: str = "/readyz") -> str:
+        """Why the server is not ready: "" when `path` answers 200 `ok`, else its status or why it did not answer."""
         try:
-            response = self._client.call_api("GET", self.server + "/readyz", header_params=dict(self._headers),
+            response = self._client.call_api("GET", self.server + path, header_params=dict(self._headers),
                                              _request_timeout=self.timeout)
-            response.read()
-        except Exception:  # noqa: BLE001
-            return False
-        return response.status == 200
+            body = response.read() or b""
+        except Exception as err:  # noqa: BLE001 -- urllib3 raises many kinds; all mean "no answer"
+            return _reason(err)
+        return "" if response.status == 200 and body.strip() == b"ok" else f"HTTP {response.status}"
+
+    def ready(self) -> bool:
+        return not self.not_ready()
 
 
 def _reason(err: Exception) -> str:

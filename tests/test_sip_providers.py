@@ -355,3 +355,16 @@ def test_kubeconfig_needs_https_and_a_file(kube, tmp_path):
     (tmp_path / "garbage").write_text("{not: [yaml")
     with pytest.raises(SIPError, match="garbage: unusable kubeconfig: not valid YAML"):
         KubernetesProvider.from_kubeconfig(tmp_path / "garbage")
+
+
+def test_the_readiness_probe_apply_and_the_cluster_api_share(kube):
+    """`gitops.kubeapi.KubeAPI.not_ready`: what apply waits on after replacing an API server."""
+    from gitops.kubeapi import KubeAPI as Client
+
+    with Client(kube.url, kube.ca.cert_pem, timeout=5) as anonymous:  # /readyz is public; the CA is verified
+        assert anonymous.not_ready() == "" and anonymous.ready()
+        assert anonymous.not_ready("/metrics") == "HTTP 403"  # anonymous: only the health endpoints
+    with Client(kube.url, create_ca("someone-else").cert_pem, timeout=5) as wrong_ca:
+        assert "CERTIFICATE_VERIFY_FAILED" in wrong_ca.not_ready() and not wrong_ca.ready()
+    with Client(f"https://{kube.ip}:{free_port(kube.ip)}", kube.ca.cert_pem, timeout=2) as closed:
+        assert "Connection refused" in closed.not_ready()
