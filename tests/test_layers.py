@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gitops"
 
 RANK = {
     # bottom: no repo model, no I/O policy
-    "errors": 0, "__version__": 0,
+    "errors": 0, "__version__": 0, "apipaths": 0,
     "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1, "memo": 1, "procs": 2,
     "cri": 2, "pki": 2, "state": 2, "kubeapi": 2,
     "node": 3, "model": 3, "kubeconfig": 3,
