@@ -17,6 +17,7 @@ from gitops.apply.executor import ApplyError, Connections, Progress, execute
 from gitops.compile import Compiled, compile_desired
 from gitops.cri.client import CRIClient
 from gitops.errors import GitopsError
+from gitops.learn import learn
 from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
 from gitops.observe import FilesReuse, ObservedState, observe
@@ -25,7 +26,6 @@ from gitops.plan.actions import Plan, Unknown, UnknownKind, ordered
 from gitops.plan.cluster_api import cluster_api_actions
 from gitops.plan.diff import DiffOptions, diff
 from gitops.plan.hosts import label_actions, sip_warnings
-from gitops.plan.learn import learn
 from gitops.plan.upgrades import check_versions
 from gitops.sip.reconcile import file_hosts, provider_for
 from gitops.sip.selection import SIPPlan, select_hosts

@@ -8,20 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from gitops.apipaths import COLLECTIONS, CSRS
 from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
 from gitops.node import MANAGED, MANAGER, SPEC_HASH
 
 log = logging.getLogger(__name__)
-
-#: where gitops keeps objects (gitops.compile.bootstrap): listed by the managed-by label
-COLLECTIONS = (
-    "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-    "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-    "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-public/roles",
-    "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-public/rolebindings",
-    "/api/v1/namespaces/kube-public/configmaps",
-)
-CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 
 
 @dataclass(frozen=True)
