@@ -245,6 +245,7 @@ def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
             "--enable-bootstrap-token-auth=true",
             "--allow-privileged=true",
             *_no_insecure_port(cluster, "--insecure-port=0"),
+            *(f"--{name}={value}" for name, value in cluster.api_server_args),
         ),
         mounts=(files_mount,),
     )
