@@ -86,3 +86,18 @@ def test_extra_args_reach_the_real_api_server_last_and_sorted():
         assert args[-2:] == ("--event-ttl=2h0m0s", "--max-requests-inflight=500")
         proc = run_real("kube-apiserver", args)
         assert proc.returncode == 0 and proc.stdout.strip() == "Kubernetes v1.20.2", proc.stderr
+
+
+def test_each_api_server_reaches_every_etcd_member_its_own_first():
+    """A rolling etcd change stops one member at a time: the API server beside it goes on through the others."""
+    model = validate_repo(EXAMPLE_REPO).model
+    pods = compile_desired(dataclasses.replace(model, sip_clusters={}), State()).desired.pods.values()
+    for pod in pods:
+        specs = {c.spec.name: c.spec for c in pod.containers}
+        if "kube-apiserver" not in specs:
+            continue
+        own = next(a for a in specs["etcd"].args if a.startswith("--advertise-client-urls=")).split("=", 1)[1]
+        servers = next(a for a in specs["kube-apiserver"].args if a.startswith("--etcd-servers=")).split("=", 1)[1]
+        members = {next(a for a in c.spec.args if a.startswith("--advertise-client-urls=")).split("=", 1)[1]
+                   for p in pods if p.cluster == pod.cluster for c in p.containers if c.spec.name == "etcd"}
+        assert servers.split(",")[0] == own and set(servers.split(",")) == members and len(members) == 3

@@ -144,7 +144,7 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
     )
     components = (
         _etcd(node, cluster, hv, record, files_mount),
-        _apiserver(node, cluster, hv, record, files_mount),
+        _apiserver(node, cluster, hv, record, files_mount, _etcd_servers(node, hv, record, peers)),
         _controller_manager(cluster, hv, record, files_mount),
         _scheduler(cluster, hv, record, files_mount),
     )
@@ -206,8 +206,18 @@ def _etcd(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, file
     )
 
 
-def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
-    """Stacked etcd: each API server talks to its node's own member."""
+def _etcd_servers(node: Node, hv: Hypervisor, record: NodeRecord,
+                  peers: dict[str, tuple[Hypervisor, NodeRecord]]) -> tuple[str, ...]:
+    """The client URLs of the cluster's etcd members, the node's own first: while its member restarts
+    (a rolling change) or leaves, the API server goes on through the others instead of failing."""
+    others = sorted(f"https://{p_hv.ip_address}:{p_rec.ports['etcd-client']}" for name, (p_hv, p_rec)
+                    in peers.items() if name != node.name and not p_hv.public and "etcd-client" in p_rec.ports)
+    return (etcd_member(hv, node, record).client_url, *others)
+
+
+def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount,
+               etcd_servers: tuple[str, ...]) -> ContainerSpec:
+    """Stacked etcd: each API server talks to its node's own member first, and to the others."""
     ip = hv.ip_address
     return ContainerSpec(
         name="kube-apiserver",
@@ -217,7 +227,7 @@ def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
             f"--advertise-address={ip}",
             f"--bind-address={ip}",
             f"--secure-port={record.ports['apiserver']}",
-            f"--etcd-servers={etcd_member(hv, node, record).client_url}",
+            f"--etcd-servers={','.join(etcd_servers)}",
             f"--etcd-cafile={FILES}/etcd-ca.crt",
             f"--etcd-certfile={FILES}/apiserver-etcd-client.crt",
             f"--etcd-keyfile={FILES}/apiserver-etcd-client.key",
