@@ -63,6 +63,18 @@ class World:
     def apply(self, *extra: str) -> subprocess.CompletedProcess:
         return self.gitops("apply", str(self.repo), "--state-dir", str(self.state), *extra)
 
+    def apply_stamped(self) -> str:
+        """`apply`, each line of its output prefixed with the wall-clock time it came (to set beside the
+        probe's errors)."""
+        proc = subprocess.Popen([GITOPS, "apply", str(self.repo), "--state-dir", str(self.state)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        lines = [f"{time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d} {line}" for line in proc.stdout]
+        out = "".join(lines)
+        if proc.wait(timeout=600) != 0:
+            raise AssertionError(f"gitops apply exited {proc.returncode}:\n{out}")
+        return out
+
     def plan(self, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
         return self.gitops("plan", str(self.repo), "--state-dir", str(self.state), *extra, check=check)
 
@@ -220,9 +232,9 @@ def start_probe(world: World, cluster: str) -> Probe:
 
 
 def under_probe(world: World, cluster: str, name: str, change: Callable[[], str]) -> str:
-    """Run `change` (it applies something and returns apply's output) while the probe asks the cluster's API
+    """Run `change` (it applies something and returns apply's output, each line stamped) while the probe asks the cluster's API
     through the ingress every 100 ms: not one request may fail, and a ConfigMap written through the ingress
-    just before is still there after. Returns the output."""
+    just before is still there after. Returns the output without the stamps."""
     wait_ready(world, cluster)
     marker = f"e2e-{name}"
     kubectl(world, cluster, "-n", "default", "create", "configmap", marker, f"--from-literal=made={name}")
@@ -241,7 +253,7 @@ def under_probe(world: World, cluster: str, name: str, change: Callable[[], str]
     assert counts.failures == 0, (counts.errors, output)
     assert kubectl(world, cluster, "-n", "default", "get", "configmap", marker,
                    "-o", "jsonpath={.data.made}").stdout == name
-    return output
+    return "".join(line.split(" ", 1)[1] for line in output.splitlines(keepends=True))  # without the times
 
 
 def assert_converged(world: World) -> None:
@@ -519,7 +531,7 @@ def test_an_image_upgrade_rolls_in_the_supported_order_and_the_api_stays_up(worl
     path.write_text(original.replace('  etcdVersion: "3.5.16"\n', '  etcdVersion: "3.5.16"\n  images:\n'
                                      + "".join(f"    {k}: {v}\n" for k, v in refs.items())))
     try:
-        applied = under_probe(world, "team-a", "upgrade", lambda: world.apply().stdout)
+        applied = under_probe(world, "team-a", "upgrade", world.apply_stamped)
     finally:
         path.write_text(original)
     ran = [line for line in applied.splitlines() if line.startswith("[") and " recreate container " in line]
@@ -790,7 +802,7 @@ def test_an_api_server_flag_change_rolls_the_api_servers_with_no_failed_request(
     before = running(world, "team-a")
     original = edit(world, "clusters/team-a/cluster.yaml", "      - api.team-a.example.com\n",
                     "      - api.team-a.example.com\n    extraArgs:\n      event-ttl: 2h0m0s\n")
-    applied = under_probe(world, "team-a", "flag", lambda: world.apply().stdout)
+    applied = under_probe(world, "team-a", "flag", world.apply_stamped)
     ran = [line.split()[2] for line in applied.splitlines() if line.startswith("[")]
     assert ran == [f"team-a/team-a-cp-{n}/kube-apiserver" for n in (1, 2, 3)], applied
     assert restarted(before, running(world, "team-a")) == {(f"team-a-cp-{n}", "kube-apiserver") for n in (1, 2, 3)}
@@ -812,7 +824,7 @@ def test_renewing_every_leaf_certificate_restarts_its_readers_with_no_failed_req
     try:
         plan = world.plan().stdout
         assert plan.count("(renewal window 366 days)") == 3 * 8, plan
-        applied = under_probe(world, "team-a", "renewal", lambda: world.apply().stdout)
+        applied = under_probe(world, "team-a", "renewal", world.apply_stamped)
     finally:
         (world.repo / "clusters/team-a/cluster.yaml").write_text(original)
     assert_complete(applied)
@@ -891,7 +903,7 @@ def test_replacing_a_controlplane_node_keeps_quorum_with_no_failed_request(world
     plan = world.plan().stdout
     assert "- remove etcd member: Node team-a-cp-3 is no longer a controlplane node of team-a" in plan, plan
     assert "+ add etcd member: new controlplane node joins etcd, as a learner" in plan, plan
-    applied = under_probe(world, "team-a", "replace", lambda: world.apply().stdout)
+    applied = under_probe(world, "team-a", "replace", world.apply_stamped)
     assert_complete(applied)
     assert etcd_members(world, "team-a") == ["team-a-cp-1", "team-a-cp-2", "team-a-cp-4"]
     pods = world.sandboxes()

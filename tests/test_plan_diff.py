@@ -158,7 +158,7 @@ def test_an_api_server_flag_rolls_the_api_servers_only(repo):
     actions = make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions
     assert [(a.kind, a.node, a.component) for a in actions] == [
         (Kind.RECREATE_CONTAINER, f"team-b-cp-{n}", "kube-apiserver") for n in (1, 2, 3)]
-    assert all(a.payload.ready is not None and "args[30]: added" in a.details for a in actions), actions[0].details
+    assert all(a.payload.ready is not None and "args[31]: added" in a.details for a in actions), actions[0].details
 
 
 def test_removed_node_is_pruned_after_leaving_etcd(repo):

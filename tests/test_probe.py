@@ -18,7 +18,9 @@ from gitops.kubeconfig import admin_kubeconfig
 
 
 class _Readyz(http.server.BaseHTTPRequestHandler):
-    answer = (200, b"ok")
+    """Answers every GET with `answer` (the probe reads /api/v1/namespaces/default by default)."""
+
+    answer = (200, b'{"kind":"Namespace"}')
     seen: list[str] = []
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -57,7 +59,7 @@ def server(tmp_path: Path):
     httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    _Readyz.answer, _Readyz.seen = (200, b"ok"), []
+    _Readyz.answer, _Readyz.seen = (200, b'{"kind":"Namespace"}'), []
     try:
         yield httpd.server_address[1], old, new
     finally:
@@ -79,9 +81,9 @@ def test_counts_requests_failures_and_outages(server):
     with probe:
         _until(lambda: probe.requests >= 5)
         assert probe.failures == 0
-        _Readyz.answer = (500, b"[-]etcd failed")
+        _Readyz.answer = (500, b'{"kind":"Status","message":"etcdserver: leader changed"}')
         _until(lambda: probe.outages >= 2)
-        _Readyz.answer = (200, b"ok")
+        _Readyz.answer = (200, b'{"kind":"Namespace"}')
         sent = probe.requests
         _until(lambda: probe.requests >= sent + 2)  # a request in flight may still see the 500
         failed = probe.failures
@@ -89,7 +91,7 @@ def test_counts_requests_failures_and_outages(server):
     counts = probe.stop()
     assert counts.failures == failed >= 2 and counts.outages >= 2  # none once it answers ok again
     assert counts.failures <= counts.requests and counts.seconds > 0
-    assert "500 b'[-]etcd failed'; retry: 500" in counts.errors[0]
+    assert "500 etcdserver: leader changed; retry: 500 etcdserver: leader changed" in counts.errors[0]
     assert not probe.is_alive()
 
 
@@ -120,3 +122,13 @@ def test_a_kubeconfig_without_embedded_credentials_is_refused():
         target("apiVersion: v1\nkind: Config\nclusters: []\n")
     with pytest.raises(ValueError, match="not a kubeconfig"):
         admin_credentials(": not yaml [")
+
+
+def test_readyz_must_say_ok_and_its_failed_checks_are_named(server):
+    port, old, _ = server
+    _Readyz.answer = (500, b"[+]ping ok\n[-]shutdown failed: reason withheld\n[+]log ok\n")
+    probe = Probe(_kubeconfig(old, "admin-1", port), interval=0.02, path="/readyz")
+    with probe:
+        _until(lambda: probe.failures >= 1)
+    assert probe.counts().errors[0].endswith("500 [-]shutdown failed: reason withheld; retry: 500 [-]shutdown "
+                                              "failed: reason withheld")

@@ -34,6 +34,9 @@ from gitops.node import AGENT, AGENT_ROOT, CLUSTER, FILES, MANAGED, MANAGER, NOD
 from gitops.state.records import ClusterRecord, NodeRecord
 
 ETCD_DATA = "/var/lib/etcd"
+#: seconds a stopping API server keeps serving while /readyz fails, so the ingress (a check every
+#: second, out at the first failure, 2 s timeout) stops sending it requests before its port closes
+SHUTDOWN_DELAY = 3
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 API_DNS_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
 
@@ -254,6 +257,9 @@ def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
             "--enable-admission-plugins=NodeRestriction",
             "--enable-bootstrap-token-auth=true",
             "--allow-privileged=true",
+            # stopped, it first only fails /readyz for this long while serving as usual: the ingress
+            # (checking every second) takes it out before it closes its port (SHUTDOWN_DELAY)
+            f"--shutdown-delay-duration={SHUTDOWN_DELAY}s",
             *_no_insecure_port(cluster, "--insecure-port=0"),
             *(f"--{name}={value}" for name, value in cluster.api_server_args),
         ),

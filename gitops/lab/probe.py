@@ -1,7 +1,10 @@
-"""A bounded API probe: `GET /readyz` through a cluster's ingress every 100 ms, as the admin.
+"""A bounded API probe: an API read through a cluster's ingress every 100 ms, as the admin.
 
 Each request opens a fresh TLS connection (so the ingress chooses a backend every time) with the
-credentials of an admin kubeconfig, and counts as failed unless it answers `200 ok`. A failed
+credentials of an admin kubeconfig and reads `GET /api/v1/namespaces/default` (authentication,
+authorization and a quorum read from etcd: what a client does), and counts as failed unless it
+answers 200 (`/readyz` as `path`: unless `200 ok`; a draining API server answers it 500 on
+purpose while it still serves every other request, so it measures readiness, not service). A failed
 request is retried once at once on a new connection; when that fails too the API was away (an
 *outage*). `use_kubeconfig` switches credentials mid-run (a CA rotation publishes a new admin
 kubeconfig). Used by the lab tests and `benchmarks/api_probe.py`.
@@ -9,6 +12,7 @@ kubeconfig). Used by the lab tests and `benchmarks/api_probe.py`.
 from __future__ import annotations
 
 import http.client
+import json
 import ssl
 import tempfile
 import threading
@@ -63,7 +67,8 @@ class Counts:
 class Probe(threading.Thread):
     """`GET path` every `interval` seconds until `stop()`; `with Probe(...) as probe:` starts and stops it."""
 
-    def __init__(self, kubeconfig: str, interval: float = 0.1, path: str = "/readyz", timeout: float = 5.0):
+    def __init__(self, kubeconfig: str, interval: float = 0.1, path: str = "/api/v1/namespaces/default",
+                 timeout: float = 5.0):
         super().__init__(daemon=True, name="api-probe")
         self.interval, self.path, self.timeout = interval, path, timeout
         self._target = target(kubeconfig)
@@ -88,7 +93,16 @@ class Probe(threading.Thread):
             conn.request("GET", self.path)
             response = conn.getresponse()
             body = response.read()
-            return None if (response.status, body) == (200, b"ok") else f"{response.status} {body[:80]!r}"
+            if response.status == 200 and (self.path != "/readyz" or body == b"ok"):
+                return None
+            text = body.decode(errors="replace")
+            failed = [line for line in text.splitlines() if line.startswith("[-]")]  # /readyz's failed checks
+            if not failed:
+                try:
+                    failed = [str(json.loads(text)["message"])]  # a Status object
+                except (ValueError, KeyError, TypeError):
+                    failed = [repr(body[:200])]
+            return f"{response.status} " + ", ".join(failed)
         except (OSError, http.client.HTTPException) as err:
             return f"{type(err).__name__}: {err}"
         finally:

@@ -96,7 +96,8 @@ API_SERVER_FLAGS = frozenset({
     "kubelet-client-key", "kubelet-preferred-address-types", "proxy-client-cert-file", "proxy-client-key-file",
     "requestheader-allowed-names", "requestheader-client-ca-file", "requestheader-extra-headers-prefix",
     "requestheader-group-headers", "requestheader-username-headers", "secure-port", "service-account-issuer",
-    "service-account-key-file", "service-account-signing-key-file", "service-cluster-ip-range", "tls-cert-file",
+    "service-account-key-file", "service-account-signing-key-file", "service-cluster-ip-range",
+    "shutdown-delay-duration", "tls-cert-file",
     "tls-private-key-file",
 })
 IMAGE_KEYS = ("etcd", "kubeApiserver", "kubeControllerManager", "kubeScheduler", "haproxy", "agent")
