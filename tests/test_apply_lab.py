@@ -231,10 +231,23 @@ def start_probe(world: World, cluster: str) -> Probe:
     return probe
 
 
+#: The only failed requests a day-2 operation may cause, each retried at once with success: what the
+#: etcd client of kube-apiserver v1.20 returns without retrying. It retries no transient error (the
+#: Prometheus interceptor replaced etcd's retry interceptor until v1.23, kubernetes/kubernetes#105069),
+#: so a read in flight while leadership moves fails ("leader changed", once per handed-off leader), and
+#: etcd 3.4 serving gRPC through its HTTP handler on TLS now and then answers a stream with a bare 200
+#: while connections churn. Measured: 0-2 per operation. Anything else (a refused or reset connection,
+#: an API server answering while it stops, a 5xx of its own, TLS) fails the test.
+ETCD_CLIENT_TRANSIENTS = ("500 etcdserver: leader changed",
+                          "500 rpc error: code = Unknown desc = OK: HTTP status code 200; transport: missing "
+                          "content-type field")
+
+
 def under_probe(world: World, cluster: str, name: str, change: Callable[[], str]) -> str:
-    """Run `change` (it applies something and returns apply's output, each line stamped) while the probe asks the cluster's API
-    through the ingress every 100 ms: not one request may fail, and a ConfigMap written through the ingress
-    just before is still there after. Returns the output without the stamps."""
+    """Run `change` (it applies something and returns apply's output, each line stamped) while the probe
+    asks the cluster's API through the ingress every 100 ms: the API is never away, no request fails but for the few transients of
+    v1.20's etcd client (ETCD_CLIENT_TRANSIENTS), and a ConfigMap written through the ingress just before is
+    still there after. Returns the output without the stamps."""
     wait_ready(world, cluster)
     marker = f"e2e-{name}"
     kubectl(world, cluster, "-n", "default", "create", "configmap", marker, f"--from-literal=made={name}")
@@ -250,7 +263,9 @@ def under_probe(world: World, cluster: str, name: str, change: Callable[[], str]
     print(f"{name}: {counts.requests} requests, {counts.failures} failed, {counts.outages} outages, "
           f"apply {took:.1f} s")
     assert counts.requests > 20, counts
-    assert counts.failures == 0, (counts.errors, output)
+    assert counts.outages == 0, (counts.errors, output)
+    upstream = [e for e in counts.errors if e.endswith("; retry: ok") and any(t in e for t in ETCD_CLIENT_TRANSIENTS)]
+    assert counts.failures == len(upstream) <= 3, (counts.errors, output)
     assert kubectl(world, cluster, "-n", "default", "get", "configmap", marker,
                    "-o", "jsonpath={.data.made}").stdout == name
     return "".join(line.split(" ", 1)[1] for line in output.splitlines(keepends=True))  # without the times
