@@ -245,9 +245,9 @@ ETCD_CLIENT_TRANSIENTS = ("500 etcdserver: leader changed",
 
 def under_probe(world: World, cluster: str, name: str, change: Callable[[], str]) -> str:
     """Run `change` (it applies something and returns apply's output, each line stamped) while the probe
-    asks the cluster's API through the ingress every 100 ms: the API is never away, no request fails but for the few transients of
-    v1.20's etcd client (ETCD_CLIENT_TRANSIENTS), and a ConfigMap written through the ingress just before is
-    still there after. Returns the output without the stamps."""
+    asks the cluster's API through the ingress every 100 ms: the API is never away, no request fails but
+    for the few transients of v1.20's etcd client (ETCD_CLIENT_TRANSIENTS), and a ConfigMap written through
+    the ingress just before is still there after. Returns the output without the stamps."""
     wait_ready(world, cluster)
     marker = f"e2e-{name}"
     kubectl(world, cluster, "-n", "default", "create", "configmap", marker, f"--from-literal=made={name}")
