@@ -821,7 +821,10 @@ def test_an_api_server_flag_change_rolls_the_api_servers_with_no_failed_request(
     ran = [line.split()[2] for line in applied.splitlines() if line.startswith("[")]
     assert ran == [f"team-a/team-a-cp-{n}/kube-apiserver" for n in (1, 2, 3)], applied
     assert restarted(before, running(world, "team-a")) == {(f"team-a-cp-{n}", "kube-apiserver") for n in (1, 2, 3)}
-    servers = [argv for argv in command_lines("kube-apiserver") if "--bind-address=127.0.22." in " ".join(argv)]
+    state, hvs = LocalDirStore(world.state).load(), world.hypervisors()
+    mine = {(f"--bind-address={hvs[r.hypervisor].ip_address}", f"--secure-port={r.ports['apiserver']}")
+            for r in state.nodes.values() if r.cluster == "team-a" and "etcd-client" in r.ports}
+    servers = [argv for argv in command_lines("kube-apiserver") if any(a in argv and p in argv for a, p in mine)]
     assert len(servers) == 3 and all("--event-ttl=2h0m0s" in argv for argv in servers), servers
     assert_converged(world)
     (world.repo / "clusters/team-a/cluster.yaml").write_text(original)  # left to the next apply
