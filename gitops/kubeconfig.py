@@ -56,3 +56,18 @@ def parse_cluster_info(text: str) -> tuple[str, str]:
         return str(cluster["server"]), base64.b64decode(cluster["certificate-authority-data"]).decode()
     except (yaml.YAMLError, KeyError, IndexError, TypeError, ValueError) as err:
         raise ValueError(f"not a cluster-info kubeconfig: {err}") from None
+
+
+def admin_credentials(text: str) -> tuple[str, str, str, str]:
+    """(server, CA PEM, client certificate PEM, client key PEM) of a kubeconfig with embedded
+    credentials (what `admin_kubeconfig` writes), from its current context; ValueError otherwise."""
+    try:
+        config = yaml.safe_load(text)
+        context = next(c["context"] for c in config["contexts"] if c["name"] == config["current-context"])
+        cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
+        user = next(u["user"] for u in config["users"] if u["name"] == context["user"])
+        return (str(cluster["server"]), base64.b64decode(cluster["certificate-authority-data"]).decode(),
+                base64.b64decode(user["client-certificate-data"]).decode(),
+                base64.b64decode(user["client-key-data"]).decode())
+    except (yaml.YAMLError, KeyError, StopIteration, TypeError, ValueError) as err:
+        raise ValueError(f"not a kubeconfig with embedded admin credentials: {type(err).__name__}: {err}") from None

@@ -21,11 +21,12 @@ from gitops.state import State
 KUBE = kubebin.CONTROL_PLANE
 
 
-def compiled_containers(version: str) -> dict[str, list[tuple[str, ...]]]:
-    """component -> the compiled args of each of its containers, with every cluster at `version`."""
+def compiled_containers(version: str, **changes) -> dict[str, list[tuple[str, ...]]]:
+    """component -> the compiled args of each of its containers, with every cluster at `version`
+    (and the other Cluster fields in `changes`)."""
     model = validate_repo(EXAMPLE_REPO).model
     assert model is not None
-    clusters = {n: dataclasses.replace(c, kubernetes_version=version) for n, c in model.clusters.items()}
+    clusters = {n: dataclasses.replace(c, kubernetes_version=version, **changes) for n, c in model.clusters.items()}
     model = dataclasses.replace(model, clusters=clusters, sip_clusters={})
     out: dict[str, list[tuple[str, ...]]] = {c: [] for c in KUBE}
     for pod in compile_desired(model, State()).desired.pods.values():
@@ -65,3 +66,38 @@ def test_insecure_ports_are_turned_off_only_where_the_flags_exist(version, legac
     for component, flag in expected.items():
         for args in containers[component]:
             assert (flag in args) is legacy, f"{component} {version}: {args}"
+
+
+def test_the_flags_gitops_sets_are_the_ones_extra_args_may_not_set():
+    """spec.apiServer.extraArgs is refused for exactly the flags compile sets (API_SERVER_FLAGS)."""
+    from gitops.model.resources import API_SERVER_FLAGS
+
+    for version in ("v1.20.2", "v1.31.2"):
+        for args in compiled_containers(version)["kube-apiserver"]:
+            names = {a.split("=", 1)[0].removeprefix("--") for a in args}
+            assert names <= API_SERVER_FLAGS, sorted(names - API_SERVER_FLAGS)
+    assert API_SERVER_FLAGS == {a.split("=", 1)[0].removeprefix("--")
+                                for a in compiled_containers("v1.20.2")["kube-apiserver"][0]}
+
+
+def test_extra_args_reach_the_real_api_server_last_and_sorted():
+    extra = (("event-ttl", "2h0m0s"), ("max-requests-inflight", "500"))
+    for args in compiled_containers("v1.20.2", api_server_args=extra)["kube-apiserver"]:
+        assert args[-2:] == ("--event-ttl=2h0m0s", "--max-requests-inflight=500")
+        proc = run_real("kube-apiserver", args)
+        assert proc.returncode == 0 and proc.stdout.strip() == "Kubernetes v1.20.2", proc.stderr
+
+
+def test_each_api_server_reaches_every_etcd_member_its_own_first():
+    """A rolling etcd change stops one member at a time: the API server beside it goes on through the others."""
+    model = validate_repo(EXAMPLE_REPO).model
+    pods = compile_desired(dataclasses.replace(model, sip_clusters={}), State()).desired.pods.values()
+    for pod in pods:
+        specs = {c.spec.name: c.spec for c in pod.containers}
+        if "kube-apiserver" not in specs:
+            continue
+        own = next(a for a in specs["etcd"].args if a.startswith("--advertise-client-urls=")).split("=", 1)[1]
+        servers = next(a for a in specs["kube-apiserver"].args if a.startswith("--etcd-servers=")).split("=", 1)[1]
+        members = {next(a for a in c.spec.args if a.startswith("--advertise-client-urls=")).split("=", 1)[1]
+                   for p in pods if p.cluster == pod.cluster for c in p.containers if c.spec.name == "etcd"}
+        assert servers.split(",")[0] == own and set(servers.split(",")) == members and len(members) == 3

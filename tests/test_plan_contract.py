@@ -38,6 +38,8 @@ def test_the_plan_round_trips_through_json_with_its_payloads(repo):
     plan = make_plan(repo.model, repo.repo.config, State(), nothing_observed(repo.model), now=NOW).plan
     again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
     assert again == plan
+    # new clusters bootstrap: their API servers become ready only once the later members run, so none waits
+    assert not [a for a in plan.actions if isinstance(a.payload, CreateContainer) and a.payload.ready]
     assert [a.payload for a in again.actions] == [a.payload for a in plan.actions]
     assert all(a.payload is not None for a in plan.actions)
     pods = [a.payload for a in plan.actions if a.kind == Kind.CREATE_POD]
@@ -136,9 +138,10 @@ def test_saved_plan_errors_name_the_file(tmp_path):
         SavedPlan.read(bad)
 
 
-def test_scaling_down_keeps_the_leaving_nodes_keys_trusted_and_restarts_nothing(repo):
+def test_scaling_down_keeps_the_leaving_nodes_keys_trusted(repo):
     """Tokens signed by a removed node stay valid: its key moves to the retired list, so the bundle
-    the remaining API server reads does not change, before or after the removal."""
+    the remaining API server reads does not change, before or after the removal. The API server
+    restarts (gated) only for its shorter list of etcd members."""
     state, _ = settle(repo.model)
     for node in ("team-a-cp-1", "team-a-cp-2", "team-a-cp-3"):  # three distinct keys
         state.clusters["team-a"].service_account_keys[node] = NEW_KEY.replace("new", node)
@@ -156,7 +159,16 @@ def test_scaling_down_keeps_the_leaving_nodes_keys_trusted_and_restarts_nothing(
                      now=NOW).plan
     assert {(a.kind, a.node) for a in plan.actions if a.cluster == "team-a"} >= {
         (Kind.ETCD_MEMBER_REMOVE, "team-a-cp-2"), (Kind.REMOVE_POD, "team-a-cp-3")}
-    assert not [a for a in plan.actions if a.node == "team-a-cp-1"], plan.actions
+    # a leaving pod's components stop gracefully, the last started first, before its sandbox goes
+    removal = next(a for a in plan.actions if a.kind == Kind.REMOVE_POD and a.node == "team-a-cp-3")
+    pod = next(p for p in observed.pods() if p.node == "team-a-cp-3")
+    expected = sorted((c for c in pod.containers if c.component != "files"), key=lambda c: -c.created_at)
+    assert removal.payload.stop_first == tuple(c.id for c in expected) and len(expected) == 4
+    [restart] = [a for a in plan.actions if a.node == "team-a-cp-1"]
+    assert (restart.kind, restart.component, restart.payload.ready is not None) == \
+        (Kind.RECREATE_CONTAINER, "kube-apiserver", True)
+    assert [d for d in restart.details if d.startswith("args[3]: '--etcd-servers=")] and \
+        not [d for d in restart.details if "sa-pub" in d], restart.details
 
 
 def test_a_joining_member_is_a_learner_promoted_right_after_its_etcd_starts(repo):
@@ -168,6 +180,13 @@ def test_a_joining_member_is_a_learner_promoted_right_after_its_etcd_starts(repo
                        (Kind.ETCD_MEMBER_ADD, ""), (Kind.CREATE_CONTAINER, "etcd"),
                        (Kind.ETCD_MEMBER_PROMOTE, "etcd"), (Kind.CREATE_CONTAINER, "kube-apiserver"),
                        (Kind.CREATE_CONTAINER, "kube-controller-manager"), (Kind.CREATE_CONTAINER, "kube-scheduler")]
+    # the cluster serves (2 of 2 members run): the new API server is ready before anything routes to it,
+    # and the ingress gets it through a new haproxy started beside the old one (the port never closes)
+    api = next(a for a in plan.actions if a.node == "team-a-cp-2" and a.component == "kube-apiserver")
+    assert api.payload.ready is not None and api.payload.ready.url.endswith("/readyz"), api
+    ingress = next(a for a in plan.actions if a.node == "team-a-ingress" and a.component == "haproxy")
+    assert ingress.kind == Kind.RECREATE_CONTAINER and ingress.payload.overlap == 2, ingress
+    assert "started beside the running one, which soft-stops 2s later: the port never closes" in ingress.details
     promote = next(a for a in plan.actions if a.kind == Kind.ETCD_MEMBER_PROMOTE)
     assert isinstance(promote.payload, EtcdMemberChange)
     assert promote.payload.client_url and len(promote.payload.client_urls) == 2 and promote.payload.timeout == 60

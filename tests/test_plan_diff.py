@@ -151,6 +151,16 @@ def test_spec_change_names_the_changed_fields(repo):
     assert not [a for a in actions if a.cluster == "team-a"]
 
 
+def test_an_api_server_flag_rolls_the_api_servers_only(repo):
+    state, observed = settle(repo.model)
+    changed = dataclasses.replace(repo.model.clusters["team-b"], api_server_args=(("event-ttl", "2h0m0s"),))
+    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": changed})
+    actions = make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions
+    assert [(a.kind, a.node, a.component) for a in actions] == [
+        (Kind.RECREATE_CONTAINER, f"team-b-cp-{n}", "kube-apiserver") for n in (1, 2, 3)]
+    assert all(a.payload.ready is not None and "args[31]: added" in a.details for a in actions), actions[0].details
+
+
 def test_removed_node_is_pruned_after_leaving_etcd(repo):
     state, observed = settle(repo.model)
     nodes = {k: v for k, v in repo.model.nodes.items() if k != "team-a-cp-3"}

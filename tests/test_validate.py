@@ -502,6 +502,50 @@ def test_cluster_networks(repo):
     ]
 
 
+def test_api_server_extra_args(repo):
+    write(repo, "c5.yaml", """
+        apiVersion: gitops.infra/v1alpha1
+        kind: Cluster
+        metadata:
+          name: c5
+        spec:
+          kubernetesVersion: v1.20.2
+          apiServer:
+            extraArgs:
+              event-ttl: 2h0m0s
+              secure-port: "443"
+        ---
+        apiVersion: gitops.infra/v1alpha1
+        kind: Cluster
+        metadata:
+          name: c6
+        spec:
+          kubernetesVersion: v1.20.2
+          apiServer:
+            extraArgs:
+              --dashes: "x"
+              spaced: "a b"
+        """)
+    found = errors(repo)
+    assert "c5.yaml:10: Cluster/c5: spec.apiServer.extraArgs.secure-port: --secure-port is set by gitops itself and " \
+           "cannot be overridden" in found, found
+    assert [e for e in found if "'--dashes'" in e and "does not match" in e], found
+    assert [e for e in found if "'a b'" in e and "does not match" in e], found
+    write(repo, "c5.yaml", """
+        apiVersion: gitops.infra/v1alpha1
+        kind: Cluster
+        metadata:
+          name: c5
+        spec:
+          kubernetesVersion: v1.20.2
+          apiServer:
+            extraArgs: {max-requests-inflight: "500", event-ttl: 2h0m0s}
+        """)
+    result = validate_repo(repo)
+    assert [str(d) for d in result.diagnostics] == []
+    assert result.model.clusters["c5"].api_server_args == (("event-ttl", "2h0m0s"), ("max-requests-inflight", "500"))
+
+
 # --- files that are not good YAML ------------------------------------------------------
 
 def test_bad_files_are_reported_and_everything_else_still_checked(repo):

@@ -12,6 +12,7 @@ SIGKILL) observes what exists and plans only what is missing.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -244,12 +245,16 @@ class _Runner:
         self._create_container(action, p)
         if p.etcd is not None:
             self._etcd_gate(action, p, before=False)
+        if p.ready is not None:
+            self._wait_ready(action, p.ready)
 
-    def _create_container(self, action: Action, p: CreateContainer) -> None:
+    def _create_container(self, action: Action, p: CreateContainer, attempt: int = 0) -> None:
         client = self.client(action.hypervisor)
         spec = resolve_container(p.container, {f.name: self.content(f) for f in p.files})
         client.pull_image(spec.image)
         ref = self.pod(action, p.pod)
+        if attempt:  # beside a container of the same name: the runtime's name of it must differ
+            spec = dataclasses.replace(spec, attempt=attempt)
         container_id = client.create_container(ref.sandbox_id, spec, p.sandbox)
         client.start_container(container_id)
         if action.component == AGENT:
@@ -258,12 +263,29 @@ class _Runner:
     def recreate_container(self, action: Action, p: CreateContainer) -> None:
         if p.etcd is not None:
             self._etcd_gate(action, p, before=True)
-        self._remove_container(action.hypervisor, action.target_id)
-        self._create_container(action, p)
+        if p.overlap:
+            self._replace_beside(action, p)
+        else:
+            self._remove_container(action.hypervisor, action.target_id)
+            self._create_container(action, p)
         if p.etcd is not None:
             self._etcd_gate(action, p, before=False)
         if p.ready is not None:
             self._wait_ready(action, p.ready)
+
+    def _replace_beside(self, action: Action, p: CreateContainer) -> None:
+        """The new container first, `p.overlap` seconds beside the old one, then the old one stopped."""
+        client = self.client(action.hypervisor)
+        try:
+            old = client.container_status(action.target_id)
+        except CRIError as err:
+            if err.reason != Reason.NOT_FOUND:
+                raise
+            self._create_container(action, p)  # gone meanwhile: nothing to overlap with
+            return
+        self._create_container(action, p, attempt=old.attempt + 1)
+        time.sleep(p.overlap)
+        self._remove_container(action.hypervisor, action.target_id)
 
     def _wait_ready(self, action: Action, ready: ApiReady) -> None:
         """Until the API server's own /readyz answers ok (anonymous; TLS verified against the cluster CA)."""
@@ -303,6 +325,12 @@ class _Runner:
 
     def remove_pod(self, action: Action, p: Remove) -> None:
         client = self.client(action.hypervisor)
+        for container_id in p.stop_first:
+            try:
+                client.stop_container(container_id)
+            except CRIError as err:
+                if err.reason != Reason.NOT_FOUND:
+                    raise
         if p.wipe_agent_id:
             try:
                 agent.wipe(client, p.wipe_agent_id)

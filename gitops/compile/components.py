@@ -34,6 +34,9 @@ from gitops.node import AGENT, AGENT_ROOT, CLUSTER, FILES, MANAGED, MANAGER, NOD
 from gitops.state.records import ClusterRecord, NodeRecord
 
 ETCD_DATA = "/var/lib/etcd"
+#: seconds a stopping API server keeps serving while /readyz fails, so the ingress (a check every
+#: second, out at the first failure, 2 s timeout) stops sending it requests before its port closes
+SHUTDOWN_DELAY = 3
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 API_DNS_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
 
@@ -144,7 +147,7 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
     )
     components = (
         _etcd(node, cluster, hv, record, files_mount),
-        _apiserver(node, cluster, hv, record, files_mount),
+        _apiserver(node, cluster, hv, record, files_mount, _etcd_servers(node, hv, record, peers)),
         _controller_manager(cluster, hv, record, files_mount),
         _scheduler(cluster, hv, record, files_mount),
     )
@@ -206,8 +209,18 @@ def _etcd(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, file
     )
 
 
-def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
-    """Stacked etcd: each API server talks to its node's own member."""
+def _etcd_servers(node: Node, hv: Hypervisor, record: NodeRecord,
+                  peers: dict[str, tuple[Hypervisor, NodeRecord]]) -> tuple[str, ...]:
+    """The client URLs of the cluster's etcd members, the node's own first: while its member restarts
+    (a rolling change) or leaves, the API server goes on through the others instead of failing."""
+    others = sorted(f"https://{p_hv.ip_address}:{p_rec.ports['etcd-client']}" for name, (p_hv, p_rec)
+                    in peers.items() if name != node.name and not p_hv.public and "etcd-client" in p_rec.ports)
+    return (etcd_member(hv, node, record).client_url, *others)
+
+
+def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount,
+               etcd_servers: tuple[str, ...]) -> ContainerSpec:
+    """Stacked etcd: each API server talks to its node's own member first, and to the others."""
     ip = hv.ip_address
     return ContainerSpec(
         name="kube-apiserver",
@@ -217,7 +230,7 @@ def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
             f"--advertise-address={ip}",
             f"--bind-address={ip}",
             f"--secure-port={record.ports['apiserver']}",
-            f"--etcd-servers={etcd_member(hv, node, record).client_url}",
+            f"--etcd-servers={','.join(etcd_servers)}",
             f"--etcd-cafile={FILES}/etcd-ca.crt",
             f"--etcd-certfile={FILES}/apiserver-etcd-client.crt",
             f"--etcd-keyfile={FILES}/apiserver-etcd-client.key",
@@ -244,7 +257,11 @@ def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
             "--enable-admission-plugins=NodeRestriction",
             "--enable-bootstrap-token-auth=true",
             "--allow-privileged=true",
+            # stopped, it first only fails /readyz for this long while serving as usual: the ingress
+            # (checking every second) takes it out before it closes its port (SHUTDOWN_DELAY)
+            f"--shutdown-delay-duration={SHUTDOWN_DELAY}s",
             *_no_insecure_port(cluster, "--insecure-port=0"),
+            *(f"--{name}={value}" for name, value in cluster.api_server_args),
         ),
         mounts=(files_mount,),
     )

@@ -13,11 +13,14 @@ from gitops.lab.lab import (
     hypervisors_yaml,
     import_image,
     info,
+    kill_containerd,
+    start_containerd,
     status,
     up,
 )
 
 __all__ = [
     "DownReport", "LabError", "LabHypervisor", "LabInfo", "LabStatus", "alias_image", "default_dir", "down",
-    "hypervisor_document", "hypervisors_yaml", "import_image", "info", "status", "up",
+    "hypervisor_document", "hypervisors_yaml", "import_image", "info", "kill_containerd", "start_containerd", "status",
+    "up",
 ]

@@ -118,8 +118,9 @@ def base_recipes() -> dict[str, ImageRecipe]:
         "pause": ImageRecipe("pause", "3.9", (sleep,), (sleep, "infinity")),
         "etcd": ImageRecipe("etcd", _version([etcd, "--version"], r"etcd Version:\s*(\S+)"),
                             (etcd,), (etcd,), dirs=("var/lib/etcd",)),
+        # as docker.io/library/haproxy: stopped with SIGUSR1, a soft stop (connections in flight finish)
         "haproxy": ImageRecipe("haproxy", _version([haproxy, "-v"], r"version\s+(\d+\.\d+\.\d+)"),
-                               (haproxy,), (haproxy,), dirs=("usr/local/etc/haproxy",)),
+                               (haproxy,), (haproxy,), dirs=("usr/local/etc/haproxy",), stop_signal="SIGUSR1"),
         "busybox": ImageRecipe("busybox", _version([busybox], r"BusyBox v(\d+\.\d+\.\d+)"),
                                (busybox,), (busybox,), cmd=("sh",), dirs=("tmp", "www")),
     }

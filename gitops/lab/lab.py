@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -394,6 +395,39 @@ def add_runtime(lab_dir: Path, name: str, ip: str) -> tuple[Path, procs.Proc]:
           READY_TIMEOUT, ctrd)
     _ctr_import(str(hv_dir / "containerd.sock"), lab.dir / "images" / IMAGES_ARCHIVE, name)
     return hv_dir, ctrd
+
+
+def kill_containerd(lab_dir: Path, name: str) -> None:
+    """SIGKILL hypervisor `name`'s containerd, as a crash would (its containers run on under their shims);
+    returns once its CRI socket no longer answers."""
+    lab = info(lab_dir)
+    hv = lab.get(name)
+    [ctrd] = [p for p in lab.processes if p.role == "containerd" and p.hypervisor == name]
+    if not ctrd.alive():
+        raise LabError(f"the containerd of {name} is not running")
+    os.kill(ctrd.pid, signal.SIGKILL)
+    try:
+        os.waitpid(ctrd.pid, 0)  # started by this process (`up`): reap it, or it lingers as a zombie
+    except ChildProcessError:
+        pass
+    _wait(f"containerd of {name} gone", lambda: not _cri_ready(hv.local())(), READY_TIMEOUT)
+
+
+def start_containerd(lab_dir: Path, name: str) -> procs.Proc:
+    """Start hypervisor `name`'s containerd again on its config and state (after `kill_containerd`): it
+    finds its pods and containers again. Recorded in place of the old process, so `down` stops it."""
+    lab = info(lab_dir)
+    hv = lab.get(name)
+    [old] = [p for p in lab.processes if p.role == "containerd" and p.hypervisor == name]
+    if old.alive():
+        raise LabError(f"the containerd of {name} is still running (pid {old.pid})")
+    hv_dir = Path(hv.dir)
+    ctrd = procs.spawn("containerd", name, ["containerd", "--config", str(hv_dir / "containerd.toml")],
+                       hv_dir / "logs" / "containerd.log", hv_dir)
+    _save(lab.dir, lab.hypervisors, [ctrd if p == old else p for p in lab.processes], lab.images, lab.aliases,
+          lab.kubernetes)
+    _wait(f"containerd for {name}", _cri_ready(hv.local()), READY_TIMEOUT, ctrd)
+    return ctrd
 
 
 def _drain(hv: LabHypervisor) -> list[str]:

@@ -90,6 +90,7 @@ def cluster(doc: Document) -> Cluster:
         vpn_cidr=spec.get("vpn", {}).get("cidr") if spec.get("vpn", {}).get("enabled", True) else None,
         validity_days=certs.get("validityDays", 365),
         renew_before_days=certs.get("renewBeforeDays", 30),
+        api_server_args=tuple(sorted(api.get("extraArgs", {}).items())),
     )
 
 

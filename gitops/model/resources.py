@@ -87,6 +87,19 @@ class Hypervisor:
 DEFAULT_SERVICE_CIDR = "10.96.0.0/12"
 DEFAULT_POD_CIDR = "10.244.0.0/16"
 DEFAULT_ETCD_VERSION = "3.5.16"
+#: the kube-apiserver flags gitops sets itself (gitops.compile.components), which
+#: spec.apiServer.extraArgs may not set (a test keeps the two in step)
+API_SERVER_FLAGS = frozenset({
+    "advertise-address", "allow-privileged", "authorization-mode", "bind-address", "client-ca-file",
+    "enable-admission-plugins", "enable-bootstrap-token-auth", "etcd-cafile", "etcd-certfile", "etcd-keyfile",
+    "etcd-servers", "insecure-port", "kubelet-certificate-authority", "kubelet-client-certificate",
+    "kubelet-client-key", "kubelet-preferred-address-types", "proxy-client-cert-file", "proxy-client-key-file",
+    "requestheader-allowed-names", "requestheader-client-ca-file", "requestheader-extra-headers-prefix",
+    "requestheader-group-headers", "requestheader-username-headers", "secure-port", "service-account-issuer",
+    "service-account-key-file", "service-account-signing-key-file", "service-cluster-ip-range",
+    "shutdown-delay-duration", "tls-cert-file",
+    "tls-private-key-file",
+})
 IMAGE_KEYS = ("etcd", "kubeApiserver", "kubeControllerManager", "kubeScheduler", "haproxy", "agent")
 #: the files agent: a small image with sh, openssl and coreutils (see Dockerfile, target `agent`)
 DEFAULT_AGENT_IMAGE = "ghcr.io/gitops-infra/gitops-agent:0.1.0"
@@ -106,6 +119,8 @@ class Cluster:
     vpn_cidr: str | None = None
     validity_days: int = 365
     renew_before_days: int = 30
+    #: spec.apiServer.extraArgs, sorted: further kube-apiserver flags (name without dashes, value)
+    api_server_args: tuple[tuple[str, str], ...] = ()
 
     def image(self, component: str) -> str:
         """Image of `component` (an IMAGE_KEYS entry): the override, else the upstream default."""

@@ -18,7 +18,7 @@ from gitops.model import versions
 from gitops.model.diagnostics import Diagnostic
 from gitops.model.documents import Document
 from gitops.model.networkdata import NetworkDataError, first_ipv4, network_data_from_secret
-from gitops.model.resources import DATA_DIR_ANNOTATION
+from gitops.model.resources import API_SERVER_FLAGS, DATA_DIR_ANNOTATION
 from gitops.secrets import is_armored
 
 HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$")
@@ -204,6 +204,15 @@ def cluster_networks(docs: list[Document], _everything: list[Document]) -> Itera
                                 f"renewal window ({renew} days) must be shorter than validity ({validity} days)")
 
 
+def api_server_args(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
+    """spec.apiServer.extraArgs may not set a flag gitops sets itself (its value would be ambiguous)."""
+    for cluster in _of_kind(docs, "Cluster"):
+        for name in sorted(cluster.get(("spec", "apiServer", "extraArgs"), {})):
+            if name in API_SERVER_FLAGS:
+                yield cluster.error(("spec", "apiServer", "extraArgs", name),
+                                    f"--{name} is set by gitops itself and cannot be overridden")
+
+
 def _network(doc: Document, path: tuple[str, ...]):
     raw = doc.get(path)
     if raw is None:
@@ -266,6 +275,7 @@ CHECKS: tuple[Check, ...] = (
     hypervisor_data_dirs,
     kubernetes_versions,
     cluster_networks,
+    api_server_args,
     sip_selectors,
     network_data,
 )

@@ -48,6 +48,9 @@ from gitops.plan.payloads import (
 from gitops.state.records import ClusterRecord, State
 
 MAX_LISTED_CHANGES = 6
+#: the ingress component, and how long a new one runs beside the one it replaces
+INGRESS = "haproxy"
+INGRESS_OVERLAP = 2
 
 
 @dataclass(frozen=True)
@@ -187,15 +190,27 @@ def _cluster_diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime)
             if pod is not best:
                 actions.append(_remove_pod(pod, "duplicate pod of the same node"))
 
+    serving = _has_quorum(inputs)
     for node, want in sorted(desired.items()):
         if want.hypervisor in inputs.down:
             continue
-        actions.extend(_pod_actions(want, keepers.get(node), inputs.record, inputs.want, now, options, deadlines))
+        actions.extend(_pod_actions(want, keepers.get(node), inputs.record, inputs.want, now, options, deadlines,
+                                    serving))
 
     actions.extend(_etcd_membership(inputs, options.health_timeout))
     actions, held = _hold_votes(inputs, actions)
     warnings.extend(held)
     return ClusterDiff(tuple(actions), tuple(warnings), now, min(deadlines, default=None))
+
+
+def _has_quorum(inputs: ClusterInputs) -> bool:
+    """Whether more than half of the recorded etcd members run: the cluster serves, so a new API server
+    must be ready before anything routes to it (while it bootstraps or restarts from nothing, its API
+    servers become ready only once the members later in the plan run)."""
+    members = set(inputs.record.etcd_members) if inputs.record else set()
+    running = {node for node, pods in inputs.have.items() if node in members
+               and any(p.running("etcd") is not None for p in pods)}
+    return bool(members) and len(running) * 2 > len(members)
 
 
 _MEMBERSHIP = (Kind.ETCD_MEMBER_ADD, Kind.ETCD_MEMBER_PROMOTE, Kind.ETCD_MEMBER_REMOVE)
@@ -237,14 +252,17 @@ def _remove_pod(pod: ObservedPod, reason: str, prune: bool = False, wipe: bool =
                 forget: bool = False) -> Action:
     """Remove a pod; `wipe`: the node leaves this hypervisor, so its files and etcd data go first."""
     agent = pod.running(AGENT) if wipe and pod.ready else None
+    components = sorted((c for c in pod.containers if c.component != AGENT and c.state == "running"),
+                        key=lambda c: (-c.created_at, c.id))
     return Action(Kind.REMOVE_POD, pod.hypervisor, pod.cluster, pod.node, reason=reason,
                   target_id=pod.sandbox_id, prune=prune,
-                  payload=Remove(pod.sandbox_id, wipe_agent_id=agent.id if agent else "", forget=forget))
+                  payload=Remove(pod.sandbox_id, wipe_agent_id=agent.id if agent else "", forget=forget,
+                                 stop_first=tuple(c.id for c in components)))
 
 
 def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterRecord | None,
                  cluster: DesiredCluster | None, now: dt.datetime, options: DiffOptions,
-                 deadlines: list[dt.datetime]) -> list[Action]:
+                 deadlines: list[dt.datetime], serving: bool = False) -> list[Action]:
     base = dict(hypervisor=want.hypervisor, cluster=want.cluster, node=want.node)
     actions: list[Action] = []
     fresh = have is None or not have.ready or have.spec_hash != want.sandbox.labels.get(SPEC_HASH)
@@ -280,7 +298,7 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterReco
         ready = ApiReady(f"{want.api_url}/readyz", options.health_timeout) \
             if container.spec.name == "kube-apiserver" and want.api_url else None
         reads = tuple(sorted(renewed & _certificates_read(want, container))) if renewed else ()
-        actions.extend(_container_actions(want, container, mine, index, base, pod, etcd, ready, reads))
+        actions.extend(_container_actions(want, container, mine, index, base, pod, etcd, ready, reads, serving))
     for extra in observed:
         if extra.component not in desired_names:
             actions.append(Action(Kind.REMOVE_CONTAINER, **base, component=extra.component,
@@ -320,17 +338,24 @@ def _etcd_health(pod: DesiredPod, container: DesiredContainer, record: ClusterRe
 
 def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[ObservedContainer], index: int,
                        base: dict, ref: PodRef, etcd: EtcdHealth | None = None,
-                       ready: ApiReady | None = None, renewed: tuple[str, ...] = ()) -> list[Action]:
+                       ready: ApiReady | None = None, renewed: tuple[str, ...] = (),
+                       serving: bool = False) -> list[Action]:
     """`etcd`: the member's health gate, used when a running etcd is replaced (a deliberate disruption);
-    `ready`: the same for a running API server, which must be ready again before the next one goes.
+    `ready`: the same for a running API server, which must be ready again before the next one goes,
+    and for a new one while the cluster `serving`, ready before the ingress is given it.
     A missing or exited etcd is started without one: it is down already, and waiting for quorum
-    before starting it could wait for members that only start later in the plan."""
+    before starting it could wait for members that only start later in the plan. A running ingress
+    haproxy is replaced by one started beside it (`CreateContainer.overlap`)."""
     name = want.spec.name
     pending = tuple(f for f in pod.files if not f.known) if not want.known else ()
     payload = CreateContainer(ref, pod.sandbox, want.spec, pending)
     if not have:
+        details: tuple[str, ...] = (want.spec.image,)
+        if ready is not None and serving:
+            payload = dataclasses.replace(payload, ready=ready)
+            details += (f"the cluster serves: waits until its /readyz answers ok (up to {ready.timeout}s)",)
         return [Action(Kind.CREATE_CONTAINER, **base, component=name, order=index, reason="container is missing",
-                       details=(want.spec.image,), payload=payload)]
+                       details=details, payload=payload)]
     latest = have[-1]
     out = [Action(Kind.REMOVE_CONTAINER, **base, component=name, order=index, target_id=old.id,
                   reason="superseded container", payload=Remove(old.id)) for old in have[:-1]]
@@ -343,6 +368,10 @@ def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[Obser
         if ready is not None and latest.state == "running":
             payload = dataclasses.replace(payload, ready=ready)
             gate = (f"one at a time: waits until its /readyz answers ok (up to {ready.timeout}s)",)
+        if name == INGRESS and pod.role != CONTROLPLANE and latest.state == "running":
+            payload = dataclasses.replace(payload, overlap=INGRESS_OVERLAP)
+            gate = (f"started beside the running one, which soft-stops {INGRESS_OVERLAP}s later: the port "
+                    "never closes",)
         if latest.spec_hash != want.spec_hash:
             reason, what = "spec changed", changed_fields(latest.inputs, want.summary)
         else:

@@ -107,8 +107,13 @@ class CreateContainer:
     files: tuple[FileSpec, ...] = ()
     #: etcd on a running cluster: one member at a time, health checked before and after
     etcd: EtcdHealth | None = None
-    #: a running API server: ready again before the next one goes
+    #: a running API server: ready again before the next one goes (and a new one in a running cluster:
+    #: ready before anything routes to it)
     ready: ApiReady | None = None
+    #: seconds the new container runs beside the one it replaces before that one is stopped (0: stop it
+    #: first). The ingress's haproxy binds its port with SO_REUSEPORT, so the port never closes, and the
+    #: old one soft-stops (its image's stop signal, SIGUSR1): connections in flight finish.
+    overlap: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,10 @@ class Remove:
     wipe_agent_id: str = ""
     #: the node left the repo: free its records (ports, keys, etcd membership) once its pod is gone
     forget: bool = False
+    #: running containers stopped one by one first, each gracefully (its stop signal, then SIGKILL after
+    #: 10 s), the last started first: an API server leaves the ingress before it goes (stopping the
+    #: sandbox kills them at once)
+    stop_first: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,184 @@
+"""Day-2 operations under the API probe: failed requests and duration of each (issue #13).
+
+Starts a lab (3 containerd hypervisors on 127.0.28.x, 1 public; needs root and the cached
+Kubernetes v1.20.2 binaries of scripts/build-kubernetes.sh), writes the example repo with the
+team-a cluster only (3 controlplane nodes + 1 ingress, v1.20.2) and applies it. Then, for each
+operation, it writes a ConfigMap through the ingress, starts the probe of `gitops.lab.probe`
+(`GET /readyz` through the ingress every 100 ms, a fresh TLS connection each time, as the
+admin of `gitops kubeconfig`), edits the repo, runs `gitops apply`, waits until `/readyz` is ok
+and 2 s more, stops the probe and reads the ConfigMap back:
+
+  idle               nothing applied for 20 s (the probe's floor)
+  etcd-image         spec.images.etcd: the same etcd under another reference (3 members, rolling)
+  apiserver-flag     spec.apiServer.extraArgs event-ttl (3 API servers, rolling)
+  certificate-renewal  validityDays 400 / renewBeforeDays 366: every leaf re-issued, its readers restarted
+  node-replacement   team-a-cp-3 leaves the repo and team-a-cp-4 joins in the same commit
+
+It prints per operation: requests, failed requests, outages (failed, and the immediate retry
+failed too), apply and total duration; `--json` ends with one JSON object. Run it alone, under
+the lab lock: `flock /tmp/gitops-lab.lock .venv/bin/python benchmarks/api_probe.py`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from gitops import lab as labmod
+from gitops.lab import kubebin
+from gitops.lab.example import write_example_repo
+from gitops.lab.probe import Probe
+
+SUBNET = "127.0.28"
+GITOPS = str(Path(sys.executable).parent / "gitops")
+
+
+class Bench:
+    def __init__(self, base: Path, lab: labmod.LabInfo):
+        self.base, self.lab = base, lab
+        self.repo, self.state = base / "repo", base / "state"
+        self.kubeconfig = base / "team-a.kubeconfig"
+
+    def gitops(self, *args: str) -> str:
+        proc = subprocess.run([GITOPS, *args], capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise SystemExit(f"gitops {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
+        return proc.stdout
+
+    def apply(self) -> str:
+        return self.gitops("apply", str(self.repo), "--state-dir", str(self.state))
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([str(kubebin.kubectl()), "--kubeconfig", str(self.kubeconfig), "--request-timeout=10s",
+                               *args], capture_output=True, text=True, timeout=60)
+        if check and proc.returncode != 0:
+            raise SystemExit(f"kubectl {' '.join(args)}: {proc.stdout}{proc.stderr}")
+        return proc
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while self.kubectl("get", "--raw", "/readyz", check=False).stdout.strip() != "ok":
+            if time.monotonic() > deadline:
+                raise SystemExit("team-a never answered /readyz through the ingress")
+            time.sleep(0.5)
+
+    def edit(self, rel: str, change: Callable[[list[dict]], None]) -> None:
+        path = self.repo / rel
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        change(docs)
+        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+
+    def operation(self, name: str, change: Callable[[], None] | None) -> dict:
+        """One operation under the probe; its figures."""
+        self.wait_ready()
+        self.kubectl("-n", "default", "create", "configmap", f"probe-{name}", f"--from-literal=made={name}")
+        probe = Probe(self.kubeconfig.read_text())
+        probe.start()
+        started = time.monotonic()
+        try:
+            if change is None:
+                time.sleep(20)
+                output = ""
+            else:
+                change()
+                output = self.apply()
+            applied = time.monotonic() - started
+            self.wait_ready()
+            time.sleep(2)
+        finally:
+            counts = probe.stop()
+        data = self.kubectl("-n", "default", "get", "configmap", f"probe-{name}", "-o", "jsonpath={.data.made}",
+                            check=False)
+        actions = sum(1 for line in output.splitlines() if line.startswith("["))
+        return {"operation": name, "requests": counts.requests, "failed": counts.failures,
+                "outages": counts.outages, "apply_s": round(applied, 1), "probed_s": round(counts.seconds, 1),
+                "actions": actions, "data_kept": data.returncode == 0 and data.stdout == name,
+                "errors": list(counts.errors[:5])}
+
+
+def set_cluster(spec_change: Callable[[dict], None]) -> Callable[[list[dict]], None]:
+    def change(docs: list[dict]) -> None:
+        spec_change(docs[0]["spec"])
+    return change
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="end with the figures as one JSON object")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="gitops-bench-probe-", dir="/tmp"))
+    results = []
+    try:
+        print("lab up (3 hypervisors, real v1.20.2 images) ...", flush=True)
+        lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet=SUBNET)
+        bench = Bench(base, lab)
+        write_example_repo(lab, bench.repo)
+        shutil.rmtree(bench.repo / "clusters/team-b")
+        shutil.rmtree(bench.repo / "sip")
+        bench.edit("gitops.yaml", lambda docs: docs[0]["spec"].update(
+            paths=[p for p in docs[0]["spec"]["paths"] if p != "sip"]))
+        started = time.monotonic()
+        bench.apply()
+        bench.kubeconfig.touch(mode=0o600)
+        bench.kubeconfig.write_text(bench.gitops("kubeconfig", str(bench.repo), "--state-dir", str(bench.state),
+                                                 "--cluster", "team-a"))
+        bench.wait_ready()
+        print(f"team-a applied and ready through the ingress in {time.monotonic() - started:.1f} s", flush=True)
+        etcd = lab.images["etcd"].rsplit(":", 1)[0] + ":probe"
+        labmod.alias_image(lab.images["etcd"], etcd, lab.dir)
+        cluster = "clusters/team-a/cluster.yaml"
+
+        def replace_node() -> None:
+            def change(docs: list[dict]) -> None:
+                next(d for d in docs if d["metadata"]["name"] == "team-a-cp-3")["metadata"]["name"] = "team-a-cp-4"
+            bench.edit("clusters/team-a/nodes.yaml", change)
+
+        operations: list[tuple[str, Callable[[], None] | None]] = [
+            ("idle", None),
+            ("etcd-image", lambda: bench.edit(cluster, set_cluster(lambda s: s.setdefault("images", {}).update(
+                etcd=etcd)))),
+            ("apiserver-flag", lambda: bench.edit(cluster, set_cluster(lambda s: s["apiServer"].update(
+                extraArgs={"event-ttl": "2h0m0s"})))),
+            ("certificate-renewal", lambda: bench.edit(cluster, set_cluster(lambda s: s.update(
+                certificates={"validityDays": 400, "renewBeforeDays": 366})))),
+            ("node-replacement", replace_node),
+        ]
+        print(f"{'operation':22} {'requests':>8} {'failed':>7} {'outages':>8} {'actions':>8} {'apply':>8} "
+              f"{'probed':>8}  data kept", flush=True)
+        for name, change in operations:
+            row = bench.operation(name, change)
+            results.append(row)
+            print(f"{name:22} {row['requests']:8d} {row['failed']:7d} {row['outages']:8d} {row['actions']:8d} "
+                  f"{row['apply_s']:7.1f}s {row['probed_s']:7.1f}s  {'yes' if row['data_kept'] else 'NO'}",
+                  flush=True)
+            for error in row["errors"]:
+                print(f"    {error}", flush=True)
+            if name == "certificate-renewal":  # back to the usual window: the new leaves are outside it
+                bench.edit(cluster, set_cluster(lambda s: s.update(
+                    certificates={"validityDays": 365, "renewBeforeDays": 30})))
+                left = bench.gitops("plan", str(bench.repo), "--state-dir", str(bench.state))
+                if "No changes." not in left:
+                    print(f"    after restoring the window the plan is not empty:\n{left}", flush=True)
+        if args.json:
+            print(json.dumps({"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                              "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, Python "
+                                         f"{platform.python_version()}",
+                              "load_average": [round(x, 2) for x in os.getloadavg()],
+                              "operations": results}, sort_keys=True))
+    finally:
+        labmod.down(base / "lab")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

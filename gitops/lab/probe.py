@@ -1,0 +1,144 @@
+"""A bounded API probe: an API read through a cluster's ingress every 100 ms, as the admin.
+
+Each request opens a fresh TLS connection (so the ingress chooses a backend every time) with the
+credentials of an admin kubeconfig and reads `GET /api/v1/namespaces/default` (authentication,
+authorization and a quorum read from etcd: what a client does), and counts as failed unless it
+answers 200 (`/readyz` as `path`: unless `200 ok`; a draining API server answers it 500 on
+purpose while it still serves every other request, so it measures readiness, not service). A failed
+request is retried once at once on a new connection; when that fails too the API was away (an
+*outage*). `use_kubeconfig` switches credentials mid-run (a CA rotation publishes a new admin
+kubeconfig). Used by the lab tests and `benchmarks/api_probe.py`.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from gitops.kubeconfig import admin_credentials
+
+#: errors kept for the report (the counts are exact; the list is bounded)
+MAX_ERRORS = 50
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and as whom the probe asks: the kubeconfig's server and a TLS context holding its
+    CA and client certificate."""
+
+    host: str
+    port: int
+    context: ssl.SSLContext
+
+
+def target(kubeconfig: str) -> Target:
+    """The `Target` of an admin kubeconfig's text (embedded CA, client certificate and key)."""
+    server, ca_pem, cert_pem, key_pem = admin_credentials(kubeconfig)
+    context = ssl.create_default_context(cadata=ca_pem)
+    with tempfile.TemporaryDirectory(prefix="gitops-probe-") as tmp:  # ssl loads a key only from a file
+        cert, key = Path(tmp) / "admin.crt", Path(tmp) / "admin.key"
+        cert.write_text(cert_pem)
+        key.touch(mode=0o600)
+        key.write_text(key_pem)
+        context.load_cert_chain(str(cert), str(key))
+    parts = urlsplit(server)
+    if parts.scheme != "https" or not parts.hostname or not parts.port:
+        raise ValueError(f"kubeconfig server {server!r} is not https://host:port")
+    return Target(parts.hostname, parts.port, context)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What a probe saw: requests sent, failed ones, outages (failed and failed again at once)."""
+
+    requests: int
+    failures: int
+    outages: int
+    seconds: float
+    errors: tuple[str, ...]
+
+
+class Probe(threading.Thread):
+    """`GET path` every `interval` seconds until `stop()`; `with Probe(...) as probe:` starts and stops it."""
+
+    def __init__(self, kubeconfig: str, interval: float = 0.1, path: str = "/api/v1/namespaces/default",
+                 timeout: float = 5.0):
+        super().__init__(daemon=True, name="api-probe")
+        self.interval, self.path, self.timeout = interval, path, timeout
+        self._target = target(kubeconfig)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.requests = self.failures = self.outages = 0
+        self.errors: list[str] = []
+        self._began = self._ended = 0.0
+
+    def use_kubeconfig(self, kubeconfig: str) -> None:
+        """Ask with another admin kubeconfig from the next request on (parsed before the switch)."""
+        new = target(kubeconfig)
+        with self._lock:
+            self._target = new
+
+    def _get(self) -> str | None:
+        """None when the API answered `200 ok`, else what went wrong."""
+        with self._lock:
+            where = self._target
+        conn = http.client.HTTPSConnection(where.host, where.port, context=where.context, timeout=self.timeout)
+        try:
+            conn.request("GET", self.path)
+            response = conn.getresponse()
+            body = response.read()
+            if response.status == 200 and (self.path != "/readyz" or body == b"ok"):
+                return None
+            text = body.decode(errors="replace")
+            failed = [line for line in text.splitlines() if line.startswith("[-]")]  # /readyz's failed checks
+            if not failed:
+                try:
+                    failed = [str(json.loads(text)["message"])]  # a Status object
+                except (ValueError, KeyError, TypeError):
+                    failed = [repr(body[:200])]
+            return f"{response.status} " + ", ".join(failed)
+        except (OSError, http.client.HTTPException) as err:
+            return f"{type(err).__name__}: {err}"
+        finally:
+            conn.close()
+
+    def run(self) -> None:
+        self._began = time.monotonic()
+        while not self._stopping.wait(self.interval):
+            error = self._get()
+            retry = self._get() if error is not None else None
+            with self._lock:
+                self.requests += 1
+                if error is None:
+                    continue
+                self.failures += 1
+                self.outages += retry is not None
+                if len(self.errors) < MAX_ERRORS:
+                    stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+                    self.errors.append(f"{stamp} {error}; retry: {retry or 'ok'}")
+        self._ended = time.monotonic()
+
+    def counts(self) -> Counts:
+        with self._lock:
+            end = self._ended or time.monotonic()
+            return Counts(self.requests, self.failures, self.outages, round(end - (self._began or end), 3),
+                          tuple(self.errors))
+
+    def stop(self) -> Counts:
+        self._stopping.set()
+        if self.is_alive():
+            self.join(timeout=self.timeout * 2 + 5)
+        return self.counts()
+
+    def __enter__(self) -> "Probe":
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
