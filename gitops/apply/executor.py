@@ -12,6 +12,7 @@ SIGKILL) observes what exists and plans only what is missing.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -28,6 +29,7 @@ from gitops.compile.authorities import authority
 from gitops.compile.desired import FileSpec, resolve_container
 from gitops.cri.client import CRIClient
 from gitops.cri.errors import CRIError, Reason
+from gitops.cri.types import ContainerState
 from gitops.errors import GitopsError
 from gitops.kubeapi import Credentials, KubeAPI
 from gitops.node import AGENT
@@ -56,6 +58,8 @@ from gitops.state.store import StateStore
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, Action, str], None]
+#: how long a surged container runs beside the one it replaces before that one stops (seconds)
+SURGE_SETTLE = 1.5
 
 
 class ApplyError(GitopsError):
@@ -211,12 +215,13 @@ class _Runner:
                 authority(authorities, spec.signer), csr.public_key(), spec.common_name,
                 organizations=spec.organizations, dns_names=spec.dns_names, ip_addresses=spec.ip_addresses,
                 server=spec.server, client=spec.client, days=issue.days, now=self.now)
-            agent.write_file(client, agent_id, f"{spec.name}.crt", cert_to_pem(cert))
+            agent.write_file(client, agent_id, f"{spec.name}.crt", cert_to_pem(cert) + issue.chain)
         for spec in p.files:
             agent.write_file(client, agent_id, spec.name, self.content(spec))
 
     def etcd(self, cluster: str, client_urls: tuple[str, ...]) -> EtcdAdmin:
-        return EtcdAdmin(authority(self.state.clusters[cluster].authorities, "etcd"), list(client_urls))
+        record = self.state.clusters[cluster]
+        return EtcdAdmin(authority(record.authorities, "etcd"), list(client_urls), record.trust_bundle("etcd"))
 
     def etcd_member_add(self, action: Action, p: EtcdMemberChange) -> None:
         record = self.state.clusters[action.cluster]
@@ -247,17 +252,47 @@ class _Runner:
         if p.etcd is not None:
             self._etcd_gate(action, p, before=False)
 
-    def _create_container(self, action: Action, p: CreateContainer) -> None:
+    def _create_container(self, action: Action, p: CreateContainer, attempt: int = 0) -> str:
         client = self.client(action.hypervisor)
         spec = resolve_container(p.container, {f.name: self.content(f) for f in p.files})
+        if attempt:
+            spec = dataclasses.replace(spec, attempt=attempt)  # beside the container it replaces (surge)
         client.pull_image(spec.image)
         ref = self.pod(action, p.pod)
         container_id = client.create_container(ref.sandbox_id, spec, p.sandbox)
         client.start_container(container_id)
         if action.component == AGENT:
             self.pods[action.node] = PodRef(ref.sandbox_id, container_id)
+        return container_id
+
+    def _surge(self, action: Action, p: CreateContainer) -> None:
+        """The new container first (the next attempt, so CRI takes the name), running for SURGE_SETTLE
+        seconds, then the old one goes: a listener on a shared port (SO_REUSEPORT) is never missing."""
+        client = self.client(action.hypervisor)
+        try:
+            old = client.container_status(action.target_id)
+        except CRIError as err:
+            if err.reason != Reason.NOT_FOUND:
+                raise
+            self._create_container(action, p)  # gone meanwhile: nothing to overlap with
+            return
+        new = self._create_container(action, p, attempt=old.attempt + 1)
+        deadline = time.monotonic() + SURGE_SETTLE * 10
+        while client.container_status(new).state != ContainerState.RUNNING:
+            if time.monotonic() > deadline:
+                raise ApplyError(f"the new {action.component} on {action.node} is not running; the old one is "
+                                 "left in place")
+            time.sleep(0.2)
+        time.sleep(SURGE_SETTLE)
+        if client.container_status(new).state != ContainerState.RUNNING:
+            raise ApplyError(f"the new {action.component} on {action.node} exited right after it started; the "
+                             "old one is left in place")
+        self._remove_container(action.hypervisor, action.target_id)
 
     def recreate_container(self, action: Action, p: CreateContainer) -> None:
+        if p.surge:
+            self._surge(action, p)
+            return
         if p.etcd is not None:
             self._etcd_gate(action, p, before=True)
         self._remove_container(action.hypervisor, action.target_id)
@@ -269,7 +304,7 @@ class _Runner:
 
     def _wait_ready(self, action: Action, ready: ApiReady) -> None:
         """Until the API server's own /readyz answers ok (TLS verified against the cluster CA)."""
-        context = ssl.create_default_context(cadata=self.state.clusters[action.cluster].authorities["cluster"].cert_pem)
+        context = ssl.create_default_context(cadata=self.state.clusters[action.cluster].trust_bundle("cluster"))
         deadline = time.monotonic() + ready.timeout
         last = ""
         while True:
@@ -340,7 +375,7 @@ class _Runner:
         record = self.state.clusters[cluster]
         if record.admin is None:
             raise ApplyError(f"cluster {cluster} has no admin credential recorded")
-        return KubeAPI(server, record.authorities["cluster"].cert_pem,
+        return KubeAPI(server, record.trust_bundle("cluster"),
                        Credentials(record.admin.cert_pem, record.admin.key_pem))
 
     def create_object(self, action: Action, p: PutObject) -> None:

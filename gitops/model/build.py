@@ -90,6 +90,8 @@ def cluster(doc: Document) -> Cluster:
         vpn_cidr=spec.get("vpn", {}).get("cidr") if spec.get("vpn", {}).get("enabled", True) else None,
         validity_days=certs.get("validityDays", 365),
         renew_before_days=certs.get("renewBeforeDays", 30),
+        ca_generation=certs.get("caGeneration", 1),
+        ca_generation_at=f"{doc.file}:{doc.line_of(('spec', 'certificates', 'caGeneration'))}",
     )
 
 

@@ -106,6 +106,10 @@ class Cluster:
     vpn_cidr: str | None = None
     validity_days: int = 365
     renew_before_days: int = 30
+    #: spec.certificates.caGeneration: raised to rotate the cluster's CAs (see gitops.compile.authorities)
+    ca_generation: int = 1
+    #: where caGeneration is written ("file:line"), for errors about it
+    ca_generation_at: str = field(default="", compare=False)
 
     def image(self, component: str) -> str:
         """Image of `component` (an IMAGE_KEYS entry): the override, else the upstream default."""

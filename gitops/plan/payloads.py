@@ -47,6 +47,8 @@ class IssueCertificate:
 
     spec: CertificateSpec
     days: int
+    #: written after the certificate (a CA rotation's cross-signed CA), "" for none
+    chain: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,9 @@ class CreateContainer:
     etcd: EtcdHealth | None = None
     #: a running API server: ready again before the next one goes
     ready: ApiReady | None = None
+    #: a running haproxy (the ingress, a load balancer): the new container (the next attempt) starts before
+    #: the old one stops; both listen on the port (SO_REUSEPORT) for a moment, so no connection is refused
+    surge: bool = False
 
 
 @dataclass(frozen=True)
