@@ -218,3 +218,20 @@ def test_the_status_branch_keeps_the_rotation_keys_sealed(repo):
     assert other and all(r["key_pem"] == "" for r in other.values())
     assert "PRIVATE KEY" not in json.dumps(public)
     assert merge(public, secrets).to_dict() == one.to_dict()
+
+
+def test_a_new_cluster_starts_at_its_generation_and_a_keyless_public_state_still_plans(repo):
+    """A Cluster created with caGeneration 3 rotates nothing; `plan --against-status` (the status branch's
+    public state: no private keys) shows phase 1 of a rotation instead of failing."""
+    model = bump(repo.model, generation=3)
+    state, observed = settle(model)
+    record = state.clusters["team-a"]
+    assert record.ca_generation == 3 and record.rotation is None
+    assert "CN=team-a-kubernetes-ca-3" in load_cert_pem(record.authorities["cluster"].cert_pem).subject.rfc4514_string()
+    assert make_plan(model, repo.repo.config, state, observed, now=NOW).plan.empty
+    state, observed = settle(repo.model)
+    public, _ = split(state)
+    keyless = merge(public, None)
+    planned = make_plan(bump(repo.model), repo.repo.config, keyless, observed, now=NOW)
+    assert any("phase 1 of 3 runs now" in n for n in planned.plan.notes)
+    assert {a.cluster for a in planned.plan.actions} == {"team-a"}

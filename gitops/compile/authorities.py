@@ -17,6 +17,7 @@ over and the old CAs are forgotten.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 from gitops.errors import GitopsError
@@ -58,10 +59,13 @@ def ensure_authorities(cluster: Cluster, record: ClusterRecord | None, now: dt.d
     """`record` with every authority present and a valid admin certificate.
 
     Existing material is reused unchanged; only what is missing (or an admin
-    certificate inside its renewal window) is generated.
+    certificate inside its renewal window, or signed by a CA that no longer
+    signs) is generated. A caGeneration above the recorded one starts a
+    rotation (its new CAs made here, once); one below is a CAGenerationError.
     """
-    fresh = record is None
-    record = record or ClusterRecord(ca_generation=cluster.ca_generation)
+    if record is None or not record.authorities:  # a new cluster starts at the generation it asks for
+        record = ClusterRecord(ca_generation=cluster.ca_generation) if record is None else \
+            dataclasses.replace(record.copy(), ca_generation=cluster.ca_generation)
     authorities = dict(record.authorities)
     for role, cn in AUTHORITIES.items():
         if role not in authorities:
@@ -74,14 +78,17 @@ def ensure_authorities(cluster: Cluster, record: ClusterRecord | None, now: dt.d
         raise CAGenerationError(f"{cluster.ca_generation_at}: Cluster/{cluster.name}: spec.certificates.caGeneration: "
                                 f"{cluster.ca_generation} is below {where} {target} the cluster already has; "
                                 "a CA generation only goes up")
-    if rotation is None and cluster.ca_generation > record.ca_generation and not fresh:
+    if rotation is None and cluster.ca_generation > record.ca_generation:
         new = {role: _new_ca(ca_name(cluster.name, cn, cluster.ca_generation), now) for role, cn in AUTHORITIES.items()}
-        cross = {role: cert_to_pem(cross_sign(authority(new, role), authority(authorities, role), now)) for role in new}
+        # (a state read from the status branch's public part has no keys: `plan --against-status` shows the
+        # phase without cross-signing; it never applies)
+        cross = {role: cert_to_pem(cross_sign(authority(new, role), authority(authorities, role), now))
+                 for role in new if authorities[role].key_pem}
         rotation = CARotation(cluster.ca_generation, TRUST_BOTH, dict(sorted(new.items())), dict(sorted(cross.items())))
     admin = record.admin
-    signer = load_cert_pem(authorities["cluster"].cert_pem)
-    if (admin is None or needs_renewal(admin.cert_pem, cluster.renew_before_days, now)
-            or not is_signed_by(load_cert_pem(admin.cert_pem), signer)):
+    stale = admin is None or needs_renewal(admin.cert_pem, cluster.renew_before_days, now) or \
+        not is_signed_by(load_cert_pem(admin.cert_pem), load_cert_pem(authorities["cluster"].cert_pem))
+    if stale and authorities["cluster"].key_pem:  # (no key: a public state, as above)
         cert = issue_cert(authority(authorities, "cluster"), ADMIN_CN, organizations=(ADMIN_GROUP,),
                           client=True, days=cluster.validity_days, now=now)
         admin = CertRecord(cert.cert_pem, cert.key_pem)
