@@ -756,7 +756,10 @@ def test_a_ca_rotation_runs_its_three_phases_and_the_api_stays_up(world):
             assert phase or all(c in LEASE_EXITS for c in changes), plan.stdout
             if phase and (not phases or phases[-1] != phase):
                 phases.append(phase)
+            started = time.monotonic()
             outputs.append(world.apply().stdout)
+            print(f"CA rotation phase {phase or phases[-1]}: apply {time.monotonic() - started:.1f}s, probe so far "
+                  f"{probe.requests} requests, {probe.failures} failed, {probe.outages} outages")
             assert "Apply complete: " in outputs[-1] and "exactly as planned" in outputs[-1], outputs[-1]
             if phases == [1, 2] and not overlap:
                 # re-issued: gitops publishes a new admin kubeconfig (new client certificate, both CAs)
