@@ -772,7 +772,7 @@ def test_a_ca_rotation_runs_its_three_phases_and_the_api_stays_up(world):
     assert overlap == {"old": 200, "new": 200}, overlap
     assert "one per apply" in outputs[0] and "phase 1 of 3 runs now: trust both" in outputs[0], outputs[0]
     assert probe.requests > 50
-    print("CA rotation probe:", probe.requests, "requests,", probe.failures, "failed,", probe.outages, "outages",
+    print(f"CA rotation probe: {probe.requests} requests, {probe.failures} failed, {probe.outages} outages",
           *probe.errors, sep="\n  ")
     assert probe.outages == 0, (probe.errors, outputs)
     # afterwards: the old admin kubeconfig is refused (its client certificate and CA are gone), the new works
