@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from gitops.apply.executor import ApplyError, Connections, Progress, execute
 from gitops.compile import Compiled, compile_desired
+from gitops.compile.authorities import advance, rotation_note
 from gitops.cri.client import CRIClient
 from gitops.errors import GitopsError
 from gitops.learn import learn
@@ -29,7 +30,7 @@ from gitops.plan.hosts import label_actions, sip_warnings
 from gitops.plan.upgrades import check_versions
 from gitops.sip.reconcile import file_hosts, provider_for
 from gitops.sip.selection import SIPPlan, select_hosts
-from gitops.state.records import State
+from gitops.state.records import ROTATION_PHASES, State
 from gitops.state.store import StateStore
 
 log = logging.getLogger(__name__)
@@ -66,16 +67,55 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     else:
         sip = select_hosts(model.sip_clusters, hosts)
         warnings += sip_warnings(sip)
-    compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable,
-                               hosts=relabeled(hosts or [], sip))
-    found = diff(compiled.desired, observed, compiled.state, DiffOptions(prune=config.prune.enabled,
-                                                                                 health_timeout=config.health_timeout), now=now)
-    inside, inside_warnings, inside_unknowns = cluster_api_actions(compiled.desired, observed, config.health_timeout)
+    options = DiffOptions(prune=config.prune.enabled, health_timeout=config.health_timeout)
+    recorded = learned
+    for _ in range(len(ROTATION_PHASES) + 1):
+        compiled = compile_desired(model, recorded, now=now, unavailable=observed.unreachable,
+                                   hosts=relabeled(hosts or [], sip))
+        found = diff(compiled.desired, observed, compiled.state, options, now=now)
+        inside, inside_warnings, inside_unknowns = cluster_api_actions(compiled.desired, observed, config.health_timeout)
+        moved = _converged_rotations(model, compiled, [*found.actions, *inside],
+                                     [*found.unknowns, *inside_unknowns])
+        if not moved:
+            break
+        # a rotation phase that has converged gives way to the next one, in this same plan
+        recorded = compiled.state.copy()
+        for name in moved:
+            recorded.clusters[name] = advance(recorded.clusters[name])
     plan = Plan(actions=ordered(list(found.actions) + label_actions(sip) + inside),
                 warnings=tuple(list(found.warnings) + warnings + inside_warnings + list(compiled.deferred)),
                 source=source,
-                unknowns=tuple(list(found.unknowns) + unknowns + inside_unknowns + _orphans(model, compiled.state)))
+                unknowns=tuple(list(found.unknowns) + unknowns + inside_unknowns + _orphans(model, compiled.state)),
+                notes=tuple(_rotation_notes(learned, compiled.state)))
     return Planned(compiled=compiled, observed=observed, plan=plan, sip=sip)
+
+
+def _converged_rotations(model: RepoModel, compiled: Compiled, actions: list, unknowns: list[Unknown]) -> list[str]:
+    """Clusters in a CA rotation whose current phase is done: no action of theirs is planned and
+    everything they involve was observed (their API included)."""
+    out = []
+    for name, record in sorted(compiled.state.clusters.items()):
+        if record.rotation is None or name not in model.clusters:
+            continue
+        nodes = {n.name for n in model.nodes_of(name)}
+        if any(a.cluster == name for a in actions) or not nodes <= compiled.state.nodes.keys():
+            continue  # work left, or a node not placed yet (deferred)
+        if any(set(u.nodes) & nodes or (u.kind == UnknownKind.CLUSTER_API and u.name == name) for u in unknowns):
+            continue
+        out.append(name)
+    return out
+
+
+def _rotation_notes(before: State, after: State) -> list[str]:
+    """Each CA rotation under way: its phase now and the ones that follow; each that ends in this plan."""
+    notes = []
+    for name, record in sorted(after.clusters.items()):
+        if record.rotation is not None:
+            notes.append(rotation_note(name, record))
+        elif name in before.clusters and before.clusters[name].rotation is not None:
+            notes.append(f"Cluster {name}: CA rotation to generation {record.ca_generation} is complete; "
+                         "the old CAs are forgotten.")
+    return notes
 
 
 def relabeled(hosts: list[BareMetalHost], sip: SIPPlan) -> list[BareMetalHost]:
@@ -132,7 +172,7 @@ def cluster_targets(model: RepoModel, state: State, observed: ObservedState) -> 
                         f"{state.nodes[n].ports['apiserver']}" for n in sorted(nodes)
                         if state.nodes[n].hypervisor in model.hypervisors and "apiserver" in state.nodes[n].ports)
         if servers:
-            targets.append(ClusterTarget(cluster, servers, record.authorities["cluster"].cert_pem,
+            targets.append(ClusterTarget(cluster, servers, record.trust_bundle("cluster"),
                                          record.admin.cert_pem, record.admin.key_pem))
     return targets
 

@@ -27,7 +27,7 @@ def admin_kubeconfig(cluster: str, record: ClusterRecord, endpoint: str, host_ov
         "kind": "Config",
         "clusters": [{"name": cluster, "cluster": {
             "server": endpoint,
-            "certificate-authority-data": _b64(record.authorities["cluster"].cert_pem),
+            "certificate-authority-data": _b64(record.trust_bundle("cluster")),
         }}],
         "users": [{"name": user, "user": {
             "client-certificate-data": _b64(record.admin.cert_pem),

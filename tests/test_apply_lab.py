@@ -926,4 +926,88 @@ def test_replacing_a_controlplane_node_keeps_quorum_with_no_failed_request(world
     assert etcd_members(world, "team-a") == ["team-a-cp-1", "team-a-cp-2", "team-a-cp-4"]
     pods = world.sandboxes()
     assert "team-a-cp-3" not in pods and len(pods["team-a-cp-4"]) == 1
+
+
+def _api_status(host: str, port: int, context: ssl.SSLContext, path: str) -> int | str:
+    """One GET on a fresh TLS connection: the status, or the error's type and text."""
+    try:
+        conn = http.client.HTTPSConnection(host, port, context=context, timeout=5)
+        conn.request("GET", path)
+        status = conn.getresponse().status
+        conn.close()
+        return status
+    except (OSError, http.client.HTTPException) as err:
+        return f"{type(err).__name__}: {err}"
+
+
+def test_a_ca_rotation_runs_its_three_phases_and_the_api_stays_up(world):
+    """issue #13 (d): caGeneration raised on a live cluster: trust both, re-issue, drop old, one phase per apply,
+    while a probe through the ingress never finds the API away; during the overlap the old admin kubeconfig and
+    the re-issued one both work (the probe switches to the new one once gitops publishes it); afterwards the old
+    one is refused, data written before is readable and the plan is empty. Leaves team-a at generation 2."""
+    wait_ready(world, "team-a")
+    kubectl(world, "team-a", "-n", "default", "create", "configmap", "before-ca-rotation", "--from-literal=k=v")
+    host, port, old = admin_tls(world, "team-a")
+    old_kubeconfig = world.dir / "team-a-generation-1.kubeconfig"
+    shutil.copy(kubeconfig_file(world, "team-a"), old_kubeconfig)
+    path = world.repo / "clusters/team-a/cluster.yaml"
+    path.write_text(path.read_text().replace("caGeneration: 1", "caGeneration: 2"))
+    read = "/api/v1/namespaces/default/configmaps/before-ca-rotation"
+    members = etcd_members(world, "team-a")
+    probe = start_probe(world, "team-a")
+    phases: list[int] = []
+    overlap: dict[str, int | str] = {}
+    outputs = []
+    try:
+        for _ in range(8):
+            plan = world.plan("--detailed-exitcode", check=False)
+            if plan.returncode == 0:
+                break
+            assert plan.returncode == 2, plan.stdout + plan.stderr
+            phase = next((int(line.split(", phase ")[1][0]) for line in plan.stdout.splitlines()
+                          if "CA rotation 1 -> 2, phase " in line), 0)
+            changes = [line.strip() for line in plan.stdout.splitlines() if line.strip().startswith(("+", "~", "-"))]
+            assert phase or all(c in LEASE_EXITS for c in changes), plan.stdout
+            if phase and (not phases or phases[-1] != phase):
+                phases.append(phase)
+            started = time.monotonic()
+            outputs.append(world.apply().stdout)
+            seen = probe.counts()
+            print(f"CA rotation phase {phase or phases[-1]}: apply {time.monotonic() - started:.1f}s, probe so far "
+                  f"{seen.requests} requests, {seen.failures} failed, {seen.outages} outages")
+            assert "Apply complete: " in outputs[-1] and "exactly as planned" in outputs[-1], outputs[-1]
+            if phases == [1, 2] and not overlap:
+                # re-issued: gitops publishes a new admin kubeconfig (new client certificate, both CAs)
+                _, _, new = admin_tls(world, "team-a")
+                overlap = {"old": _api_status(host, port, old, read), "new": _api_status(host, port, new, read)}
+                probe.use_kubeconfig(kubeconfig_file(world, "team-a").read_text())
+    finally:
+        counts = probe.stop()
+    assert phases == [1, 2, 3], (phases, outputs)
+    assert overlap == {"old": 200, "new": 200}, overlap
+    assert "one per apply" in outputs[0] and "phase 1 of 3 runs now: trust both" in outputs[0], outputs[0]
+    assert counts.requests > 50
+    print(f"CA rotation probe: {counts.requests} requests, {counts.failures} failed, {counts.outages} outages",
+          *counts.errors, sep="\n  ")
+    assert counts.outages == 0, (counts.errors, outputs)
+    upstream = [e for e in counts.errors if e.endswith("; retry: ok") and any(t in e for t in ETCD_CLIENT_TRANSIENTS)]
+    assert counts.failures == len(upstream) <= 3 * len(phases), (counts.errors, outputs)  # as under_probe, per phase
+    # afterwards: the old admin kubeconfig is refused (its client certificate and CA are gone), the new works
+    refused = subprocess.run([str(kubebin.kubectl()), "--kubeconfig", str(old_kubeconfig), "--request-timeout=10s",
+                              "get", "--raw", "/readyz"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0, refused.stdout
+    _, _, new_only = admin_tls(world, "team-a", with_credentials=False)
+    old_cert = world.dir / "gen1-admin"
+    old_cert.mkdir(exist_ok=True)
+    kube = yaml.safe_load(old_kubeconfig.read_text())["users"][0]["user"]
+    (old_cert / "crt").write_bytes(base64.b64decode(kube["client-certificate-data"]))
+    (old_cert / "key").write_bytes(base64.b64decode(kube["client-key-data"]))
+    new_only.load_cert_chain(str(old_cert / "crt"), str(old_cert / "key"))
+    assert _api_status(host, port, new_only, read) == 401  # the old client certificate, the server trusted
+    assert kubectl(world, "team-a", "-n", "default", "get", "configmap", "before-ca-rotation", "-o",
+                   "jsonpath={.data.k}").stdout == "v"
+    state = LocalDirStore(world.state).load().clusters["team-a"]
+    assert state.ca_generation == 2 and state.rotation is None
+    assert authority(state.authorities, "cluster").cert.subject.rfc4514_string() == "CN=team-a-kubernetes-ca-2"
+    assert etcd_members(world, "team-a") == members
     assert_converged(world)

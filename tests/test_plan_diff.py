@@ -63,7 +63,7 @@ def converged(desired: DesiredState, state: State, model, now=NOW) -> ObservedSt
                                    organizations=spec.organizations, dns_names=spec.dns_names,
                                    ip_addresses=spec.ip_addresses, server=spec.server, client=spec.client,
                                    days=365, now=now)
-            certs[spec.name] = cert_to_pem(cert)
+            certs[spec.name] = cert_to_pem(cert) + dict(pod.chains).get(spec.name, "")
         files = NodeFiles(digests={f.name: f.digest for f in pod.files}, certificates=certs,
                           keys=tuple(sorted([*certs, *(k.name for k in pod.keys)])),
                           public_keys={"sa": SA_KEY} if pod.keys else {})

@@ -8,6 +8,7 @@ import pytest
 
 from gitops.errors import GitopsError
 from gitops.state import CertRecord, ClusterRecord, LocalDirStore, NodeRecord, State
+from gitops.state.records import CARotation
 
 
 def test_round_trip_is_exact_and_private(tmp_path):
@@ -37,11 +38,14 @@ def test_copy_is_deep_and_misses_no_field():
     state = State(
         clusters={"c1": ClusterRecord(authorities={"etcd": CertRecord("CERT", "KEY")}, admin=CertRecord("A", "AK"),
                                       service_account_keys={"n1": "PUB"}, etcd_members=["n1"],
-                                      retired_service_account_keys=["OLD"])},
+                                      retired_service_account_keys=["OLD"], ca_generation=2,
+                                      rotation=CARotation(3, "drop-old", {"etcd": CertRecord("NEW", "NK")},
+                                                          {"etcd": "CROSS"}))},
         nodes={"n1": NodeRecord("c1", "hv-1", {"etcd-client": 31000}, "n1=https://x:1", "new")},
         sip_labels={"metal3/host-1": {"role": "lb", "gone": None}},
     )
-    for record in (state, *state.clusters.values(), *state.nodes.values(), state.clusters["c1"].admin):
+    for record in (state, *state.clusters.values(), *state.nodes.values(), state.clusters["c1"].admin,
+                   state.clusters["c1"].rotation):
         for f in fields(record):
             default = f.default_factory() if f.default_factory is not MISSING else f.default
             assert getattr(record, f.name) != default, (type(record).__name__, f.name)
@@ -52,11 +56,16 @@ def test_copy_is_deep_and_misses_no_field():
     copied.clusters["c1"].service_account_keys["n2"] = "PUB2"
     copied.clusters["c1"].etcd_members.append("n2")
     copied.clusters["c1"].retired_service_account_keys.append("OLDER")
+    copied.clusters["c1"].rotation.other["etcd"].key_pem = "NK2"
+    copied.clusters["c1"].rotation.cross["front-proxy"] = "X"
     copied.nodes["n1"].ports["etcd-peer"] = 31001
     copied.sip_labels["metal3/host-1"]["role"] = "jump"
     assert state.to_dict() == State.from_dict(state.to_dict()).to_dict() and copied != state
     assert state.clusters["c1"] == ClusterRecord(authorities={"etcd": CertRecord("CERT", "KEY")},
                                                  admin=CertRecord("A", "AK"), service_account_keys={"n1": "PUB"},
-                                                 etcd_members=["n1"], retired_service_account_keys=["OLD"])
+                                                 etcd_members=["n1"], retired_service_account_keys=["OLD"],
+                                                 ca_generation=2, rotation=CARotation(
+                                                     3, "drop-old", {"etcd": CertRecord("NEW", "NK")},
+                                                     {"etcd": "CROSS"}))
     assert state.nodes["n1"].ports == {"etcd-client": 31000}
     assert state.sip_labels == {"metal3/host-1": {"role": "lb", "gone": None}}

@@ -48,7 +48,9 @@ class Member:
 class EtcdAdmin:
     """Member list/add/remove against the first client URL that answers."""
 
-    def __init__(self, ca: CertKey, client_urls: list[str]):
+    def __init__(self, ca: CertKey, client_urls: list[str], trust: str = ""):
+        """`ca` issues the client certificate; `trust` (default: `ca`'s certificate) verifies the members
+        (during a CA rotation: the bundle of old and new)."""
         if not client_urls:
             raise EtcdError("no etcd member to talk to")
         self.client_urls = client_urls
@@ -56,7 +58,7 @@ class EtcdAdmin:
                           now=dt.datetime.now(dt.timezone.utc))
         self._dir = tempfile.TemporaryDirectory(prefix="gitops-etcd-")
         base = Path(self._dir.name)
-        (base / "ca.crt").write_text(ca.cert_pem)
+        (base / "ca.crt").write_text(trust or ca.cert_pem)
         (base / "client.crt").write_text(cert.cert_pem)
         key = base / "client.key"
         key.touch(mode=0o600)

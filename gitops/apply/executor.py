@@ -27,6 +27,7 @@ from gitops.compile.authorities import authority
 from gitops.compile.desired import FileSpec, resolve_container
 from gitops.cri.client import CRIClient
 from gitops.cri.errors import CRIError, Reason
+from gitops.cri.types import ContainerState
 from gitops.errors import GitopsError
 from gitops.kubeapi import Credentials, KubeAPI
 from gitops.node import AGENT
@@ -210,12 +211,13 @@ class _Runner:
                 authority(authorities, spec.signer), csr.public_key(), spec.common_name,
                 organizations=spec.organizations, dns_names=spec.dns_names, ip_addresses=spec.ip_addresses,
                 server=spec.server, client=spec.client, days=issue.days, now=self.now)
-            agent.write_file(client, agent_id, f"{spec.name}.crt", cert_to_pem(cert))
+            agent.write_file(client, agent_id, f"{spec.name}.crt", cert_to_pem(cert) + issue.chain)
         for spec in p.files:
             agent.write_file(client, agent_id, spec.name, self.content(spec))
 
     def etcd(self, cluster: str, client_urls: tuple[str, ...]) -> EtcdAdmin:
-        return EtcdAdmin(authority(self.state.clusters[cluster].authorities, "etcd"), list(client_urls))
+        record = self.state.clusters[cluster]
+        return EtcdAdmin(authority(record.authorities, "etcd"), list(client_urls), record.trust_bundle("etcd"))
 
     def etcd_member_add(self, action: Action, p: EtcdMemberChange) -> None:
         record = self.state.clusters[action.cluster]
@@ -248,7 +250,7 @@ class _Runner:
         if p.ready is not None:
             self._wait_ready(action, p.ready)
 
-    def _create_container(self, action: Action, p: CreateContainer, attempt: int = 0) -> None:
+    def _create_container(self, action: Action, p: CreateContainer, attempt: int = 0) -> str:
         client = self.client(action.hypervisor)
         spec = resolve_container(p.container, {f.name: self.content(f) for f in p.files})
         client.pull_image(spec.image)
@@ -259,6 +261,7 @@ class _Runner:
         client.start_container(container_id)
         if action.component == AGENT:
             self.pods[action.node] = PodRef(ref.sandbox_id, container_id)
+        return container_id
 
     def recreate_container(self, action: Action, p: CreateContainer) -> None:
         if p.etcd is not None:
@@ -283,14 +286,17 @@ class _Runner:
                 raise
             self._create_container(action, p)  # gone meanwhile: nothing to overlap with
             return
-        self._create_container(action, p, attempt=old.attempt + 1)
+        new = self._create_container(action, p, attempt=old.attempt + 1)
         time.sleep(p.overlap)
+        if client.container_status(new).state != ContainerState.RUNNING:
+            raise ApplyError(f"the new {action.component} on {action.node} is not running {p.overlap}s after it "
+                             "started; the old one is left in place")
         self._remove_container(action.hypervisor, action.target_id)
 
     def _wait_ready(self, action: Action, ready: ApiReady) -> None:
-        """Until the API server's own /readyz answers ok (anonymous; TLS verified against the cluster CA)."""
+        """Until the API server's own /readyz answers ok (anonymous; TLS verified against the cluster's CAs)."""
         url = urlsplit(ready.url)
-        ca_pem = self.state.clusters[action.cluster].authorities["cluster"].cert_pem
+        ca_pem = self.state.clusters[action.cluster].trust_bundle("cluster")
         deadline = time.monotonic() + ready.timeout
         with KubeAPI(f"{url.scheme}://{url.netloc}", ca_pem, timeout=5) as api:
             while last := api.not_ready(url.path):
@@ -359,7 +365,7 @@ class _Runner:
         record = self.state.clusters[cluster]
         if record.admin is None:
             raise ApplyError(f"cluster {cluster} has no admin credential recorded")
-        return KubeAPI(server, record.authorities["cluster"].cert_pem,
+        return KubeAPI(server, record.trust_bundle("cluster"),
                        Credentials(record.admin.cert_pem, record.admin.key_pem))
 
     def create_object(self, action: Action, p: PutObject) -> None:

@@ -180,6 +180,8 @@ def report_apply(outcome: ApplyResult, console: Console) -> None:
         console.print(f"[bold magenta]? {escape(line)}[/bold magenta]")
     for warning in outcome.plan.warnings:
         console.print(f"[bold yellow]! {escape(warning)}[/bold yellow]")
+    for note in outcome.plan.notes:
+        console.print(f"[bold cyan]» {escape(note)}[/bold cyan]")
     if not outcome.executed:
         console.print(escape(headline(outcome.plan)) if outcome.plan.unknowns
                       else "No changes. The live state matches the repo.")

@@ -57,8 +57,8 @@ def join_token_create(repo: Path, state_dir: Path | None, cluster: str, ttl: str
             "auth-extra-groups": TOKEN_GROUP, "description": "created by gitops join-token create",
         },
     }
-    ca = record.authorities["cluster"].cert_pem
-    with KubeAPI(endpoint, ca, Credentials(record.admin.cert_pem, record.admin.key_pem)) as api:
+    ca = record.authorities["cluster"].cert_pem  # the pin: the CA that signs (cluster-info holds it)
+    with KubeAPI(endpoint, record.trust_bundle("cluster"), Credentials(record.admin.cert_pem, record.admin.key_pem)) as api:
         api.create("/api/v1/namespaces/kube-system/secrets", body)
     click.echo(f"# token {token_id} for cluster {cluster}, valid until {expires.isoformat()}; on the worker:")
     click.echo(f"gitops join {endpoint} --token {token_id}.{secret} --ca-cert-hash {ca_hash(ca)}")

@@ -95,7 +95,7 @@ def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str,
     if ingress:
         _, hv, rec = ingress[0]
         endpoint = f"https://{hv.ip_address}:{rec.ports['apiserver']}"
-        objects = bootstrap_objects(endpoint, record.authorities["cluster"].cert_pem)
+        objects = bootstrap_objects(endpoint, record.trust_bundle("cluster"))
     return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint, objects=objects)
 
 

@@ -1,18 +1,30 @@
-"""Cluster certificate authorities and the admin credential, generated once.
+"""Cluster certificate authorities and the admin credential, generated once; CA rotation.
 
 Authority keys stay with the controller (in the state store); leaf keys are
 generated on the hypervisors (see `gitops.compile.files`). This module makes
 the few things the controller itself holds: the three CAs of a cluster and the
 admin client certificate (O=system:masters) used for kubeconfigs, renewed
-inside the cluster's renewal window.
+inside the cluster's renewal window (and re-issued when its CA changed).
+
+CA rotation: a Cluster whose spec.certificates.caGeneration is above the recorded
+one rotates all three authorities (cluster, etcd, front-proxy) in three phases,
+one per apply (`advance` moves a cluster on once its current phase converged):
+trust-both (new CAs generated; every bundle holds old + new), re-issue (the new
+CAs sign every leaf and the admin credential; server certificates carry the new
+CA cross-signed by the old one, so old clients still verify them), drop-old
+(bundles hold only the new CAs). When drop-old has converged the rotation is
+over and the old CAs are forgotten.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
+from gitops.errors import GitopsError
 from gitops.model.resources import Cluster
-from gitops.pki import CertKey, create_ca, issue_cert, load_cert_pem
-from gitops.state.records import CertRecord, ClusterRecord
+from gitops.pki import CertKey, create_ca, cross_sign, is_signed_by, issue_cert, load_cert_pem
+from gitops.pki.x509 import cert_to_pem
+from gitops.state.records import DROP_OLD, RE_ISSUE, TRUST_BOTH, CARotation, CertRecord, ClusterRecord
 
 AUTHORITIES = {
     "cluster": "kubernetes-ca",
@@ -24,6 +36,20 @@ ADMIN_CN = "kubernetes-admin"
 ADMIN_GROUP = "system:masters"
 
 
+PHASE_TEXT = {
+    TRUST_BOTH: "trust both: new CAs generated; every CA bundle (API server, etcd, front-proxy, kubeconfigs, "
+                "cluster-info) holds old + new; components restart, rolling",
+    RE_ISSUE: "re-issue: every leaf certificate and the admin kubeconfig re-issued by the new CAs (server "
+              "certificates carry the new CA cross-signed by the old); readers restart, rolling",
+    DROP_OLD: "drop old: every CA bundle holds only the new CAs; components restart, rolling; then the old CAs "
+              "are forgotten",
+}
+
+
+class CAGenerationError(GitopsError):
+    """spec.certificates.caGeneration went down."""
+
+
 def needs_renewal(cert_pem: str, renew_before_days: int, now: dt.datetime) -> bool:
     expiry = load_cert_pem(cert_pem).not_valid_after_utc
     return expiry - now <= dt.timedelta(days=renew_before_days)
@@ -33,16 +59,36 @@ def ensure_authorities(cluster: Cluster, record: ClusterRecord | None, now: dt.d
     """`record` with every authority present and a valid admin certificate.
 
     Existing material is reused unchanged; only what is missing (or an admin
-    certificate inside its renewal window) is generated.
+    certificate inside its renewal window, or signed by a CA that no longer
+    signs) is generated. A caGeneration above the recorded one starts a
+    rotation (its new CAs made here, once); one below is a CAGenerationError.
     """
-    record = record or ClusterRecord()
+    if record is None or not record.authorities:  # a new cluster starts at the generation it asks for
+        record = ClusterRecord(ca_generation=cluster.ca_generation) if record is None else \
+            dataclasses.replace(record.copy(), ca_generation=cluster.ca_generation)
     authorities = dict(record.authorities)
     for role, cn in AUTHORITIES.items():
         if role not in authorities:
-            ca = create_ca(f"{cluster.name}-{cn}", days=CA_DAYS, now=now)
+            ca = create_ca(ca_name(cluster.name, cn, record.ca_generation), days=CA_DAYS, now=now)
             authorities[role] = CertRecord(ca.cert_pem, ca.key_pem)
+    rotation = record.rotation.copy() if record.rotation is not None else None
+    target = rotation.generation if rotation is not None else record.ca_generation
+    if cluster.ca_generation < target:
+        where = "the rotation to generation" if rotation is not None else "generation"
+        raise CAGenerationError(f"{cluster.ca_generation_at}: Cluster/{cluster.name}: spec.certificates.caGeneration: "
+                                f"{cluster.ca_generation} is below {where} {target} the cluster already has; "
+                                "a CA generation only goes up")
+    if rotation is None and cluster.ca_generation > record.ca_generation:
+        new = {role: _new_ca(ca_name(cluster.name, cn, cluster.ca_generation), now) for role, cn in AUTHORITIES.items()}
+        # (a state read from the status branch's public part has no keys: `plan --against-status` shows the
+        # phase without cross-signing; it never applies)
+        cross = {role: cert_to_pem(cross_sign(authority(new, role), authority(authorities, role), now))
+                 for role in new if authorities[role].key_pem}
+        rotation = CARotation(cluster.ca_generation, TRUST_BOTH, dict(sorted(new.items())), dict(sorted(cross.items())))
     admin = record.admin
-    if admin is None or needs_renewal(admin.cert_pem, cluster.renew_before_days, now):
+    stale = admin is None or needs_renewal(admin.cert_pem, cluster.renew_before_days, now) or \
+        not is_signed_by(load_cert_pem(admin.cert_pem), load_cert_pem(authorities["cluster"].cert_pem))
+    if stale and authorities["cluster"].key_pem:  # (no key: a public state, as above)
         cert = issue_cert(authority(authorities, "cluster"), ADMIN_CN, organizations=(ADMIN_GROUP,),
                           client=True, days=cluster.validity_days, now=now)
         admin = CertRecord(cert.cert_pem, cert.key_pem)
@@ -52,7 +98,53 @@ def ensure_authorities(cluster: Cluster, record: ClusterRecord | None, now: dt.d
         service_account_keys=dict(record.service_account_keys),
         etcd_members=list(record.etcd_members),
         retired_service_account_keys=list(record.retired_service_account_keys),
+        ca_generation=record.ca_generation,
+        rotation=rotation,
     )
+
+
+def ca_name(cluster: str, cn: str, generation: int) -> str:
+    """A CA's common name; generations after the first are numbered (distinct subjects keep chains apart)."""
+    return f"{cluster}-{cn}" if generation <= 1 else f"{cluster}-{cn}-{generation}"
+
+
+def _new_ca(name: str, now: dt.datetime) -> CertRecord:
+    ca = create_ca(name, days=CA_DAYS, now=now)
+    return CertRecord(ca.cert_pem, ca.key_pem)
+
+
+def advance(record: ClusterRecord) -> ClusterRecord:
+    """`record` one phase further (its current phase converged): the new CAs start signing, then the old
+    ones stop being trusted, then the rotation ends. Deterministic (the cross-signed certificates were made
+    with the new CAs); the admin credential follows its CA in `ensure_authorities`."""
+    rotation = record.rotation
+    assert rotation is not None
+    out = record.copy()
+    if rotation.phase == TRUST_BOTH:
+        out.authorities = {role: rec.copy() for role, rec in sorted(rotation.other.items())}
+        out.rotation = CARotation(rotation.generation, RE_ISSUE,
+                                  {role: rec.copy() for role, rec in sorted(record.authorities.items())},
+                                  dict(rotation.cross))
+    elif rotation.phase == RE_ISSUE:
+        out.rotation = CARotation(rotation.generation, DROP_OLD)
+    else:
+        out.rotation = None
+        out.ca_generation = rotation.generation
+    return out
+
+
+def rotation_note(cluster: str, record: ClusterRecord) -> str:
+    """What the plan says about a rotation under way: the phase that runs now and those that follow."""
+    rotation = record.rotation
+    assert rotation is not None
+    phases = list(PHASE_TEXT)
+    now = phases.index(rotation.phase)
+    text = (f"Cluster {cluster}: CA rotation {record.ca_generation} -> {rotation.generation}, "
+            f"phase {now + 1} of 3 runs now: {PHASE_TEXT[rotation.phase]}.")
+    later = [f"phase {i + 1} ({p})" for i, p in enumerate(phases) if i > now]
+    if later:
+        text += f" Then, one per apply once this one has converged: {', '.join(later)}."
+    return text
 
 
 def authority(authorities: dict[str, CertRecord], role: str) -> CertKey:

@@ -71,17 +71,19 @@ def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cl
     else:
         files, certs, keys, components = _ingress(node, cluster, hv, record, peers)
     files = (
-        FileSpec("ca.crt", cluster_record.authorities["cluster"].cert_pem),
+        FileSpec("ca.crt", cluster_record.trust_bundle("cluster")),
         *(() if node.role != CONTROLPLANE else (
-            FileSpec("etcd-ca.crt", cluster_record.authorities["etcd"].cert_pem),
-            FileSpec("front-proxy-ca.crt", cluster_record.authorities["front-proxy"].cert_pem),
+            FileSpec("etcd-ca.crt", cluster_record.trust_bundle("etcd")),
+            FileSpec("front-proxy-ca.crt", cluster_record.trust_bundle("front-proxy")),
         )),
         *files,
     )
     pod = assemble_pod(node, hv, cluster.image("agent"), files, certs, keys, components)
     api_url = f"https://{hv.ip_address}:{record.ports['apiserver']}" if node.role == CONTROLPLANE else ""
+    chains = tuple((c.name, cluster_record.chain(c.signer)) for c in pod.certificates
+                   if c.server and cluster_record.chain(c.signer))
     return replace(pod, validity_days=cluster.validity_days, renew_before_days=cluster.renew_before_days,
-                   api_url=api_url)
+                   api_url=api_url, chains=chains)
 
 
 def assemble_pod(node: Node, hv: Hypervisor, agent_image: str, files: tuple[FileSpec, ...],

@@ -164,6 +164,9 @@ class DesiredPod:
     renew_before_days: int = 30
     #: a controlplane node's own API server (https://ip:port), "" for other roles
     api_url: str = ""
+    #: (certificate, PEM written after it): server certificates re-issued during a CA rotation carry
+    #: the new CA cross-signed by the old one
+    chains: tuple[tuple[str, str], ...] = ()
 
     @cached_property
     def content_digest(self) -> str:

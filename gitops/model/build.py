@@ -91,6 +91,8 @@ def cluster(doc: Document) -> Cluster:
         validity_days=certs.get("validityDays", 365),
         renew_before_days=certs.get("renewBeforeDays", 30),
         api_server_args=tuple(sorted(api.get("extraArgs", {}).items())),
+        ca_generation=certs.get("caGeneration", 1),
+        ca_generation_at=f"{doc.file}:{doc.line_of(('spec', 'certificates', 'caGeneration'))}",
     )
 
 

@@ -121,6 +121,10 @@ class Cluster:
     renew_before_days: int = 30
     #: spec.apiServer.extraArgs, sorted: further kube-apiserver flags (name without dashes, value)
     api_server_args: tuple[tuple[str, str], ...] = ()
+    #: spec.certificates.caGeneration: raised to rotate the cluster's CAs (see gitops.compile.authorities)
+    ca_generation: int = 1
+    #: where caGeneration is written ("file:line"), for errors about it
+    ca_generation_at: str = field(default="", compare=False)
 
     def image(self, component: str) -> str:
         """Image of `component` (an IMAGE_KEYS entry): the override, else the upstream default."""

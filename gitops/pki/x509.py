@@ -97,6 +97,29 @@ def create_ca(common_name: str, *, organizations: Sequence[str] = (), days: int 
     return CertKey(cert, key)
 
 
+def cross_sign(ca: CertKey, issuer: CertKey, now: dt.datetime | None = None) -> x509.Certificate:
+    """`ca`'s certificate (same subject and key, CA:true) issued by `issuer`, valid as long as
+    `issuer`: a client that trusts only `issuer` verifies what `ca` signs when it is sent along."""
+    start = (now or dt.datetime.now(dt.timezone.utc)) - CLOCK_SKEW
+    return (
+        x509.CertificateBuilder()
+        .subject_name(ca.cert.subject)
+        .issuer_name(issuer.cert.subject)
+        .public_key(ca.key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(max(start, issuer.cert.not_valid_before_utc))
+        .not_valid_after(issuer.cert.not_valid_after_utc)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, content_commitment=False, key_encipherment=False,
+            data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+            encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca.key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.key.public_key()), critical=False)
+        .sign(issuer.key, _hash_for(issuer.key))
+    )
+
+
 def _builder(subject: x509.Name, issuer: x509.Name, public_key: PublicKey, days: int,
              now: dt.datetime | None) -> x509.CertificateBuilder:
     """What every certificate has: names, key, a random serial and its validity window."""

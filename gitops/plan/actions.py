@@ -177,6 +177,8 @@ class Plan:
     source: str = ""
     #: what could not be observed (unreachable hypervisors...): the plan is incomplete
     unknowns: tuple[Unknown, ...] = ()
+    #: for people: multi-step operations under way (a CA rotation's phase now and the phases that follow)
+    notes: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -204,13 +206,15 @@ class Plan:
             "warnings": list(self.warnings),
             "complete": self.complete,
             "unknown": [u.to_dict() for u in self.unknowns],
+            "notes": list(self.notes),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
         return cls(actions=tuple(Action.from_dict(a) for a in data.get("actions", ())),
                    warnings=tuple(data.get("warnings", ())), source=data.get("source", ""),
-                   unknowns=tuple(Unknown.from_dict(u) for u in data.get("unknown", ())))
+                   unknowns=tuple(Unknown.from_dict(u) for u in data.get("unknown", ())),
+                   notes=tuple(data.get("notes", ())))
 
 
 def ordered(actions: list[Action]) -> tuple[Action, ...]:

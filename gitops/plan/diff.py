@@ -51,6 +51,7 @@ MAX_LISTED_CHANGES = 6
 #: the ingress component, and how long a new one runs beside the one it replaces
 INGRESS = "haproxy"
 INGRESS_OVERLAP = 2
+_PEM_END = "-----END CERTIFICATE-----"
 
 
 @dataclass(frozen=True)
@@ -444,13 +445,15 @@ def _file_actions(want: DesiredPod, files: NodeFiles | None, record: ClusterReco
     details: list[str] = []
     issue: list[IssueCertificate] = []
     write = []
+    chains = dict(want.chains)
     for cert in want.certificates:
+        chain = chains.get(cert.name, "")
         problem = certificate_problem(cert, files, record.authorities[cert.signer].cert_pem
                                       if record and cert.signer in record.authorities else None,
-                                      want.renew_before_days, now, deadlines)
+                                      want.renew_before_days, now, deadlines, chain)
         if problem:
             details.append(f"certificate {cert.name}: {problem}")
-            issue.append(IssueCertificate(cert, want.validity_days))
+            issue.append(IssueCertificate(cert, want.validity_days, chain))
     for spec in want.files:
         have = files.digests.get(spec.name)
         if spec.bundle is not None:
@@ -470,9 +473,10 @@ def _file_actions(want: DesiredPod, files: NodeFiles | None, record: ClusterReco
 
 
 def certificate_problem(spec: CertificateSpec, files: NodeFiles, ca_pem: str | None, renew_before_days: int,
-                        now: dt.datetime, deadlines: list[dt.datetime] | None = None) -> str | None:
+                        now: dt.datetime, deadlines: list[dt.datetime] | None = None, chain: str = "") -> str | None:
     """Why the node's copy of `spec` must be (re)issued, or None when it is fine (and then, in
-    `deadlines`, when it enters its renewal window: the answer holds until then)."""
+    `deadlines`, when it enters its renewal window: the answer holds until then). `chain`: what must
+    follow the certificate in its file (a CA rotation's cross-signed CA)."""
     pem = files.certificates.get(spec.name)
     if pem is None:
         return "missing"
@@ -483,6 +487,10 @@ def certificate_problem(spec: CertificateSpec, files: NodeFiles, ca_pem: str | N
         return "unreadable"
     if not facts.signed:
         return "not signed by the current authority"
+    tail = pem.split(_PEM_END, 1)[1].strip()
+    if tail != chain.strip():
+        return ("to be served with the new CA cross-signed by the old one (CA rotation)" if chain
+                else "still served with the cross-signed CA of the CA rotation")
     renew_at = facts.not_after - dt.timedelta(days=renew_before_days)
     if now >= renew_at:
         return f"expires {facts.not_after:%Y-%m-%d} (renewal window {renew_before_days} days)"

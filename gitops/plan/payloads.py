@@ -47,6 +47,8 @@ class IssueCertificate:
 
     spec: CertificateSpec
     days: int
+    #: written after the certificate (a CA rotation's cross-signed CA), "" for none
+    chain: str = ""
 
 
 @dataclass(frozen=True)

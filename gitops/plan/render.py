@@ -77,6 +77,8 @@ def render_text(plan: Plan, console: Console) -> None:
     console.print(f"[bold]{escape(headline(plan))}[/bold]{escape(source)}")
     for line in unknown_lines(plan):
         console.print(f"[bold magenta]? {escape(line)}[/bold magenta]")
+    for note in plan.notes:
+        console.print(f"[bold cyan]» {escape(note)}[/bold cyan]")
     cluster = None
     for (cluster_name, node), actions in _groups(plan).items():
         if cluster_name != cluster:
@@ -99,6 +101,8 @@ def render_markdown(plan: Plan) -> str:
     if plan.unknowns:
         lines += ["**Unknown** (could not be observed: not checked, nothing planned there)", ""]
         lines += [f"- :question: {u.describe()}" for u in plan.unknowns] + [""]
+    if plan.notes:
+        lines += [f"- :arrows_counterclockwise: {n}" for n in plan.notes] + [""]
     symbol = {"+": "+", "-": "-", "~": "!"}
     cluster = None
     for (cluster_name, node), actions in _groups(plan).items():

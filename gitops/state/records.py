@@ -18,6 +18,36 @@ class CertRecord:
         return CertRecord(self.cert_pem, self.key_pem)
 
 
+#: the phases of a CA rotation, in order (see `gitops.compile.authorities`)
+TRUST_BOTH, RE_ISSUE, DROP_OLD = "trust-both", "re-issue", "drop-old"
+ROTATION_PHASES = (TRUST_BOTH, RE_ISSUE, DROP_OLD)
+
+
+@dataclass
+class CARotation:
+    """A CA rotation under way: the generation it rotates to and the phase it is in.
+
+    trust-both: `other` holds the new authorities (trusted, not signing yet); re-issue: the new ones
+    sign and `other` holds the old ones (still trusted); drop-old: `other` and `cross` are empty.
+    `cross` (made with the new authorities): their certificates signed by the old ones, served after
+    each server certificate re-issued in re-issue, so a client that still trusts only the old CA
+    verifies it.
+    """
+
+    generation: int
+    phase: str = TRUST_BOTH
+    other: dict[str, CertRecord] = field(default_factory=dict)
+    cross: dict[str, str] = field(default_factory=dict)
+
+    def copy(self) -> CARotation:
+        return CARotation(self.generation, self.phase, {r: c.copy() for r, c in self.other.items()}, dict(self.cross))
+
+    @property
+    def number(self) -> int:
+        """1, 2 or 3."""
+        return ROTATION_PHASES.index(self.phase) + 1
+
+
 @dataclass
 class ClusterRecord:
     #: authorities by role: "cluster", "etcd", "front-proxy"
@@ -30,6 +60,10 @@ class ClusterRecord:
     etcd_members: list[str] = field(default_factory=list)
     #: public keys of removed or replaced nodes: still trusted, so the tokens they signed stay valid
     retired_service_account_keys: list[str] = field(default_factory=list)
+    #: the CA generation the authorities belong to (spec.certificates.caGeneration once rotated to)
+    ca_generation: int = 1
+    #: a CA rotation under way, None otherwise
+    rotation: CARotation | None = None
 
     def copy(self) -> ClusterRecord:
         """A deep copy (new records, dicts and lists; the strings are shared)."""
@@ -39,7 +73,23 @@ class ClusterRecord:
             service_account_keys=dict(self.service_account_keys),
             etcd_members=list(self.etcd_members),
             retired_service_account_keys=list(self.retired_service_account_keys),
+            ca_generation=self.ca_generation,
+            rotation=self.rotation.copy() if self.rotation is not None else None,
         )
+
+    def trust_bundle(self, role: str) -> str:
+        """What everything that verifies `role`'s certificates trusts: its authority and, while a
+        rotation holds another one, that one too (sorted PEMs: the same bundle whichever signs)."""
+        pems = {self.authorities[role].cert_pem}
+        if self.rotation is not None and role in self.rotation.other:
+            pems.add(self.rotation.other[role].cert_pem)
+        return "".join(sorted(pems))
+
+    def chain(self, role: str) -> str:
+        """What follows a server certificate `role` signs: the cross-signed authority while re-issuing."""
+        if self.rotation is None or self.rotation.phase != RE_ISSUE:
+            return ""
+        return self.rotation.cross.get(role, "")
 
     def set_service_account_key(self, node: str, public_pem: str) -> None:
         """Record `node`'s key; a different key it had before is retired, not forgotten."""
@@ -104,10 +154,21 @@ class State:
                 service_account_keys=dict(raw.get("service_account_keys", {})),
                 etcd_members=list(raw.get("etcd_members", [])),
                 retired_service_account_keys=list(raw.get("retired_service_account_keys", [])),
+                ca_generation=int(raw.get("ca_generation", 1)),
+                rotation=_rotation(raw.get("rotation")),
             )
         nodes = {name: NodeRecord(**raw) for name, raw in data.get("nodes", {}).items()}
         sip_labels = {host: dict(labels) for host, labels in data.get("sip_labels", {}).items()}
         return cls(clusters=clusters, nodes=nodes, sip_labels=sip_labels)
+
+
+def _rotation(raw: dict[str, Any] | None) -> CARotation | None:
+    if not raw:
+        return None
+    if raw.get("phase") not in ROTATION_PHASES:
+        raise ValueError(f"unknown CA rotation phase {raw.get('phase')!r}")
+    return CARotation(int(raw["generation"]), raw["phase"], {k: CertRecord(**v) for k, v in raw.get("other", {}).items()},
+                      dict(raw.get("cross", {})))
 
 
 def _sorted(value: Any) -> Any:

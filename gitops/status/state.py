@@ -36,6 +36,9 @@ def split(state: State) -> tuple[dict[str, Any], dict[str, Any]]:
         if cluster.get("admin"):
             keys["admin"] = cluster["admin"].get("key_pem", "")
             cluster["admin"]["key_pem"] = ""
+        for role, record in ((cluster.get("rotation") or {}).get("other") or {}).items():
+            keys.setdefault("rotation", {})[role] = record.pop("key_pem", "")
+            record["key_pem"] = ""
         secrets["clusters"][name] = keys
     return public, secrets
 
@@ -48,6 +51,8 @@ def merge(public: dict[str, Any], secrets: dict[str, Any] | None) -> State:
             record["key_pem"] = keys.get("authorities", {}).get(role, "")
         if cluster.get("admin"):
             cluster["admin"]["key_pem"] = keys.get("admin", "")
+        for role, record in ((cluster.get("rotation") or {}).get("other") or {}).items():
+            record["key_pem"] = keys.get("rotation", {}).get(role, "")
     return State.from_dict(data)
 
 

@@ -18,7 +18,7 @@ from gitops.apipaths import CLUSTER_INFO, CSRS
 from gitops.errors import GitopsError
 from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
 from gitops.kubeconfig import parse_cluster_info
-from gitops.pki import PKIError, load_cert_pem
+from gitops.pki import PKIError, cert_to_pem, load_cert_pem, load_certs_pem
 
 TOKEN = re.compile(r"^([a-z0-9]{6})\.([a-z0-9]{16})$")
 
@@ -65,10 +65,11 @@ def discover(server: str, token: str, pin: str, timeout: float = 10.0) -> Discov
         raise JoinError(f"{server} has no cluster-info in kube-public: is it a gitops cluster, applied?")
     try:
         announced, ca_pem = parse_cluster_info((info.get("data") or {}).get("kubeconfig", ""))
-        found = ca_hash(ca_pem)
+        hashes = [ca_hash(cert_to_pem(cert)) for cert in load_certs_pem(ca_pem)]
+        found = pin if pin in hashes else ", ".join(hashes)
     except (ValueError, PKIError) as err:
         raise JoinError(f"cluster-info at {server} is not a usable kubeconfig: {err}") from None
-    if found != pin:
+    if found != pin:  # during a CA rotation cluster-info holds old and new: either may be pinned
         raise JoinError(f"the cluster CA at {server} does not match the pinned hash: got {found}, expected {pin}; "
                         "refusing to trust it")
     with KubeAPI(server, ca_pem, Credentials(token=token), timeout=timeout) as api:
