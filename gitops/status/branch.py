@@ -2,8 +2,9 @@
 
 Each publish starts from the remote tip, lets the caller write the complete
 set of files, and commits only when something differs. A push rejected as
-non-fast-forward (another writer got there first) is retried on top of the
-new tip with the files written again, so concurrent writers never lose a
+non-fast-forward (another writer got there first: several controllers, each
+writing only its shards' files) is retried on top of the new tip with the files
+written again, at most PUSH_ATTEMPTS times, so concurrent writers never lose a
 commit. The apply lease (one controller applies at a time) is `lease.py`; the
 branch's name and layout, and reading it back, are `reader.py`.
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -108,6 +111,10 @@ class StatusBranch:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
 
+    def tracked(self) -> list[str]:
+        """Every file of the worktree's index (as of the last `sync`), sorted."""
+        return sorted(self._tracked())
+
     def _tracked(self) -> dict[str, str]:
         """path -> blob id of every file in the index."""
         out = {}
@@ -140,6 +147,7 @@ class StatusBranch:
                 text = str(err)
                 if "non-fast-forward" in text or "fetch first" in text or "rejected" in text:
                     log.info("status push raced another writer; retrying", extra={"attempt": attempt})
+                    time.sleep(random.uniform(0, 0.05 * attempt))  # writers racing again at once take turns
                     continue
                 raise StatusError(f"cannot push {self.branch}: {git_message(err)}") from None
         raise StatusError(f"cannot push {self.branch}: still racing other writers after {PUSH_ATTEMPTS} attempts")
