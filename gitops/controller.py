@@ -124,8 +124,12 @@ class Quiet:
     target: Target
     fingerprint: str
     outcome: Outcome
-    #: the Leases held then (another set of shards is another reconcile)
-    held: frozenset[str] = frozenset()
+    #: several controllers: what this replica owned then (another set of shards is another reconcile)
+    scope: Scope | None = None
+
+    @property
+    def held(self) -> frozenset[str]:
+        return self.scope.held if self.scope is not None else frozenset()
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,8 @@ class Controller:
         quiet, self._quiet = self._quiet, None
         live = None
         if quiet is not None and sha == quiet.target.sha and quiet.held == self._held():
-            live = observe_all(quiet.target.model, quiet.target.config, self.store.load(), reuse=self.files.reuse)
+            live = scoped_observed(observe_all(scoped_model(quiet.target.model, quiet.scope), quiet.target.config,
+                                               self.store.load(), reuse=self.files.reuse), quiet.scope)
             if live_fingerprint(live, self.files.files_digest) == quiet.fingerprint:
                 self.files.remember(live)
                 self._quiet = quiet
@@ -244,8 +249,7 @@ class Controller:
         self.files.interval = target.config.node_files_interval
         self.files.remember(after.observed)
         self._quiet = Quiet(target, live_fingerprint(after.observed, self.files.files_digest), dataclasses.replace(
-            outcome, actions=0, message=f"commit {target.sha[:12]} in force; nothing changed"),
-            scope.held if scope is not None else frozenset())
+            outcome, actions=0, message=f"commit {target.sha[:12]} in force; nothing changed"), scope)
 
     # ------------------------------------------------------------------ stages
 
@@ -289,14 +293,14 @@ class Controller:
         """Plan and execute under the apply lease (the git lock, or this replica's Leases: only the
         actions of its shards, each fenced); failures become data for the report. `live`: this poll's
         observation already made, for the first plan (later ones observe again)."""
-        model, config = target.model, target.config
+        model, config = scoped_model(target.model, scope), target.config
         if scope is None:
             ApplyLease(status.repo).acquire(self.holder, self.config.lock_ttl)
         sha = target.sha
         first = [live] if live is not None else []
 
         def watch(m: RepoModel) -> ObservedState:
-            return first.pop() if first else observe_all(m, config, self.store.load())
+            return first.pop() if first else scoped_observed(observe_all(m, config, self.store.load()), scope)
 
         store, restrict, fence = self.store, None, None
         if scope is not None:
@@ -346,7 +350,7 @@ class Controller:
         """One status commit: source, the executed plan, resources, SIPClusters, kubeconfigs, state. One of
         several replicas writes only its shards' files (and the global ones if it holds shard 0), the
         state merged with the branch's, and a `status/Shard/<lease>.yaml` per Lease it holds."""
-        model, config, sha = target.model, target.config, target.sha
+        model, config, sha = scoped_model(target.model, scope), target.config, target.sha
         in_force = sha if applied.result == Result.APPLIED else applied_before
         if in_force == sha:
             self._record_status_branch(config.status_branch)
@@ -364,7 +368,7 @@ class Controller:
         if last is not None:  # its observation is the live state after the apply
             observed, compiled, sip = last.observed, last.compiled, last.sip
         else:
-            observed = observe_all(model, config, self.store.load())
+            observed = scoped_observed(observe_all(model, config, self.store.load()), scope)
             hosts = bare_metal_hosts(model, config, self.store.load(), observed)
             compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable,
                                        hosts=hosts or ())
@@ -580,6 +584,29 @@ def _log_every_step(index: int, total: int, action, status: str) -> None:
 
 def _progress(scope: Scope | None):
     return _log_progress if scope is None else _log_every_step
+
+
+def scoped_model(model: RepoModel, scope: Scope | None) -> RepoModel:
+    """What one replica plans: the clusters (and Nodes) of its shards, every Hypervisor (placement counts
+    the recorded ports of every node, its own or not), and SIPClusters with their hosts if it owns shard 0."""
+    if scope is None:
+        return model
+    return dataclasses.replace(
+        model, clusters={n: c for n, c in model.clusters.items() if scope.owns(n)},
+        nodes={n: node for n, node in model.nodes.items() if scope.owns(node.cluster)},
+        sip_clusters=model.sip_clusters if scope.owns_global else {},
+        baremetal_hosts=model.baremetal_hosts if scope.owns_global else {})
+
+
+def scoped_observed(observed: ObservedState, scope: Scope | None) -> ObservedState:
+    """The observation with only the pods and cluster APIs of what the replica owns: other replicas' pods
+    are neither desired nor pruned here."""
+    if scope is None:
+        return observed
+    hypervisors = {n: dataclasses.replace(hv, pods=tuple(p for p in hv.pods if scope.owns(p.cluster)))
+                   for n, hv in observed.hypervisors.items()}
+    return dataclasses.replace(observed, hypervisors=hypervisors,
+                               clusters={n: c for n, c in observed.clusters.items() if scope.owns(n)})
 
 
 def _restricted(planned: Planned, scope: Scope) -> Planned:
