@@ -242,3 +242,26 @@ def test_background_renewal_keeps_the_lease_and_stop_releases_it(leases):
         a.stop()
     assert all(leases.get(n).holder == "" for n in shard_leases(2))
     assert leases.get(replica_lease("a")).holder == ""
+
+
+def test_four_shards_over_three_replicas_are_spread_two_one_one(leases):
+    """ceil(4/3) = 2 would allow 2/2/0; a replica below floor(4/3) = 1 makes one above it give one up."""
+    clock = Clock()
+    work = shard_leases(4)
+    members = [Member(leases, f"s{i}", work, TIMING, clock=clock) for i in range(3)]
+    for _ in range(3):
+        for m in members[:2]:
+            m.tick()
+        clock.now += 1
+    assert sorted(len(m.held()) for m in members[:2]) == [2, 2]
+    for _ in range(4):
+        for m in members:
+            m.tick()
+        clock.now += 1
+    assert sorted(len(m.held()) for m in members) == [1, 1, 2]
+    for _ in range(6):  # and it stays so
+        for m in members:
+            m.tick()
+        clock.now += 1
+    assert sorted(len(m.held()) for m in members) == [1, 1, 2]
+    assert {leases.get(n).holder for n in work} == {m.identity for m in members}

@@ -3,8 +3,9 @@
 `Member.tick()` is one round of client-go's loop for many Leases: list the gitops
 Leases (one request), renew the replica's heartbeat Lease, renew the work Leases it
 holds, give up those above its fair share (ceil(work Leases / live replicas), live
-replicas counted from unexpired heartbeat Leases) unless they are busy, then take free
-or expired ones up to that share. `start()` runs it every retryPeriod in a thread.
+replicas counted from unexpired heartbeat Leases; floor(...) while another live replica
+holds fewer than that and no Lease is free) unless they are busy, then take free or
+expired ones up to that share. `start()` runs it every retryPeriod in a thread.
 
 A hold counts from the moment *before* the request that wrote it, and is fresh for
 renewDeadline after that: `fresh(lease)` is what fencing asks before every action.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +48,8 @@ class Member:
         self._holds: dict[str, float] = {}
         #: work Leases in use (an apply runs): not given up for fair share, only lost
         self.busy: set[str] = set()
+        #: Leases given up for fair share -> when: not taken back for a lease duration (others take them)
+        self._released: dict[str, float] = {}
         self.live_replicas = 1
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -86,6 +90,8 @@ class Member:
         replicas = [n for n in self.observer.seen if n.startswith(REPLICA_PREFIX) and self.observer.live(n)]
         self.live_replicas = max(len(replicas), 1)
         share = fair_share(len(self.work), self.live_replicas)
+        if self._someone_starves(replicas, started):
+            share = len(self.work) // self.live_replicas  # make room: one holding more than the floor gives one up
         for name in [w for w in self.work if w in self._holds]:
             current = records.get(name)
             if current is None or current.holder != self.identity:
@@ -104,12 +110,23 @@ class Member:
         for name in sorted(self.work, key=self._preference):
             if len(self._holds) >= share:
                 break
-            if name not in self._holds and self.observer.free(name, self.identity, started):
+            if (name not in self._holds and self.observer.free(name, self.identity, started)
+                    and started >= self._released.get(name, -math.inf) + self.timing.lease_duration):
                 if self._write(records.get(name), name, WORK, started) is not None:
                     log.info("lease acquired", extra={"lease": name, "identity": self.identity})
         self._expire()
         if set(self.held()) != before:
             self.on_change()
+
+    def _someone_starves(self, replicas: list[str], now: float) -> bool:
+        """A live replica holds fewer than floor(work / live replicas) Leases and none is free to take:
+        4 shards over 3 replicas are spread 2/1/1, not 2/2/0."""
+        floor = len(self.work) // self.live_replicas
+        if floor == 0 or any(self.observer.free(w, "", now) for w in self.work):
+            return False
+        holders = [self.observer.seen[w].record.holder for w in self.work if w in self.observer.seen]
+        alive = {self.observer.seen[r].record.holder for r in replicas}
+        return any(holders.count(identity) < floor for identity in alive)
 
     def _write(self, current: LeaseRecord | None, name: str, role: str, started: float) -> LeaseRecord | None:
         try:
@@ -132,6 +149,7 @@ class Member:
     def _give_up(self, current: LeaseRecord | None, name: str, why: str) -> None:
         with self._lock:
             self._holds.pop(name, None)  # fenced from now on, whether the release lands or not
+        self._released[name] = self.clock()
         if current is not None:
             try:
                 if release(self.leases, current, self.identity) is None:
