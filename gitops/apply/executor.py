@@ -113,6 +113,7 @@ class _Runner:
         self.pods: dict[str, PodRef] = {}
         self.outcome = Execution()
         self.now = dt.datetime.now(dt.timezone.utc)
+        self.fence: Fence | None = None
 
     def close(self) -> None:
         for client in self.clients.values():
@@ -128,6 +129,7 @@ class _Runner:
 
     def run(self, actions: tuple[Action, ...], should_stop: Callable[[], bool],
             fence: Fence | None = None) -> Execution:
+        self.fence = fence
         for index, action in enumerate(actions):
             if should_stop():
                 log.info("stop requested; %d of %d actions done", index, len(actions))
@@ -296,6 +298,9 @@ class _Runner:
             if time.monotonic() > deadline:
                 raise ApplyError(f"kube-apiserver on {action.node} not ready after {ready.timeout}s ({ready.url}: "
                                  f"{last}); stopping before any other API server is touched")
+            refused = self.fence(action) if self.fence is not None else None
+            if refused:  # a wait is no CRI call: it ends with the Lease, not after it
+                raise ApplyError(f"fenced while waiting for kube-apiserver on {action.node}: {refused}")
             time.sleep(0.5)
 
     def _etcd_gate(self, action: Action, p: CreateContainer, before: bool) -> None:
