@@ -86,7 +86,7 @@ def replica(name: str, kubeconfig: str, shards: int, timing: Timing, repo: str, 
     model, config = scoped_model(validation.model, scope), validation.repo.config
     del validation
     t = time.perf_counter()
-    state = State.from_dict(json.loads((Path(entry) / "state.json").read_text()))
+    state = scope.narrow_state(State.from_dict(json.loads((Path(entry) / "state.json").read_text())))
     files = [f"{c}.json" for c in sorted(model.clusters)]
     observed = load_snapshot(lambda rel: _read(Path(entry) / rel), files)
     load_s = time.perf_counter() - t

@@ -300,11 +300,11 @@ class Controller:
         first = [live] if live is not None else []
 
         def watch(m: RepoModel) -> ObservedState:
-            return first.pop() if first else scoped_observed(observe_all(m, config, self.store.load()), scope)
+            return first.pop() if first else scoped_observed(observe_all(m, config, store.load()), scope)
 
         store, restrict, fence = self.store, None, None
         if scope is not None:
-            store = _WriteAhead(self.store, lambda: self._publish_state(status, scope))
+            store = _WriteAhead(self.store, scope, lambda: self._publish_state(status, scope))
             restrict, fence = (lambda planned: _restricted(planned, scope)), self._fence(scope)
             assert self.member is not None
             self.member.busy = set(scope.held)  # not given up for fair share while this runs
@@ -623,17 +623,19 @@ def _under(rel: str, prefixes: tuple[str, ...]) -> bool:
 
 
 class _WriteAhead:
-    """A StateStore that also publishes every saved state to the status branch (several controllers)."""
+    """One replica's StateStore (several controllers): loads the state narrowed to its shards, and
+    publishes every saved state to the status branch, merged with the other replicas' records."""
 
-    def __init__(self, inner: ControllerStateStore, publish):
+    def __init__(self, inner: ControllerStateStore, scope: Scope, publish):
         self.inner = inner
+        self.scope = scope
         self.publish = publish
 
     def load(self) -> State:
-        return self.inner.load()
+        return self.scope.narrow_state(self.inner.load())
 
     def save(self, state: State) -> None:
-        before = self.inner.generation
-        self.inner.save(state)
-        if self.inner.generation != before:
-            self.publish()
+        if state.to_dict() == self.load().to_dict():
+            return
+        self.inner.save(self.scope.merge(self.inner.state, state))
+        self.publish()

@@ -118,3 +118,12 @@ def test_the_fence_stops_the_run_before_an_action(tmp_path):
                       fence=fence)
     assert outcome.stopped and outcome.fenced.startswith("Lease gitops-shard-2-of-4") and not outcome.executed
     assert asked == ["ns/h0"]
+
+
+def test_a_replica_plans_with_its_clusters_records_and_every_node():
+    state = State(clusters={"team-a": ClusterRecord(), "team-b": ClusterRecord()},
+                  nodes={"a-1": NodeRecord("team-a", "hv1", {"etcd": 1}), "b-1": NodeRecord("team-b", "hv1", {"etcd": 2})},
+                  sip_labels={"ns/h1": {"x": "1"}})
+    narrow = SCOPE.narrow_state(state)
+    assert set(narrow.clusters) == {"team-a"} and set(narrow.nodes) == {"a-1", "b-1"}
+    assert SCOPE.merge(state, narrow).to_dict() == state.to_dict()  # nothing of the others is lost

@@ -41,6 +41,13 @@ class Scope:
     def owns_global(self) -> bool:
         return self.global_lease in self.held
 
+    def narrow_state(self, state: State) -> State:
+        """The recorded state a replica plans with: the records of the clusters it owns, every node's
+        (placement counts every recorded port on a hypervisor), the SIP labels if it owns shard 0.
+        Compile and plan then never walk the other shards' clusters."""
+        return State(clusters={n: r for n, r in state.clusters.items() if self.owns(n)}, nodes=state.nodes,
+                     sip_labels=state.sip_labels if self.owns_global else {})
+
     def merge(self, theirs: State, mine: State) -> State:
         """The state to publish: our records for what we own, the branch's (`theirs`) for the rest."""
         out = State()
