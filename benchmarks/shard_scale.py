@@ -48,7 +48,7 @@ for path in (REPO_ROOT, REPO_ROOT / "benchmarks", REPO_ROOT / "tests"):
 import plan_scale  # noqa: E402
 
 from gitops.controller import scoped_model  # noqa: E402
-from gitops.coordination.client import api_from_kubeconfig  # noqa: E402
+from gitops.kubeapi import KubeAPI  # noqa: E402
 from gitops.coordination.lease import LeaseAPI, Timing  # noqa: E402
 from gitops.coordination.member import Member  # noqa: E402
 from gitops.coordination.scope import Scope  # noqa: E402
@@ -73,7 +73,7 @@ def rss_mib() -> float:
 def replica(name: str, kubeconfig: str, shards: int, timing: Timing, repo: str, entry: str, repeat: int,
             go, results) -> None:
     """Hold Leases like a controller; once told, plan this replica's clusters and report; keep renewing."""
-    api = api_from_kubeconfig(kubeconfig, timeout=max(1.0, min(5.0, timing.renew_deadline / 2)))
+    api = KubeAPI.from_kubeconfig(kubeconfig, timeout=max(1.0, min(5.0, timing.renew_deadline / 2)))
     member = Member(LeaseAPI(api, NAMESPACE), name, shard_leases(shards), timing)
     member.tick()
     member.start()
@@ -192,7 +192,7 @@ def measure_replicas(args, timing: Timing, repo: Path, entry: Path, out: dict, c
 
     with kube_api_server(API_IP) as api:
         api.ensure_namespace(NAMESPACE)
-        leases = LeaseAPI(api_from_kubeconfig(api.admin_kubeconfig), NAMESPACE)
+        leases = LeaseAPI(KubeAPI.from_kubeconfig(api.admin_kubeconfig), NAMESPACE)
         go, results = ctx.Event(), ctx.Queue()
         procs: dict = {}
         try:

@@ -26,12 +26,12 @@ from pathlib import Path
 from gitops.apply import ApplyError
 from gitops.compile import compile_desired
 from gitops.compile.sip_services import service_cluster
-from gitops.coordination.client import api_from_kubeconfig
 from gitops.coordination.lease import LeaseAPI, Timing
 from gitops.coordination.member import Member
 from gitops.coordination.scope import Scope, file_owner
 from gitops.coordination.shards import LEADER, shard_leases
 from gitops.errors import GitopsError
+from gitops.kubeapi import KubeAPI
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.metrics import Metrics
 from gitops.model.validate import Validation, validate_repo
@@ -428,7 +428,7 @@ class Controller:
             raise GitopsError("coordination: no kubeconfig (spec.coordination.kubeconfig or "
                               "--coordination-kubeconfig)")
         timing = Timing(wanted.lease_duration, wanted.renew_deadline, wanted.retry_period)
-        api = api_from_kubeconfig(wanted.kubeconfig, timeout=max(1.0, min(5.0, timing.renew_deadline / 2)))
+        api = KubeAPI.from_kubeconfig(wanted.kubeconfig, timeout=max(1.0, min(5.0, timing.renew_deadline / 2)))
         work = (LEADER,) if wanted.mode == "leader" else shard_leases(wanted.shards)
         self.member = Member(LeaseAPI(api, wanted.namespace), self.identity, work, timing,
                              on_change=self.trigger.set)

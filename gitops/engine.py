@@ -17,15 +17,15 @@ from gitops.apply.executor import ApplyError, Connections, Fence, Progress, exec
 from gitops.compile import Compiled, compile_desired
 from gitops.cri.client import CRIClient
 from gitops.errors import GitopsError
+from gitops.learn import learn
 from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
 from gitops.observe import FilesReuse, ObservedState, observe
-from gitops.observe.clusters import ClusterTarget, observe_clusters
+from gitops.observe.clusters import ClusterReader, ClusterTarget, observe_clusters
 from gitops.plan.actions import Plan, Unknown, UnknownKind, ordered
 from gitops.plan.cluster_api import cluster_api_actions
 from gitops.plan.diff import DiffOptions, diff
 from gitops.plan.hosts import label_actions, sip_warnings
-from gitops.plan.learn import learn
 from gitops.plan.upgrades import check_versions
 from gitops.sip.reconcile import file_hosts, provider_for
 from gitops.sip.selection import SIPPlan, select_hosts
@@ -97,13 +97,16 @@ def bare_metal_hosts(model: RepoModel, config: RepoConfig, state: State,
 
 
 def observe_all(model: RepoModel, config: RepoConfig, state: State | None = None,
-                reuse: FilesReuse | None = None) -> ObservedState:
+                reuse: FilesReuse | None = None, clusters: ClusterReader | None = None) -> ObservedState:
     """Observe the hypervisors, then (with the recorded `state`'s admin credentials) the API of every
     cluster with a running API server, and a kubernetes BareMetalHost provider's hosts. `reuse`: node
-    files known from an earlier observation (the controller's quiet polls)."""
+    files known from an earlier observation, `clusters`: the reader that keeps its clients and the
+    objects it listed (both the controller's, for quiet polls)."""
     observed = observe(model.hypervisors.values(), reuse=reuse)
     if state is not None:
-        observed = dataclasses.replace(observed, clusters=observe_clusters(cluster_targets(model, state, observed)))
+        targets = cluster_targets(model, state, observed)
+        found = clusters.observe(targets) if clusters is not None else observe_clusters(targets)
+        observed = dataclasses.replace(observed, clusters=found)
     if config.bare_metal.provider != "kubernetes" or not model.sip_clusters:
         return observed
     try:

@@ -1,33 +1,49 @@
-"""A Kubernetes API connection from PEM strings, through the official `kubernetes` client.
+"""A Kubernetes API connection through the official `kubernetes` client: from PEM strings, or from a kubeconfig.
 
-The client's TLS layer reads credentials from file paths; here they are
-anonymous in-memory files (`memfd_create`), so a cluster's admin key or CA
-never touches the disk. Requests are plain JSON (`get`, `list`, `create`, `apply`,
-`delete`): gitops manages a handful of well-known objects and has no use
-for the generated model classes.
+The client's TLS layer reads credentials from file paths; given as PEM strings they
+are anonymous in-memory files (`memfd_create`), so a cluster's admin key or CA
+never touches the disk. A kubeconfig (a management cluster's: client certificates,
+tokens, `tokenFile`, exec plugins) is read by the official loader (`from_kubeconfig`).
+Requests are plain JSON (`get`, `list`, `create`, `apply`, `delete`, `request`):
+gitops manages a handful of well-known objects and has no use for the generated model classes.
 """
 from __future__ import annotations
 
+import binascii
 import json
+import logging
 import os
+import re
+import ssl
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
+import yaml
+
 from gitops.errors import GitopsError
+
+if TYPE_CHECKING:  # the client is imported when an API is used: it costs ~0.3 s
+    from kubernetes.client import Configuration
 
 
 _IMPORT = threading.Lock()
 
 
-class KubeAPIError(GitopsError):
-    """A request failed: `status` is the HTTP status (0: no answer)."""
+MERGE_PATCH = "application/merge-patch+json"
 
-    def __init__(self, message: str, status: int = 0):
+
+class KubeAPIError(GitopsError):
+    """A request failed: `status` is the HTTP status (0: no answer, or an unusable kubeconfig);
+    `details` the API's own message, or why there was no answer."""
+
+    def __init__(self, message: str, status: int = 0, details: str = ""):
         super().__init__(message)
         self.status = status
+        self.details = details
 
 
 @dataclass(frozen=True)
@@ -49,14 +65,11 @@ class KubeAPI:
     def __init__(self, server: str, ca_pem: str, credentials: Credentials = Credentials(), *,
                  timeout: float = 10.0):
         with _IMPORT:  # ~0.3 s, only when an API is used; threads importing it at once deadlock
-            from kubernetes.client import ApiClient, Configuration
+            from kubernetes.client import Configuration
 
-        self.server = server.rstrip("/")
-        self.timeout = timeout
         self._fds: list[int] = []
         config = Configuration()
-        config.host = self.server
-        config.retries = False
+        config.host = server
         if ca_pem:
             config.ssl_ca_cert = self._memfile("ca", ca_pem)
         else:
@@ -64,10 +77,35 @@ class KubeAPI:
         if credentials.cert_pem:
             config.cert_file = self._memfile("cert", credentials.cert_pem)
             config.key_file = self._memfile("key", credentials.key_pem)
+        if credentials.token:
+            config.api_key = {"BearerToken": f"Bearer {credentials.token}"}
+        self._open(config, timeout)
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | os.PathLike[str], context: str | None = None, *,
+                        timeout: float = 10.0) -> KubeAPI:
+        """The API of `context` (default: current-context) of the kubeconfig at `path`.
+
+        The official loader reads it: certificate-authority(-data), insecure-skip-tls-verify,
+        client certificates, token/tokenFile, exec and auth-provider plugins; relative file
+        paths are relative to the kubeconfig. It is never written back. KubeAPIError (one
+        line, naming `path`) when it is unusable.
+        """
+        api = cls.__new__(cls)
+        api._fds = []
+        api._open(load_kubeconfig(path, context), timeout)
+        return api
+
+    def _open(self, config: Configuration, timeout: float) -> None:
+        from kubernetes.client import ApiClient
+
+        config.host = config.host.rstrip("/")
+        config.retries = False  # urllib3: no silent reconnect loops; callers retry
+        self.server: str = config.host
+        self.timeout = timeout
+        self._config = config
         self._headers = {"Accept": "application/json", "Content-Type": "application/json",
                          "User-Agent": "gitops"}
-        if credentials.token:
-            self._headers["Authorization"] = f"Bearer {credentials.token}"
         try:
             self._client = ApiClient(config)
         except Exception:
@@ -100,27 +138,39 @@ class KubeAPI:
     # ----------------------------------------------------------------------------------- requests
 
     def request(self, method: str, path: str, body: Any = None, *, query: dict[str, str] | None = None,
-                timeout: float | None = None) -> dict[str, Any]:
+                timeout: float | None = None, content_type: str = "") -> dict[str, Any]:
         """The decoded JSON answer; KubeAPIError (with the API's own message) otherwise."""
         url = self.server + path + (f"?{urlencode(query)}" if query else "")
         try:
             with warnings.catch_warnings():  # unverified on purpose (discovery): the caller pins the CA
                 warnings.filterwarnings("ignore", message="Unverified HTTPS request")
-                response = self._client.call_api(method, url, header_params=dict(self._headers),
+                response = self._client.call_api(method, url, header_params=self._request_headers(content_type),
                                                  body=body, _request_timeout=timeout or self.timeout)
                 response.read()
         except Exception as err:  # noqa: BLE001 -- urllib3 raises many kinds; all mean "no answer"
-            raise KubeAPIError(f"{self.server}: {method} {path}: no answer: {_reason(err)}") from None
+            reason = _reason(err)
+            raise KubeAPIError(f"{self.server}: {method} {path}: no answer: {reason}", details=reason) from None
         data = response.data or b""
         try:
             decoded = json.loads(data) if data else {}
         except ValueError:
             decoded = {"message": data.decode(errors="replace")[:200]}
         if not 200 <= response.status <= 299:
-            message = decoded.get("message") if isinstance(decoded, dict) else None
-            raise KubeAPIError(f"{self.server}: {method} {path}: {response.status} {message or response.reason}",
-                               response.status)
+            status = decoded if isinstance(decoded, dict) else {}
+            message = " ".join(str(status.get("message") or status.get("reason") or response.reason or "").split())
+            raise KubeAPIError(f"{self.server}: {method} {path}: {response.status} {message}", response.status,
+                               message)
         return decoded
+
+    def _request_headers(self, content_type: str = "") -> dict[str, str]:
+        """The headers of one request; a kubeconfig's token is read (or its plugin run) again as the client does."""
+        headers = dict(self._headers)
+        if content_type:
+            headers["Content-Type"] = content_type
+        token = self._config.get_api_key_with_prefix("BearerToken", alias="authorization")
+        if token:
+            headers["Authorization"] = token
+        return headers
 
     def get(self, path: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
@@ -158,16 +208,122 @@ class KubeAPI:
                 return False
             raise
 
-    def ready(self) -> bool:
+    def not_ready(self, path: str = "/readyz") -> str:
+        """Why the server is not ready: "" when `path` answers 200 `ok`, else its status or why it did not answer."""
         try:
-            response = self._client.call_api("GET", self.server + "/readyz", header_params=dict(self._headers),
+            response = self._client.call_api("GET", self.server + path, header_params=self._request_headers(),
                                              _request_timeout=self.timeout)
-            response.read()
-        except Exception:  # noqa: BLE001
-            return False
-        return response.status == 200
+            body = response.read() or b""
+        except Exception as err:  # noqa: BLE001 -- urllib3 raises many kinds; all mean "no answer"
+            return _reason(err)
+        return "" if response.status == 200 and body.strip() == b"ok" else f"HTTP {response.status}"
+
+    def ready(self) -> bool:
+        return not self.not_ready()
 
 
-def _reason(err: Exception) -> str:
-    text = str(getattr(err, "reason", None) or err)
-    return " ".join(text.split())[:300]
+def _reason(err: BaseException) -> str:
+    """Why a request got no answer: the innermost cause of a urllib3/socket failure, one line, no object reprs."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(err, ApiException) and isinstance(err.__context__, BaseException):
+        err = err.__context__  # the client turns a TLS failure into an ApiException: the cause is its context
+    seen: set[int] = set()
+    while id(err) not in seen:
+        seen.add(id(err))
+        inner = getattr(err, "reason", None)
+        if isinstance(inner, BaseException):
+            err = inner
+            continue
+        nested = next((a for a in err.args if isinstance(a, BaseException)), None)
+        if nested is not None:
+            err = nested
+            continue
+        break
+    if isinstance(err, ssl.SSLError) and err.reason:
+        return f"{err.reason}: {getattr(err, 'verify_message', None) or err.strerror or err}"
+    text = str(err.args[-1] if err.args and isinstance(err.args[-1], str) else err)
+    text = re.sub(r"^\w*Connection(?:Pool)?\(host=[^)]*\):\s*", "", text)  # urllib3 2 names the connection first
+    return " ".join(text.split())[:300] or type(err).__name__
+
+
+# --------------------------------------------------------------------------- kubeconfig
+
+
+def load_kubeconfig(path: str | os.PathLike[str], context: str | None = None) -> Configuration:
+    """The official client's configuration for `context` of the kubeconfig at `path`; KubeAPIError when unusable."""
+    with _IMPORT:
+        from kubernetes.client import Configuration
+        from kubernetes.config import kube_config
+
+    path = Path(path)
+    if not path.is_file():
+        raise KubeAPIError(f"{path}: cannot read kubeconfig: no such file")
+    configuration = Configuration()
+    exec_errors = _ExecErrors()
+    logging.getLogger().addHandler(exec_errors)
+    try:
+        kube_config.load_kube_config(config_file=str(path), context=context,
+                                     client_configuration=configuration, persist_config=False)
+    except Exception as err:  # noqa: BLE001 -- the loader raises ConfigException, yaml, base64, OS and type errors
+        raise KubeAPIError(" ".join(f"{path}: unusable kubeconfig: {_loader_reason(err)}".split())) from None
+    finally:
+        logging.getLogger().removeHandler(exec_errors)
+    if exec_errors.messages:  # the loader only logs a failed exec plugin and goes on as anonymous
+        raise KubeAPIError(" ".join(f"{path}: the exec credential plugin failed: {exec_errors.messages[0]}".split()))
+    if not configuration.host.startswith("https://"):
+        raise KubeAPIError(f"{path}: the cluster needs an https:// server, got {configuration.host!r}")
+    _check_tls_material(configuration, path)
+    _strip_tokens(configuration)
+    return configuration
+
+
+class _ExecErrors(logging.Handler):
+    """Collects the kubeconfig loader's ``exec: ...`` error log lines (it logs them on the root logger)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("exec:"):
+            self.messages.append(message.removeprefix("exec:").strip())
+
+
+def _check_tls_material(configuration: Configuration, path: Path) -> None:
+    """Fail now, naming the kubeconfig, rather than as a TLS error on the first request."""
+    try:
+        if configuration.ssl_ca_cert:
+            ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    except (ssl.SSLError, OSError) as err:
+        raise KubeAPIError(f"{path}: certificate-authority unusable: {_reason(err)}") from None
+    if configuration.cert_file or configuration.key_file:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(configuration.cert_file, configuration.key_file)
+        except (ssl.SSLError, OSError, TypeError) as err:
+            raise KubeAPIError(f"{path}: client certificate/key unusable: {_reason(err)}") from None
+
+
+def _strip_tokens(configuration: Configuration) -> None:
+    """Trim a token as client-go does: the Python loader sends a tokenFile's trailing newline,
+    which http.client refuses as a header value. The loader's refresh hook re-sets the token
+    (and itself) before every request, so trimming wraps that hook and re-installs itself."""
+    refresh = configuration.refresh_api_key_hook
+
+    def stripped(config: Configuration) -> None:
+        if refresh is not None:
+            refresh(config)
+        config.refresh_api_key_hook = stripped
+        config.api_key = {k: v.strip() if isinstance(v, str) else v for k, v in config.api_key.items()}
+
+    stripped(configuration)
+    configuration.refresh_api_key_hook = stripped
+
+
+def _loader_reason(err: Exception) -> str:
+    if isinstance(err, yaml.YAMLError):
+        return "not valid YAML"
+    if isinstance(err, binascii.Error):
+        return f"bad base64 data ({err})"
+    return str(err) or type(err).__name__

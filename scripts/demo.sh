@@ -92,42 +92,10 @@ k get nodes -o wide
 
 echo "== a Deployment of 2 pods on the worker, their logs, and a ClusterIP Service answering another pod"
 BUSYBOX=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["images"]["busybox"])' "$LAB/lab.json")
-sed "s|IMAGE|$BUSYBOX|" <<'YAML' > "$WORK/web.yaml"
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: web}
-spec:
-  replicas: 2
-  selector: {matchLabels: {app: web}}
-  template:
-    metadata: {labels: {app: web}}
-    spec:
-      containers:
-      - name: web
-        image: IMAGE
-        imagePullPolicy: Never
-        command: ["busybox", "sh", "-c",
-                  "echo hello from $(busybox hostname) > /www/index.html; echo serving; exec busybox httpd -f -v -p 8080 -h /www"]
----
-apiVersion: v1
-kind: Service
-metadata: {name: web}
-spec:
-  selector: {app: web}
-  ports: [{port: 80, targetPort: 8080}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: client}
-spec:
-  containers:
-  - name: client
-    image: IMAGE
-    imagePullPolicy: Never
-    command: ["busybox", "sh", "-c",
-              "while true; do busybox wget -q -O - http://$WEB_SERVICE_HOST:$WEB_SERVICE_PORT/; busybox sleep 1; done"]
-YAML
-k apply -f "$WORK/web.yaml"
+for manifest in web client; do  # the manifests tests/test_workers_lab.py runs
+    sed "s|IMAGE|$BUSYBOX|" "gitops/lab/manifests/$manifest.yaml" > "$WORK/$manifest.yaml"
+done
+k apply -f "$WORK/web.yaml" -f "$WORK/client.yaml"
 k rollout status deployment/web --timeout=180s
 k wait --for=condition=Ready pod/client --timeout=180s
 k get pods -o wide

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from gitops.coordination.client import api_from_kubeconfig
 from gitops.coordination.lease import CoordinationError, LeaseAPI, Timing, acquire_or_renew
 from gitops.coordination.member import Member
 from gitops.coordination.shards import LEADER, fair_share, replica_lease, shard_leases, shard_of
@@ -42,7 +41,7 @@ def leases(server) -> Iterator[LeaseAPI]:
     """A fresh namespace per test, reached through a kubeconfig file as the controller does."""
     namespace = f"t-{uuid.uuid4().hex[:8]}"
     server.ensure_namespace(namespace)
-    api = api_from_kubeconfig(server.admin_kubeconfig, timeout=3)
+    api = KubeAPI.from_kubeconfig(server.admin_kubeconfig, timeout=3)
     try:
         yield LeaseAPI(api, namespace)
     finally:

@@ -13,14 +13,16 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gitops"
 
 RANK = {
     # bottom: no repo model, no I/O policy
-    "errors": 0, "__version__": 0,
+    "errors": 0, "__version__": 0, "apipaths": 0,
     "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1, "memo": 1, "procs": 2,
     "cri": 2, "pki": 2, "state": 2, "kubeapi": 2,
     "node": 3, "model": 3, "kubeconfig": 3, "coordination": 3,
     "sip": 4,
     # the stages: compile and observe feed plan, plan feeds apply, the engine owns the loop
-    "compile": 5, "observe": 5, "lab": 5,
-    "plan": 6, "worker": 6,
+    "compile": 5, "observe": 5,
+    # learning what only the hypervisors know is not planning: neither imports the other;
+    # the lab builds the jump host's image from compile's jump host
+    "learn": 6, "plan": 6, "lab": 6, "worker": 6,
     "apply": 7,
     "engine": 8,
     "status": 9, "source": 9,

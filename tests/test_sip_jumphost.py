@@ -17,8 +17,8 @@ import pytest
 from gitops.cri import ContainerSpec, ContainerState, CRIClient, SandboxSpec
 from gitops.lab import images as labimages
 from gitops.lab import standins
-from gitops.sip import jumphost
-from gitops.sip.jumphost import JumphostError, jumphost_container, jumphost_files
+from gitops.compile import jumphost
+from gitops.compile.jumphost import JumphostError, jumphost_container, jumphost_files
 
 SSH_TIMEOUT = 15
 Pod = tuple[CRIClient, str, SandboxSpec, Path]  # client, sandbox id, sandbox spec, base dir

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes.client.exceptions import ApiException
 
+from gitops.kubeapi import KubeAPIError
 from gitops.model.validate import load_model
 from gitops.model.yamlload import load_yaml_documents
 from gitops.pki import create_ca
@@ -134,26 +134,24 @@ def sip_kubeconfig(kube: KubeAPI) -> Path:
 
 
 class Spy:
-    """Records the provider's API calls (method, host name, HTTP status); `before[name]` runs a
+    """Records the provider's API requests (verb, host name, HTTP status); `before[name]` runs a
     concurrent writer just before the provider's PATCH of that host."""
-
-    METHODS = {"list_cluster_custom_object": "LIST", "list_namespaced_custom_object": "LIST",
-               "get_namespaced_custom_object": "GET", "patch_namespaced_custom_object": "PATCH"}
 
     def __init__(self, provider: KubernetesProvider, monkeypatch: pytest.MonkeyPatch):
         self.log: list[tuple[str, str | None, int]] = []
         self.before: dict[str, Callable[[], None]] = {}
-        for method, verb in self.METHODS.items():
-            monkeypatch.setattr(provider.api, method, self._wrap(verb, getattr(provider.api, method)))
+        monkeypatch.setattr(provider.api, "request", self._wrap(provider.api.request))
 
-    def _wrap(self, verb: str, real: Callable) -> Callable:
-        def call(*args, **kwargs):
-            name = args[4] if verb in ("GET", "PATCH") else None
+    def _wrap(self, real: Callable) -> Callable:
+        def call(method, path, *args, **kwargs):
+            collection, _, name = path.rpartition("/baremetalhosts")
+            name = name.lstrip("/") or None
+            verb = "LIST" if method == "GET" and name is None else method
             if verb == "PATCH" and name in self.before:
                 self.before[name]()
             try:
-                result = real(*args, **kwargs)
-            except ApiException as err:
+                result = real(method, path, *args, **kwargs)
+            except KubeAPIError as err:
                 self.log.append((verb, name, err.status))
                 raise
             self.log.append((verb, name, 200))
@@ -355,3 +353,39 @@ def test_kubeconfig_needs_https_and_a_file(kube, tmp_path):
     (tmp_path / "garbage").write_text("{not: [yaml")
     with pytest.raises(SIPError, match="garbage: unusable kubeconfig: not valid YAML"):
         KubernetesProvider.from_kubeconfig(tmp_path / "garbage")
+
+
+def test_the_readiness_probe_apply_and_the_cluster_api_share(kube):
+    """`gitops.kubeapi.KubeAPI.not_ready`: what apply waits on after replacing an API server."""
+    from gitops.kubeapi import KubeAPI as Client
+
+    with Client(kube.url, kube.ca.cert_pem, timeout=5) as anonymous:  # /readyz is public; the CA is verified
+        assert anonymous.not_ready() == "" and anonymous.ready()
+        assert anonymous.not_ready("/metrics") == "HTTP 403"  # anonymous: only the health endpoints
+    with Client(kube.url, create_ca("someone-else").cert_pem, timeout=5) as wrong_ca:
+        assert "CERTIFICATE_VERIFY_FAILED" in wrong_ca.not_ready() and not wrong_ca.ready()
+    with Client(f"https://{kube.ip}:{free_port(kube.ip)}", kube.ca.cert_pem, timeout=2) as closed:
+        assert "Connection refused" in closed.not_ready()
+
+
+def test_one_client_from_pem_strings_and_from_a_kubeconfig(kube):
+    """`gitops.kubeapi.KubeAPI` as the controller makes it (a bearer token, a client certificate, in memory)
+    and as the provider makes it (a kubeconfig): the same server sees the same users."""
+    from gitops.kubeapi import Credentials
+    from gitops.kubeapi import KubeAPI as Client
+
+    token = kube.service_account_token("default", "pem-token")
+    whoami = "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview", "spec": {"namespace": "x"}}
+    with Client(kube.url, kube.ca.cert_pem, Credentials(token=token)) as by_token:
+        by_token.create(whoami, review)  # any authenticated user may ask; anonymous may not
+        with pytest.raises(KubeAPIError, match='403 .*"system:serviceaccount:default:pem-token" cannot list'):
+            by_token.list("/api/v1/namespaces")
+    with Client(kube.url, kube.ca.cert_pem, Credentials(kube.admin.cert_pem, kube.admin.key_pem)) as admin:
+        assert "default" in {n["metadata"]["name"] for n in admin.list("/api/v1/namespaces")}
+    with Client.from_kubeconfig(kube.admin_kubeconfig) as from_file:
+        assert "default" in {n["metadata"]["name"] for n in from_file.list("/api/v1/namespaces")}
+    with Client(kube.url, kube.ca.cert_pem) as anonymous, pytest.raises(KubeAPIError) as err:
+        anonymous.create(whoami, review)
+    assert err.value.status == 403 and 'User "system:anonymous"' in err.value.details
+    kube.kubectl("delete", "serviceaccount", "pem-token", "-n", "default")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -545,3 +546,16 @@ def test_symlink_out_of_the_repo_is_refused(repo, tmp_path):
     outside = write(tmp_path, "outside/secret.yaml", "a: 1\n")
     (repo / "link.yaml").symlink_to(outside)
     assert errors(repo) == ["link.yaml:1: symlink points outside the repo; refusing to read it"]
+
+
+def test_the_command_quiets_grpc_when_it_runs_not_when_it_is_imported():
+    """Importing gitops.cli changes no environment; running a command sets GRPC_VERBOSITY before grpc loads."""
+    code = ("import os, sys\n"
+            "from click.testing import CliRunner\n"
+            "import gitops.cli\n"
+            "print(os.environ.get('GRPC_VERBOSITY'), 'grpc' in sys.modules)\n"
+            "result = CliRunner().invoke(gitops.cli.cli, ['schema', 'Node'])\n"
+            "print(result.exit_code, os.environ.get('GRPC_VERBOSITY'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.splitlines() == ["None False", "0 NONE"]

@@ -24,6 +24,7 @@ import yaml
 from conftest import lab_tempdir, require_root
 
 from gitops.lab import kubebin
+from gitops.lab.workloads import manifest
 
 GITOPS = str(Path(sys.executable).parent / "gitops")
 SUBNET = "127.0.24"
@@ -220,47 +221,8 @@ def test_worker_joins_and_gitops_signs_its_certificates(cluster):
         "kubernetes.io/kube-apiserver-client-kubelet", "kubernetes.io/kubelet-serving"}
 
 
-WORKLOAD = """
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: web}
-spec:
-  replicas: 2
-  selector: {matchLabels: {app: web}}
-  template:
-    metadata: {labels: {app: web}}
-    spec:
-      containers:
-      - name: web
-        image: IMAGE
-        imagePullPolicy: Never
-        command: ["busybox", "sh", "-c",
-                  "echo hello from $(busybox hostname) > /www/index.html; echo serving; exec busybox httpd -f -v -p 8080 -h /www"]
----
-apiVersion: v1
-kind: Service
-metadata: {name: web}
-spec:
-  selector: {app: web}
-  ports: [{port: 80, targetPort: 8080}]
-"""
-
-CLIENT = """
-apiVersion: v1
-kind: Pod
-metadata: {name: client}
-spec:
-  containers:
-  - name: client
-    image: IMAGE
-    imagePullPolicy: Never
-    command: ["busybox", "sh", "-c",
-              "while true; do busybox wget -q -O - http://$WEB_SERVICE_HOST:$WEB_SERVICE_PORT/; busybox sleep 1; done"]
-"""
-
-
 def test_workloads_run_logs_exec_and_a_service_answers(cluster):
-    cluster.kubectl("apply", "-f", "-", stdin=WORKLOAD.replace("IMAGE", cluster.busybox))
+    cluster.kubectl("apply", "-f", "-", stdin=manifest("web", cluster.busybox))
     cluster.kubectl("rollout", "status", "deployment/web", "--timeout=120s")
     pods = json.loads(cluster.kubectl("get", "pods", "-l", "app=web", "-o", "json").stdout)["items"]
     assert len(pods) == 2 and {p["spec"]["nodeName"] for p in pods} == {"lab-worker-1"}
@@ -269,7 +231,7 @@ def test_workloads_run_logs_exec_and_a_service_answers(cluster):
     assert "serving" in cluster.kubectl("logs", name).stdout  # the API server reaches the kubelet, verified
     assert cluster.kubectl("exec", name, "--", "busybox", "cat", "/www/index.html").stdout.strip() \
         == f"hello from {name}"
-    cluster.kubectl("apply", "-f", "-", stdin=CLIENT.replace("IMAGE", cluster.busybox))
+    cluster.kubectl("apply", "-f", "-", stdin=manifest("client", cluster.busybox))
     cluster.kubectl("wait", "--for=condition=Ready", "pod/client", "--timeout=120s")
     answers: set[str] = set()
     for _ in range(30):  # through the ClusterIP (kube-proxy's iptables rules) to both pods

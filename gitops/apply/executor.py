@@ -15,12 +15,10 @@ import base64
 import datetime as dt
 import json
 import logging
-import ssl
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from gitops import node as agent
 from gitops.apply.etcd import EtcdAdmin
@@ -282,26 +280,19 @@ class _Runner:
             self._wait_ready(action, p.ready)
 
     def _wait_ready(self, action: Action, ready: ApiReady) -> None:
-        """Until the API server's own /readyz answers ok (TLS verified against the cluster CA)."""
-        context = ssl.create_default_context(cadata=self.state.clusters[action.cluster].authorities["cluster"].cert_pem)
+        """Until the API server's own /readyz answers ok (anonymous; TLS verified against the cluster CA)."""
+        url = urlsplit(ready.url)
+        ca_pem = self.state.clusters[action.cluster].authorities["cluster"].cert_pem
         deadline = time.monotonic() + ready.timeout
-        last = ""
-        while True:
-            try:
-                with urllib.request.urlopen(ready.url, timeout=5, context=context) as response:
-                    if response.status == 200 and response.read().strip() == b"ok":
-                        return
-            except urllib.error.HTTPError as err:
-                last = f"HTTP {err.code}"
-            except (urllib.error.URLError, OSError) as err:
-                last = str(getattr(err, "reason", err))
-            if time.monotonic() > deadline:
-                raise ApplyError(f"kube-apiserver on {action.node} not ready after {ready.timeout}s ({ready.url}: "
-                                 f"{last}); stopping before any other API server is touched")
-            refused = self.fence(action) if self.fence is not None else None
-            if refused:  # a wait is no CRI call: it ends with the Lease, not after it
-                raise ApplyError(f"fenced while waiting for kube-apiserver on {action.node}: {refused}")
-            time.sleep(0.5)
+        with KubeAPI(f"{url.scheme}://{url.netloc}", ca_pem, timeout=5) as api:
+            while last := api.not_ready(url.path):
+                if time.monotonic() > deadline:
+                    raise ApplyError(f"kube-apiserver on {action.node} not ready after {ready.timeout}s ({ready.url}: "
+                                     f"{last}); stopping before any other API server is touched")
+                refused = self.fence(action) if self.fence is not None else None
+                if refused:  # a wait is no CRI call: it ends with the Lease, not after it
+                    raise ApplyError(f"fenced while waiting for kube-apiserver on {action.node}: {refused}")
+                time.sleep(0.5)
 
     def _etcd_gate(self, action: Action, p: CreateContainer, before: bool) -> None:
         """One etcd member at a time: the others healthy before it changes, it healthy after."""

@@ -18,12 +18,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from gitops.apipaths import (
+    CLUSTER_ROLE_BINDINGS,
+    CLUSTER_ROLES,
+    PUBLIC_CONFIG_MAPS,
+    PUBLIC_ROLE_BINDINGS,
+    PUBLIC_ROLES,
+)
 from gitops.compile.desired import KubeObject, canonical_json, digest
 from gitops.kubeconfig import cluster_info_kubeconfig
 from gitops.node import MANAGED, MANAGER, SPEC_HASH
 
-RBAC = "/apis/rbac.authorization.k8s.io/v1"
-CLUSTER_INFO_PATH = "/api/v1/namespaces/kube-public/configmaps/cluster-info"
 BOOTSTRAPPERS = "system:bootstrappers"
 NODES = "system:nodes"
 
@@ -37,27 +42,27 @@ def bootstrap_objects(endpoint: str, ca_pem: str) -> tuple[KubeObject, ...]:
         _binding("gitops:node-autoapprove-certificate-rotation",
                  "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", NODES),
         _binding("gitops:node-proxier", "system:node-proxier", NODES),
-        _object(f"{RBAC}/clusterroles", "ClusterRole", "rbac.authorization.k8s.io/v1", "gitops:node-self-delete", "",
+        _object(CLUSTER_ROLES, "ClusterRole", "rbac.authorization.k8s.io/v1", "gitops:node-self-delete", "",
                 {"rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["delete"]}]}),
         _binding("gitops:node-self-delete", "gitops:node-self-delete", NODES),
-        _object(f"{RBAC}/namespaces/kube-public/roles", "Role", "rbac.authorization.k8s.io/v1",
+        _object(PUBLIC_ROLES, "Role", "rbac.authorization.k8s.io/v1",
                 "gitops:cluster-info-reader", "kube-public", {
                     "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["cluster-info"],
                                "verbs": ["get"]}]}),
-        _object(f"{RBAC}/namespaces/kube-public/rolebindings", "RoleBinding", "rbac.authorization.k8s.io/v1",
+        _object(PUBLIC_ROLE_BINDINGS, "RoleBinding", "rbac.authorization.k8s.io/v1",
                 "gitops:cluster-info-reader", "kube-public", {
                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                 "name": "gitops:cluster-info-reader"},
                     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
                                   "name": "system:anonymous"}]}),
-        _object("/api/v1/namespaces/kube-public/configmaps", "ConfigMap", "v1", "cluster-info", "kube-public",
+        _object(PUBLIC_CONFIG_MAPS, "ConfigMap", "v1", "cluster-info", "kube-public",
                 {"data": {"kubeconfig": cluster_info_kubeconfig(endpoint, ca_pem)}}),
     ]
     return tuple(sorted(objects, key=lambda o: o.key))
 
 
 def _binding(name: str, role: str, group: str) -> KubeObject:
-    return _object(f"{RBAC}/clusterrolebindings", "ClusterRoleBinding", "rbac.authorization.k8s.io/v1", name, "", {
+    return _object(CLUSTER_ROLE_BINDINGS, "ClusterRoleBinding", "rbac.authorization.k8s.io/v1", name, "", {
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}]})
 

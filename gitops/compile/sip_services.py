@@ -7,7 +7,7 @@ apply, drift healing and pruning machinery of control planes serves them as is.
   hypervisor's IP, over the `targetPort` of every active ControlPlane host, whose
   addresses come from their networkData;
 * jump host: Debian's sshd on an allocated port, keys only, the declared
-  `sshAuthorizedKeys` (see `gitops.sip.jumphost`);
+  `sshAuthorizedKeys` (see `gitops.compile.jumphost`);
 * OIDC auth: no OIDC server is installable on these machines, so `auth` is
   recorded in status but no pod is run for it.
 """
@@ -17,9 +17,9 @@ from collections.abc import Iterable
 
 from gitops.compile.components import assemble_pod, haproxy_config, haproxy_container, node_dir
 from gitops.compile.desired import DesiredPod, FileSpec
+from gitops.compile.jumphost import jumphost_container, jumphost_files
 from gitops.cri.types import ContainerSpec
 from gitops.model.resources import DEFAULT_AGENT_IMAGE, BareMetalHost, Hypervisor, Node, RepoModel, SIPCluster
-from gitops.sip.jumphost import jumphost_container, jumphost_files
 from gitops.model.networkdata import NetworkDataError, host_ipv4
 from gitops.sip.selection import CLUSTER_LABEL, NODE_TYPE_LABEL, STANDBY_LABEL
 from gitops.state.records import NodeRecord

@@ -9,7 +9,7 @@ Layout of a lab directory:
                              node files gitops mounts into pods
 
 Images: pause, etcd and haproxy from the host's Debian packages, the files agent,
-the jump host (the host's sshd, see gitops.sip.jumphost), and kube-apiserver /
+the jump host (the host's sshd, see gitops.compile.jumphost), and kube-apiserver /
 kube-controller-manager / kube-scheduler per Kubernetes version: the REAL binaries
 for v1.20.2 (built by scripts/build-kubernetes.sh, see gitops.lab.kubebin), STAND-INS
 for versions that cannot be built here (see gitops.lab.standins). They are also tagged under the

@@ -12,7 +12,7 @@ kube-scheduler; every other version gets the stand-ins below. The images:
 * `kube-controller-manager` and `kube-scheduler` STAND-INS: sh scripts that check
   their kubeconfig and the files it names, say what they would do, and sleep;
 * the `jumphost`: Debian's real sshd with ssh-keygen, sh and the entrypoint of
-  `gitops.sip.jumphost` (not a stand-in: the real daemon, configured by gitops).
+  `gitops.compile.jumphost` (not a stand-in: the real daemon, configured by gitops).
 
 Every stand-in fails loudly (exit 1, message on stderr) when a file a flag names
 (`--*-file`, `--*file`, `--*kubeconfig`, `--*-certificate`, `--*-key`) is missing.
@@ -32,7 +32,7 @@ from gitops.lab import kubebin
 from gitops.lab.errors import LabError
 from gitops.lab.images import ImageFile, ImageRecipe, _which, base_recipes
 from gitops.model.resources import DEFAULT_AGENT_IMAGE, DEFAULT_ETCD_VERSION
-from gitops.sip import jumphost
+from gitops.compile import jumphost
 
 #: the real, buildable version first; the others are stand-ins
 DEFAULT_KUBERNETES_VERSIONS = ("1.20.2", "1.31.2", "1.30.6")
@@ -97,7 +97,7 @@ def sshd_version(sshd: str) -> str:
 
 
 def jumphost_recipe() -> ImageRecipe:
-    """`gitops.lab/jumphost:<openssh version>`: the host's sshd, run by gitops.sip.jumphost's entrypoint.
+    """`gitops.lab/jumphost:<openssh version>`: the host's sshd, run by gitops.compile.jumphost's entrypoint.
 
     Besides the binaries (and their libraries): /etc/passwd with sshd's privilege-separation
     user and the login user, their home and /run/sshd (root, 0755), /etc/ssh/moduli.

@@ -57,6 +57,9 @@ class RepoConfig:
     #: the controller reads the node files of a pod whose containers did not change at most this often
     #: (spec.drift.nodeFilesIntervalSeconds; 0: on every poll)
     node_files_interval: int = 300
+    #: the controller lists the objects it keeps in each cluster's API at most this often between applies
+    #: (spec.drift.clusterObjectsIntervalSeconds; 0: on every poll)
+    cluster_objects_interval: int = 300
     secrets: SecretsPolicy = field(default_factory=SecretsPolicy)
     coordination: Coordination = field(default_factory=Coordination)
 
@@ -80,6 +83,8 @@ class RepoConfig:
             renew_before_days=spec.get("certificates", {}).get("renewBeforeDays", defaults.renew_before_days),
             health_timeout=spec.get("rollout", {}).get("healthTimeoutSeconds", defaults.health_timeout),
             node_files_interval=spec.get("drift", {}).get("nodeFilesIntervalSeconds", defaults.node_files_interval),
+            cluster_objects_interval=spec.get("drift", {}).get("clusterObjectsIntervalSeconds",
+                                                               defaults.cluster_objects_interval),
             bare_metal=BareMetalSource(
                 provider=spec.get("bareMetal", {}).get("provider", "file"),
                 kubeconfig=spec.get("bareMetal", {}).get("kubeconfig"),

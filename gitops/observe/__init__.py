@@ -84,10 +84,16 @@ class ObservedPod:
         return content_digest(self)
 
     def running(self, component: str) -> ObservedContainer | None:
+        """The newest running container of `component`."""
+        return self._running.get(component)
+
+    @cached_property
+    def _running(self) -> dict[str, ObservedContainer]:
+        out: dict[str, ObservedContainer] = {}
         for c in sorted(self.containers, key=lambda c: -c.created_at):
-            if c.component == component and c.state == ContainerState.RUNNING.value:
-                return c
-        return None
+            if c.state == ContainerState.RUNNING.value:
+                out.setdefault(c.component, c)
+        return out
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ one at a time, each gated on health.
 """
 from __future__ import annotations
 
+import functools
+import json
 import re
 
 from gitops.errors import GitopsError
@@ -27,12 +29,22 @@ def running_minors(observed: ObservedState) -> dict[str, set[tuple[int, int]]]:
     out: dict[str, set[tuple[int, int]]] = {}
     for pod in observed.pods():
         container = pod.running("kube-apiserver")
-        inputs = (container.inputs or {}) if container is not None else {}
-        image = str((inputs.get("container") or {}).get("image", ""))  # the spec annotation (hash_inputs)
-        match = _TAG.search(image)
-        if match:
-            out.setdefault(pod.cluster, set()).add((int(match[1]), int(match[2])))
+        minor = _minor(container.spec) if container is not None and container.spec is not None else None
+        if minor is not None:
+            out.setdefault(pod.cluster, set()).add(minor)
     return out
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _minor(spec: str) -> tuple[int, int] | None:
+    """(major, minor) of the image in a container's spec annotation (decoded once per content)."""
+    try:
+        inputs = json.loads(spec)
+    except ValueError:
+        return None
+    image = str(((inputs if isinstance(inputs, dict) else {}).get("container") or {}).get("image", ""))
+    match = _TAG.search(image)
+    return (int(match[1]), int(match[2])) if match else None
 
 
 def version_problems(model: RepoModel, observed: ObservedState) -> list[str]:

@@ -6,7 +6,8 @@
   cluster (`KubernetesProvider`: list, then label patches guarded by resourceVersion);
 * `reconcile` -- the provider a repo configures, and recording a file provider's labels.
 A host's address from its networkData Secret is the model's (`gitops.model.networkdata`);
-the support-service pods are compiled like any other (`gitops.compile.sip_services`).
+the support-service pods (load balancer, jump host) are compiled like any other
+(`gitops.compile.sip_services`, `gitops.compile.jumphost`).
 """
 from gitops.errors import GitopsError
 

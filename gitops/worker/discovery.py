@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives import serialization
 
+from gitops.apipaths import CLUSTER_INFO, CSRS
 from gitops.errors import GitopsError
 from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
 from gitops.kubeconfig import parse_cluster_info
 from gitops.pki import PKIError, load_cert_pem
 
-CLUSTER_INFO = "/api/v1/namespaces/kube-public/configmaps/cluster-info"
 TOKEN = re.compile(r"^([a-z0-9]{6})\.([a-z0-9]{16})$")
 
 
@@ -73,7 +73,7 @@ def discover(server: str, token: str, pin: str, timeout: float = 10.0) -> Discov
                         "refusing to trust it")
     with KubeAPI(server, ca_pem, Credentials(token=token), timeout=timeout) as api:
         try:
-            api.request("GET", "/apis/certificates.k8s.io/v1/certificatesigningrequests", query={"limit": "1"})
+            api.request("GET", CSRS, query={"limit": "1"})
         except KubeAPIError as err:
             if err.status == 401:
                 raise JoinError("the bootstrap token was refused (invalid or expired): create a new one with "

@@ -54,6 +54,8 @@ PRIVSEP_DIR = "/run/sshd"  # Debian's build: must exist, owned by root, not grou
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _KEY_TYPE = re.compile(r"^(ssh|ecdsa|sk)-[A-Za-z0-9@.+-]+$")
 
+#: written to every jump host: its bytes (first line included, which names the module's first home)
+#: stay as they are, so that moving code does not rewrite a running jump host's files
 SSHD_CONFIG_TEXT = f"""\
 # gitops jump host (gitops.sip.jumphost). The listen address comes from sshd's command line.
 HostKey {HOST_KEY}
@@ -191,7 +193,7 @@ def entrypoint_script() -> str:
     Needs sh, sha256sum, ssh-keygen, mkdir, cp, mv, rm, chmod, chown in the image.
     """
     return f"""#!/bin/sh
-# gitops jump host entrypoint (gitops.sip.jumphost): the host key is born here, on the
+# gitops jump host entrypoint (gitops.compile.jumphost): the host key is born here, on the
 # hypervisor; the declared keys are installed for {LOGIN_USER}; then sshd runs in the foreground.
 set -eu
 PROG=gitops-jumphost

@@ -1,4 +1,4 @@
-"""Learning: what only the hypervisors know, recorded before compiling (pure)."""
+"""Learning, its own stage between observe and compile: what only the hypervisors know, recorded in state (pure)."""
 from __future__ import annotations
 
 from gitops.observe import ObservedState
