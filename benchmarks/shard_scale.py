@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import os
 import resource
@@ -57,7 +56,7 @@ from gitops.engine import make_plan  # noqa: E402
 from gitops.model.validate import validate_repo  # noqa: E402
 from gitops.state.records import State  # noqa: E402
 from gitops.status.branch import PUSH_ATTEMPTS, StatusBranch, StatusError  # noqa: E402
-from gitops.status.snapshot import CLUSTERS_DIR, load_snapshot  # noqa: E402
+from gitops.status.snapshot import load_snapshot  # noqa: E402
 
 API_IP = "127.0.30.240"
 NAMESPACE = "gitops-bench"
