@@ -25,21 +25,36 @@ from pathlib import Path
 
 from gitops.apply import ApplyError
 from gitops.compile import compile_desired
+from gitops.compile.sip_services import service_cluster
+from gitops.coordination.lease import LeaseAPI, Timing
+from gitops.coordination.member import Member
+from gitops.coordination.scope import Scope, file_owner
+from gitops.coordination.shards import LEADER, shard_leases
 from gitops.errors import GitopsError
+from gitops.kubeapi import KubeAPI
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.metrics import Metrics
 from gitops.model.validate import Validation, validate_repo
 from gitops.engine import Planned, apply_repo, bare_metal_hosts, observe_all
-from gitops.model.config import RepoConfig
+from gitops.model.config import Coordination, RepoConfig, coordination_problems
 from gitops.model.resources import RepoModel
 from gitops.observe import ObservedState
 from gitops.plan.actions import Plan
 from gitops.sip.selection import SIPPlan, select_hosts
+from gitops.state.records import State
 from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
 from gitops.status.branch import StatusBranch
 from gitops.status.lease import ApplyLease
-from gitops.status.reader import APPLY, DEFAULT_BRANCH, MANAGED, PUBLIC, SOURCE, kubeconfig_path
-from gitops.status.report import Outcome, Result, apply_document, resource_documents, sip_documents, source_document
+from gitops.status.reader import APPLY, DEFAULT_BRANCH, MANAGED, PUBLIC, SOURCE, kubeconfig_path, resource_path
+from gitops.status.report import (
+    Outcome,
+    Result,
+    apply_document,
+    dump,
+    resource_documents,
+    sip_documents,
+    source_document,
+)
 from gitops.status.poll import NodeFilesCache, live_fingerprint
 from gitops.status.snapshot import snapshot_files
 from gitops.status.state import ControllerStateStore, Sealer
@@ -48,6 +63,26 @@ log = logging.getLogger("gitops.controller")
 
 #: In the workdir: the statusBranch of the commit in force, for reporting a refused commit there.
 IN_FORCE_BRANCH = "status-branch"
+
+
+@dataclass(frozen=True)
+class CoordinationFlags:
+    """`gitops watch` flags over gitops.yaml's spec.coordination (None: the repo's value)."""
+
+    mode: str | None = None
+    kubeconfig: str | None = None
+    namespace: str | None = None
+    shards: int | None = None
+    lease_duration: int | None = None
+    renew_deadline: int | None = None
+    retry_period: int | None = None
+    #: holder identity (default: the workdir's controller id)
+    replica_id: str | None = None
+
+    def over(self, repo: Coordination) -> Coordination:
+        fields = {f: getattr(self, f) for f in ("mode", "kubeconfig", "namespace", "shards", "lease_duration",
+                                                 "renew_deadline", "retry_period") if getattr(self, f) is not None}
+        return dataclasses.replace(repo, **fields)
 
 
 @dataclass
@@ -62,6 +97,7 @@ class ControllerConfig:
     interval: float = 30.0
     lock_ttl: dt.timedelta = field(default_factory=lambda: dt.timedelta(minutes=10))
     status_branch: str | None = None  # overrides gitops.yaml's statusBranch
+    coordination: CoordinationFlags = field(default_factory=CoordinationFlags)
 
 
 @dataclass(frozen=True)
@@ -88,6 +124,12 @@ class Quiet:
     target: Target
     fingerprint: str
     outcome: Outcome
+    #: several controllers: what this replica owned then (another set of shards is another reconcile)
+    scope: Scope | None = None
+
+    @property
+    def held(self) -> frozenset[str]:
+        return self.scope.held if self.scope is not None else frozenset()
 
 
 @dataclass(frozen=True)
@@ -105,6 +147,8 @@ class Applied:
     surprises: tuple[str, ...] = ()
     #: the planning pass after executing (its observation is the live state)
     after: Planned | None = None
+    #: a Lease lost or stale stopped the run before this action ("" when not)
+    fenced: str = ""
 
 
 class Controller:
@@ -121,6 +165,13 @@ class Controller:
         #: node files read on earlier polls, and the last converged reconcile (None: the next poll does it all)
         self.files = NodeFilesCache(RepoConfig().node_files_interval)
         self._quiet: Quiet | None = None
+        #: several controllers (spec.coordination): this replica's Leases, and the settings they run with
+        self.identity = config.coordination.replica_id or self.holder
+        self.member: Member | None = None
+        self._coordination = Coordination()
+        self._repo_coordination = Coordination()
+        #: set to reconcile at once (the Leases held changed)
+        self.trigger = threading.Event()
 
     def status_branch(self, name: str) -> StatusBranch:
         name = self.config.status_branch or name
@@ -143,13 +194,14 @@ class Controller:
 
     def _reconcile(self) -> Outcome:
         """fetch → (nothing changed since the last converged reconcile: stop) → verify and validate →
-        choose what is in force → apply → report."""
+        choose what is in force → (several controllers: which shards this one holds) → apply → report."""
         now = dt.datetime.now(dt.timezone.utc)
         sha = self.source.fetch()
         quiet, self._quiet = self._quiet, None
         live = None
-        if quiet is not None and sha == quiet.target.sha:
-            live = observe_all(quiet.target.model, quiet.target.config, self.store.load(), reuse=self.files.reuse)
+        if quiet is not None and sha == quiet.target.sha and quiet.held == self._held():
+            live = scoped_observed(observe_all(scoped_model(quiet.target.model, quiet.scope), quiet.target.config,
+                                               self.store.load(), reuse=self.files.reuse), quiet.scope)
             if live_fingerprint(live, self.files.files_digest) == quiet.fingerprint:
                 self.files.remember(live)
                 self._quiet = quiet
@@ -158,28 +210,35 @@ class Controller:
             log.info("the live state changed", extra={"sha": sha})
         revision = self._checkout(sha)
         refusal, validation = self._check(revision)
-        branch_name = (validation.repo.config.status_branch if validation is not None and validation.ok
-                       else self._last_status_branch())
+        ok = validation is not None and validation.ok
+        branch_name = validation.repo.config.status_branch if ok else self._last_status_branch()
+        self._coordinate(validation.repo.config if ok else None)
+        scope = self._scope(validation.model if ok else None)
+        if scope is not None and not scope.held:
+            log.info("standing by: this replica holds no Lease", extra={"sha": sha, "identity": self.identity})
+            return Outcome(sha=sha, result=Result.APPLIED, message="standing by: this replica holds no Lease")
         status = self.status_branch(branch_name)
         status.sync()
-        origin = self.store.restore(status.read)
+        origin = self.store.restore(status.read, use_cache=scope is None)
         log.info("state restored", extra={"from": origin, "generation": self.store.generation})
         applied_before = status.reader.applied_sha()
         refused: Outcome | None = None
         if refusal:
-            refused = self._refuse(revision.sha, refusal, applied_before, status, now)
+            refused = self._refuse(revision.sha, refusal, applied_before, status, now, scope)
             if not applied_before:
                 return refused
             target = Target(applied_before, self._last_good(applied_before))  # keeps healing drift
+            scope = self._scope(target.model)
         else:
             assert validation is not None
             target = Target(revision.sha, validation)
-        applied = self._apply(target, status, live if live is not None and target.sha == sha else None)
-        outcome = self._report(target, applied, refused, applied_before, status, now)
-        self._remember(target, applied, outcome, refused)
+        applied = self._apply(target, status, live if live is not None and target.sha == sha else None, scope)
+        outcome = self._report(target, applied, refused, applied_before, status, now, scope)
+        self._remember(target, applied, outcome, refused, scope)
         return outcome
 
-    def _remember(self, target: Target, applied: Applied, outcome: Outcome, refused: Outcome | None) -> None:
+    def _remember(self, target: Target, applied: Applied, outcome: Outcome, refused: Outcome | None,
+                  scope: Scope | None = None) -> None:
         """After a reconcile that left the live state converged and fully observed, the next polls
         stop early while the commit and the live state stay the same."""
         after = applied.after
@@ -190,7 +249,7 @@ class Controller:
         self.files.interval = target.config.node_files_interval
         self.files.remember(after.observed)
         self._quiet = Quiet(target, live_fingerprint(after.observed, self.files.files_digest), dataclasses.replace(
-            outcome, actions=0, message=f"commit {target.sha[:12]} in force; nothing changed"))
+            outcome, actions=0, message=f"commit {target.sha[:12]} in force; nothing changed"), scope)
 
     # ------------------------------------------------------------------ stages
 
@@ -212,14 +271,15 @@ class Controller:
         return [str(d) for d in validation.diagnostics], validation
 
     def _refuse(self, sha: str, refusal: list[str], applied_before: str, status: StatusBranch,
-                now: dt.datetime) -> Outcome:
+                now: dt.datetime, scope: Scope | None = None) -> Outcome:
         log.warning("commit refused", extra={"sha": sha, "errors": len(refusal)})
         outcome = Outcome(sha=sha, result=Result.REFUSED, errors=tuple(refusal), applied_sha=applied_before,
                           message=f"commit {sha[:12]} refused: {refusal[0]}" + (
                               f" (and {len(refusal) - 1} more)" if len(refusal) > 1 else "")
                           + (f"; {applied_before[:12]} stays in force" if applied_before else ""))
-        status.publish(lambda s: s.write_tree({SOURCE: source_document(outcome, s.read, now)}, (SOURCE,)),
-                       f"refuse {sha[:12]}: {len(refusal)} error(s)")
+        if scope is None or scope.owns_global:  # one replica reports the commit itself
+            status.publish(lambda s: s.write_tree({SOURCE: source_document(outcome, s.read, now)}, (SOURCE,)),
+                           f"refuse {sha[:12]}: {len(refusal)} error(s)")
         return outcome
 
     def _last_good(self, sha: str) -> Validation:
@@ -228,28 +288,43 @@ class Controller:
             raise GitopsError(f"the last good commit {sha[:12]} no longer validates")
         return validation
 
-    def _apply(self, target: Target, status: StatusBranch, live: ObservedState | None = None) -> Applied:
-        """Plan and execute under the apply lease; failures become data for the report. `live`: this
-        poll's observation already made, for the first plan (later ones observe again)."""
-        model, config = target.model, target.config
-        ApplyLease(status.repo).acquire(self.holder, self.config.lock_ttl)
+    def _apply(self, target: Target, status: StatusBranch, live: ObservedState | None = None,
+               scope: Scope | None = None) -> Applied:
+        """Plan and execute under the apply lease (the git lock, or this replica's Leases: only the
+        actions of its shards, each fenced); failures become data for the report. `live`: this poll's
+        observation already made, for the first plan (later ones observe again)."""
+        model, config = scoped_model(target.model, scope), target.config
+        if scope is None:
+            ApplyLease(status.repo).acquire(self.holder, self.config.lock_ttl)
         sha = target.sha
         first = [live] if live is not None else []
 
         def watch(m: RepoModel) -> ObservedState:
-            return first.pop() if first else observe_all(m, config, self.store.load())
+            return first.pop() if first else scoped_observed(observe_all(m, config, store.load()), scope)
 
+        store, restrict, fence = self.store, None, None
+        if scope is not None:
+            store = _WriteAhead(self.store, scope, lambda: self._publish_state(status, scope))
+            restrict, fence = (lambda planned: _restricted(planned, scope)), self._fence(scope)
+            assert self.member is not None
+            self.member.busy = set(scope.held)  # not given up for fair share while this runs
         try:
-            result = apply_repo(model, config, self.store, allow_mass_delete=self.config.allow_mass_delete,
-                                should_stop=self.stop.is_set, source=sha, progress=_log_progress,
-                                observe_fn=watch)
+            result = apply_repo(model, config, store, allow_mass_delete=self.config.allow_mass_delete,
+                                should_stop=self.stop.is_set, source=sha, progress=_progress(scope),
+                                observe_fn=watch, restrict=restrict, fence=fence)
         except ApplyError as err:
             log.error("apply failed", extra={"sha": sha, "error": str(err)})
             return Applied(Result.FAILED, str(err), len(err.executed), err.plan, error=str(err))
         except GitopsError as err:
             log.error("apply failed", extra={"sha": sha, "error": str(err)})
             return Applied(Result.FAILED, str(err), 0, None, error=str(err))
+        finally:
+            if self.member is not None:
+                self.member.busy = set()
         message = f"commit {sha[:12]} applied"
+        if result.fenced:
+            return Applied(Result.FAILED, f"stopped before the plan was done: {result.fenced}",
+                           len(result.executed), result.plan, stopped=True, fenced=result.fenced)
         if result.stopped:
             return Applied(Result.FAILED, "stopped on request before the plan was done", len(result.executed),
                            result.plan, stopped=True)
@@ -259,10 +334,23 @@ class Controller:
         return Applied(Result.APPLIED, message, len(result.executed), result.plan, follow_up=result.follow_up,
                        surprises=tuple(result.surprises), after=result.after)
 
+    def _fence(self, scope: Scope):
+        member = self.member
+        assert member is not None
+
+        def fence(action) -> str | None:
+            lease = scope.lease_of(action.cluster)
+            if member.fresh(lease):
+                return None
+            return f"Lease {lease} (cluster {action.cluster or '-'}) is no longer held fresh by {self.identity}"
+        return fence
+
     def _report(self, target: Target, applied: Applied, refused: Outcome | None, applied_before: str,
-                status: StatusBranch, now: dt.datetime) -> Outcome:
-        """One status commit: source, the executed plan, resources, SIPClusters, kubeconfigs, state."""
-        model, config, sha = target.model, target.config, target.sha
+                status: StatusBranch, now: dt.datetime, scope: Scope | None = None) -> Outcome:
+        """One status commit: source, the executed plan, resources, SIPClusters, kubeconfigs, state. One of
+        several replicas writes only its shards' files (and the global ones if it holds shard 0), the
+        state merged with the branch's, and a `status/Shard/<lease>.yaml` per Lease it holds."""
+        model, config, sha = scoped_model(target.model, scope), target.config, target.sha
         in_force = sha if applied.result == Result.APPLIED else applied_before
         if in_force == sha:
             self._record_status_branch(config.status_branch)
@@ -280,7 +368,7 @@ class Controller:
         if last is not None:  # its observation is the live state after the apply
             observed, compiled, sip = last.observed, last.compiled, last.sip
         else:
-            observed = observe_all(model, config, self.store.load())
+            observed = scoped_observed(observe_all(model, config, self.store.load()), scope)
             hosts = bare_metal_hosts(model, config, self.store.load(), observed)
             compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable,
                                        hosts=hosts or ())
@@ -295,15 +383,118 @@ class Controller:
             files.update(resource_documents(model, compiled.desired, observed, report, branch.read, now, placements))
             files.update(sip_documents(model, sip, report, branch.read, now, compiled.desired, placements))
             files.update(self._kubeconfigs(compiled.desired, config.kubeconfig_recipients, branch))
-            files.update(self.store.files({rel: branch.read(rel) for rel in
-                                           (PUBLIC, self.sealer.path)}))
-            branch.write_tree(files, MANAGED + (SOURCE,))
+            if scope is None:
+                files.update(self.store.files({rel: branch.read(rel) for rel in (PUBLIC, self.sealer.path)}))
+                branch.write_tree(files, MANAGED + (SOURCE,))
+                return
+            files.update(self._state_files(branch, scope))
+            files.update(self._shard_files(scope, model, report))
+            mine = self._mine(scope, model, compiled.desired)
+            keep = {rel: data for rel, data in files.items() if mine(rel)}
+            managed = {rel for rel in branch.tracked() if _under(rel, MANAGED + (SOURCE,)) and mine(rel)}
+            branch.write_tree(keep, tuple(sorted(managed | keep.keys())))
 
         summary = f"{report.result.value.lower()} {sha[:12]}: {applied.actions} action(s)"
+        if scope is not None:
+            summary += f" [{self.identity}: {', '.join(sorted(scope.held))}]"
         committed = status.publish(write, summary)
         log.info("reconciled", extra={"sha": sha, "result": report.result.value, "actions": applied.actions,
                                       "status_commit": committed or ""})
         return report
+
+    # ------------------------------------------------------------------ several controllers
+
+    def _held(self) -> frozenset[str]:
+        return frozenset(self.member.held()) if self.member is not None else frozenset()
+
+    def _coordinate(self, config: RepoConfig | None) -> None:
+        """Run this replica's Leases with the settings in force (gitops.yaml's, the flags over them);
+        none configured: stop them, the git lock serializes controllers as before."""
+        if config is not None:
+            self._repo_coordination = config.coordination
+        wanted = self.config.coordination.over(self._repo_coordination)
+        if wanted == self._coordination and (self.member is not None or not wanted.mode):
+            return
+        if self.member is not None:
+            self.member.stop()
+            self.member = None
+        self._coordination = wanted
+        if not wanted.mode:
+            return
+        problems = coordination_problems(wanted)
+        if problems:
+            raise GitopsError("coordination: " + "; ".join(f"{f}: {m}" for f, m in problems))
+        if not wanted.kubeconfig:
+            raise GitopsError("coordination: no kubeconfig (spec.coordination.kubeconfig or "
+                              "--coordination-kubeconfig)")
+        timing = Timing(wanted.lease_duration, wanted.renew_deadline, wanted.retry_period)
+        api = KubeAPI.from_kubeconfig(wanted.kubeconfig, timeout=max(1.0, min(5.0, timing.renew_deadline / 2)))
+        work = (LEADER,) if wanted.mode == "leader" else shard_leases(wanted.shards)
+        self.member = Member(LeaseAPI(api, wanted.namespace), self.identity, work, timing,
+                             on_change=self.trigger.set)
+        self.member.tick()
+        self.member.start()
+        log.info("coordination started", extra={"mode": wanted.mode, "leases": len(work),
+                                                "identity": self.identity, "held": ",".join(self.member.held())})
+
+    def _scope(self, model: RepoModel | None) -> Scope | None:
+        if self.member is None:
+            return None
+        sips = model.sip_clusters if model is not None else {}
+        names = frozenset(sips) | frozenset(service_cluster(n) for n in sips)
+        return Scope(self._coordination.mode, self._coordination.shards, self._held(), names)
+
+    def _state_files(self, branch: StatusBranch, scope: Scope) -> dict[str, bytes]:
+        """The state files: the branch's records, with ours for what this replica owns."""
+        paths = (PUBLIC, self.sealer.path)
+        found = self.store.read(branch.read)
+        generation, theirs = found if found is not None else (0, State())
+        merged = scope.merge(theirs, self.store.state)
+        if found is not None and merged.to_dict() == theirs.to_dict():
+            self.store.adopt(theirs, generation)
+            return {rel: data for rel in paths if (data := branch.read(rel)) is not None}
+        self.store.adopt(merged, max(generation, self.store.generation) + 1)
+        return self.store.files({rel: branch.read(rel) for rel in paths})
+
+    def _publish_state(self, status: StatusBranch, scope: Scope) -> None:
+        """Write-ahead: the decisions of a plan are on the branch before its actions run, so a replica
+        taking the shard over after a crash starts from them."""
+        paths = (PUBLIC, self.sealer.path)
+        status.publish(lambda b: b.write_tree(self._state_files(b, scope), paths),
+                       f"state [{self.identity}: {', '.join(sorted(scope.held))}]")
+
+    def _shard_files(self, scope: Scope, model: RepoModel, report: Outcome) -> dict[str, bytes]:
+        out = {}
+        for lease in sorted(scope.held):
+            clusters = sorted(c for c in model.clusters if scope.lease_of(c) == lease)
+            out[resource_path("Shard", lease)] = dump({
+                "apiVersion": "gitops.infra/v1alpha1", "kind": "ShardStatus", "metadata": {"name": lease},
+                "status": {"holder": self.identity, "clusters": clusters, "observedSourceSHA": report.sha,
+                           "result": report.result.value, "actions": report.actions}})
+        return out
+
+    def _mine(self, scope: Scope, model: RepoModel, desired):
+        """Whether a status-branch file is this replica's to write (or remove)."""
+        work = set(self.member.work) if self.member is not None else set()
+        state_files = {PUBLIC, self.sealer.path}
+
+        def node_cluster(node: str) -> str | None:
+            if node in model.nodes:
+                return model.nodes[node].cluster
+            if node in desired.pods:
+                return desired.pods[node].cluster
+            record = self.store.state.nodes.get(node)
+            return record.cluster if record is not None else None
+
+        def mine(rel: str) -> bool:
+            if rel in state_files:
+                return True
+            if rel.startswith(resource_path("Shard", "")[:-len(".yaml")]):
+                lease = rel.rsplit("/", 1)[-1].removesuffix(".yaml")
+                return lease in scope.held or (lease not in work and scope.owns_global)
+            owner = file_owner(rel, node_cluster)
+            return scope.owns_global if owner is None else scope.owns(owner)
+        return mine
 
     def _kubeconfigs(self, desired, recipients: tuple[str, ...], branch: StatusBranch) -> dict[str, bytes]:
         out = {}
@@ -333,8 +524,11 @@ class Controller:
     # ------------------------------------------------------------------ the loop
 
     def run(self, trigger: threading.Event | None = None) -> None:
-        """Reconcile every `interval` seconds (or when `trigger` fires) until `stop` is set."""
-        trigger = trigger or threading.Event()
+        """Reconcile every `interval` seconds (or when `trigger` fires, or the Leases held change)
+        until `stop` is set."""
+        trigger = self.trigger = trigger or self.trigger
+        if self.member is not None:
+            self.member.on_change = trigger.set
         while not self.stop.is_set():
             try:
                 self.reconcile_once()
@@ -346,6 +540,11 @@ class Controller:
         log.info("controller stopped")
 
     def release(self) -> None:
+        """Give up what this controller holds: its Leases (others take over at once), the git lock."""
+        if self.member is not None:
+            self.member.stop()
+            self.member = None
+            return
         for branch in self._status.values():
             ApplyLease(branch.repo).release(self.holder)
 
@@ -374,3 +573,69 @@ def _log_progress(index: int, total: int, action, status: str) -> None:
     if status != "start":
         log.info("action " + status, extra={"index": index + 1, "total": total, "kind": action.kind.value,
                                              "subject": action.subject, "reason": action.reason})
+
+
+def _log_every_step(index: int, total: int, action, status: str) -> None:
+    """Several controllers: each action's start too, with its cluster, so overlaps show in the logs."""
+    log.info("action " + status, extra={"index": index + 1, "total": total, "kind": action.kind.value,
+                                         "subject": action.subject, "cluster": action.cluster,
+                                         "reason": action.reason})
+
+
+def _progress(scope: Scope | None):
+    return _log_progress if scope is None else _log_every_step
+
+
+def scoped_model(model: RepoModel, scope: Scope | None) -> RepoModel:
+    """What one replica plans: the clusters (and Nodes) of its shards, every Hypervisor (placement counts
+    the recorded ports of every node, its own or not), and SIPClusters with their hosts if it owns shard 0."""
+    if scope is None:
+        return model
+    return dataclasses.replace(
+        model, clusters={n: c for n, c in model.clusters.items() if scope.owns(n)},
+        nodes={n: node for n, node in model.nodes.items() if scope.owns(node.cluster)},
+        sip_clusters=model.sip_clusters if scope.owns_global else {},
+        baremetal_hosts=model.baremetal_hosts if scope.owns_global else {})
+
+
+def scoped_observed(observed: ObservedState, scope: Scope | None) -> ObservedState:
+    """The observation with only the pods and cluster APIs of what the replica owns: other replicas' pods
+    are neither desired nor pruned here."""
+    if scope is None:
+        return observed
+    hypervisors = {n: dataclasses.replace(hv, pods=tuple(p for p in hv.pods if scope.owns(p.cluster)))
+                   for n, hv in observed.hypervisors.items()}
+    return dataclasses.replace(observed, hypervisors=hypervisors,
+                               clusters={n: c for n, c in observed.clusters.items() if scope.owns(n)})
+
+
+def _restricted(planned: Planned, scope: Scope) -> Planned:
+    """The planning pass with only the actions of clusters this replica holds the Leases of."""
+    plan = planned.plan
+    actions = tuple(a for a in plan.actions if scope.owns(a.cluster))
+    if len(actions) == len(plan.actions):
+        return planned
+    return dataclasses.replace(planned, plan=dataclasses.replace(plan, actions=actions))
+
+
+def _under(rel: str, prefixes: tuple[str, ...]) -> bool:
+    return any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+class _WriteAhead:
+    """One replica's StateStore (several controllers): loads the state narrowed to its shards, and
+    publishes every saved state to the status branch, merged with the other replicas' records."""
+
+    def __init__(self, inner: ControllerStateStore, scope: Scope, publish):
+        self.inner = inner
+        self.scope = scope
+        self.publish = publish
+
+    def load(self) -> State:
+        return self.scope.narrow_state(self.inner.load())
+
+    def save(self, state: State) -> None:
+        if state.to_dict() == self.load().to_dict():
+            return
+        self.inner.save(self.scope.merge(self.inner.state, state))
+        self.publish()

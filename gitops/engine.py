@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gitops.apply.executor import ApplyError, Connections, Progress, execute
+from gitops.apply.executor import ApplyError, Connections, Fence, Progress, execute
 from gitops.compile import Compiled, compile_desired
 from gitops.compile.authorities import advance, rotation_note
 from gitops.cri.client import CRIClient
@@ -215,6 +215,8 @@ class ApplyResult:
     surprises: list[str] = field(default_factory=list)
     #: the planning pass after executing: its observed state is the live state
     after: Planned | None = None
+    #: why the fence stopped the run ("" when it did not)
+    fenced: str = ""
 
     @property
     def converged(self) -> bool:
@@ -222,25 +224,33 @@ class ApplyResult:
 
 
 Observe = Callable[[RepoModel], ObservedState]
+#: narrows a planning pass to what this controller may touch (one of several replicas: its shards)
+Restrict = Callable[[Planned], Planned]
 
 
 def apply_repo(model: RepoModel, config: RepoConfig, store: StateStore, *, allow_mass_delete: bool = False,
                progress: Progress | None = None, source: str = "", should_stop: Callable[[], bool] = lambda: False,
-               observe_fn: Observe | None = None) -> ApplyResult:
+               observe_fn: Observe | None = None, restrict: Restrict | None = None,
+               fence: Fence | None = None) -> ApplyResult:
     """Plan, then execute exactly that plan (`gitops apply REPO`, the controller)."""
     watch = observe_fn or (lambda m: observe_all(m, config, store.load()))
-    planned = make_plan(model, config, store.load(), watch(model), source=source)
+    narrow = restrict or (lambda p: p)
+    planned = narrow(make_plan(model, config, store.load(), watch(model), source=source))
     return apply_plan(planned.plan, planned.state, model, config, store, allow_mass_delete=allow_mass_delete,
-                      progress=progress, should_stop=should_stop, observe_fn=watch, planned=planned)
+                      progress=progress, should_stop=should_stop, observe_fn=watch, planned=planned,
+                      restrict=restrict, fence=fence)
 
 
 def apply_plan(the_plan: Plan, state: State, model: RepoModel, config: RepoConfig, store: StateStore, *,
                allow_mass_delete: bool = False, progress: Progress | None = None,
                should_stop: Callable[[], bool] = lambda: False, observe_fn: Observe | None = None,
-               planned: Planned | None = None) -> ApplyResult:
+               planned: Planned | None = None, restrict: Restrict | None = None,
+               fence: Fence | None = None) -> ApplyResult:
     """Save the plan's recorded `state`, execute `the_plan` exactly, then plan once more to report what is
-    left (the follow-up). `planned`: the planning pass that made the plan, when at hand."""
+    left (the follow-up). `planned`: the planning pass that made the plan, when at hand. `restrict`
+    narrows the follow-up like the plan; `fence` is asked before every action."""
     watch = observe_fn or (lambda m: observe_all(m, config, store.load()))
+    narrow = restrict or (lambda p: p)
     if len(the_plan.prunes) > config.prune.max_deletes and not allow_mass_delete:
         raise MassDeleteRefused(the_plan, config.prune.max_deletes)
     store.save(state)
@@ -250,14 +260,15 @@ def apply_plan(the_plan: Plan, state: State, model: RepoModel, config: RepoConfi
         return result
     try:
         execution = execute(the_plan, state, connections(model, config), store,
-                            progress=progress, should_stop=should_stop)
+                            progress=progress, should_stop=should_stop, fence=fence)
     except ApplyError as err:
         err.plan = the_plan
         raise
     result.executed, result.stopped, result.surprises = execution.executed, execution.stopped, execution.surprises
+    result.fenced = execution.fenced
     if result.stopped:
         return result
-    after = make_plan(model, config, store.load(), watch(model), source=the_plan.source)
+    after = narrow(make_plan(model, config, store.load(), watch(model), source=the_plan.source))
     result.after = after
     if after.plan.empty:
         store.save(after.state)  # records of what left the repo are dropped once nothing refers to them

@@ -16,7 +16,7 @@ RANK = {
     "errors": 0, "__version__": 0, "apipaths": 0,
     "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1, "memo": 1, "procs": 2,
     "cri": 2, "pki": 2, "state": 2, "kubeapi": 2,
-    "node": 3, "model": 3, "kubeconfig": 3,
+    "node": 3, "model": 3, "kubeconfig": 3, "coordination": 3,
     "sip": 4,
     # the stages: compile and observe feed plan, plan feeds apply, the engine owns the loop
     "compile": 5, "observe": 5,

@@ -56,6 +56,8 @@ from gitops.state.store import StateStore
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, Action, str], None]
+#: asked before every action: why it must not start now (a lost or stale Lease), or None to go on
+Fence = Callable[[Action], "str | None"]
 
 
 class ApplyError(GitopsError):
@@ -83,14 +85,18 @@ class Execution:
     stopped: bool = False
     #: what turned out other than the plan assumed (the follow-up plan shows what it takes)
     surprises: list[str] = field(default_factory=list)
+    #: why the fence stopped the run before an action ("" when it did not)
+    fenced: str = ""
 
 
 def execute(plan: Plan, state: State, connections: Connections, store: StateStore, *,
-            progress: Progress | None = None, should_stop: Callable[[], bool] = lambda: False) -> Execution:
-    """Run `plan`'s actions in order against `state` (the plan's recorded state, saved as it changes)."""
+            progress: Progress | None = None, should_stop: Callable[[], bool] = lambda: False,
+            fence: Fence | None = None) -> Execution:
+    """Run `plan`'s actions in order against `state` (the plan's recorded state, saved as it changes).
+    `fence`: checked before each action; a refusal stops the run there (the call in flight finished)."""
     runner = _Runner(state.copy(), connections, store, progress)
     try:
-        return runner.run(plan.actions, should_stop)
+        return runner.run(plan.actions, should_stop, fence)
     finally:
         runner.close()
 
@@ -107,6 +113,7 @@ class _Runner:
         self.pods: dict[str, PodRef] = {}
         self.outcome = Execution()
         self.now = dt.datetime.now(dt.timezone.utc)
+        self.fence: Fence | None = None
 
     def close(self) -> None:
         for client in self.clients.values():
@@ -120,11 +127,18 @@ class _Runner:
     def save(self) -> None:
         self.store.save(self.state)
 
-    def run(self, actions: tuple[Action, ...], should_stop: Callable[[], bool]) -> Execution:
+    def run(self, actions: tuple[Action, ...], should_stop: Callable[[], bool],
+            fence: Fence | None = None) -> Execution:
+        self.fence = fence
         for index, action in enumerate(actions):
             if should_stop():
                 log.info("stop requested; %d of %d actions done", index, len(actions))
                 self.outcome.stopped = True
+                return self.outcome
+            refused = fence(action) if fence is not None else None
+            if refused:
+                log.warning("fenced: %s; %d of %d actions done", refused, index, len(actions))
+                self.outcome.stopped, self.outcome.fenced = True, refused
                 return self.outcome
             self._report(index, len(actions), action, "start")
             try:
@@ -303,6 +317,9 @@ class _Runner:
                 if time.monotonic() > deadline:
                     raise ApplyError(f"kube-apiserver on {action.node} not ready after {ready.timeout}s ({ready.url}: "
                                      f"{last}); stopping before any other API server is touched")
+                refused = self.fence(action) if self.fence is not None else None
+                if refused:  # a wait is no CRI call: it ends with the Lease, not after it
+                    raise ApplyError(f"fenced while waiting for kube-apiserver on {action.node}: {refused}")
                 time.sleep(0.5)
 
     def _etcd_gate(self, action: Action, p: CreateContainer, before: bool) -> None:

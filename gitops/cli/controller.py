@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gitops import logs
-from gitops.controller import Controller, ControllerConfig
+from gitops.controller import Controller, ControllerConfig, CoordinationFlags
 from gitops.errors import GitopsError
 from gitops.metrics import serve
 from gitops.source import SignaturePolicy
@@ -52,6 +52,17 @@ def controller_options(f):
         click.option("--status-branch", help="Override gitops.yaml's statusBranch."),
         click.option("--allow-mass-delete", is_flag=True, help="Allow removing more pods than prune.maxDeletes."),
         click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True),
+        click.option("--coordination", "coordination_mode", type=click.Choice(["leader", "shards"]),
+                     help="Several controllers through Kubernetes Leases (overrides spec.coordination.mode)."),
+        click.option("--coordination-kubeconfig", type=click.Path(dir_okay=False, exists=True),
+                     help="Kubeconfig of the cluster holding the Leases (spec.coordination.kubeconfig)."),
+        click.option("--coordination-namespace", help="Namespace of the Leases (spec.coordination.namespace)."),
+        click.option("--shards", type=click.IntRange(1, 1024), help="Shard count (spec.coordination.shards)."),
+        click.option("--replica-id", help="This replica's Lease holder identity (default: the workdir's "
+                                          "controller id, hostname/random)."),
+        click.option("--lease-duration", type=click.IntRange(2, 3600), help="Seconds (leaseDurationSeconds)."),
+        click.option("--renew-deadline", type=click.IntRange(1, 3600), help="Seconds (renewDeadlineSeconds)."),
+        click.option("--retry-period", type=click.IntRange(1, 600), help="Seconds (retryPeriodSeconds)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -60,7 +71,10 @@ def controller_options(f):
 
 def build(repo: str, branch: str, workdir: Path, identity: Path | None, insecure_plaintext_secrets: bool,
           allowed_signers: Path | None, gpg_home: Path | None, status_branch: str | None,
-          allow_mass_delete: bool, log_format: str, interval: float = 30.0) -> Controller:
+          allow_mass_delete: bool, log_format: str, interval: float = 30.0, coordination_mode: str | None = None,
+          coordination_kubeconfig: str | None = None, coordination_namespace: str | None = None,
+          shards: int | None = None, replica_id: str | None = None, lease_duration: int | None = None,
+          renew_deadline: int | None = None, retry_period: int | None = None) -> Controller:
     logs.setup(log_format)
     if insecure_plaintext_secrets:
         log.warning("INSECURE: --insecure-plaintext-secrets writes private keys to git in plaintext; labs only")
@@ -71,7 +85,11 @@ def build(repo: str, branch: str, workdir: Path, identity: Path | None, insecure
         repo=repo, workdir=workdir.absolute(), branch=branch,
         identity=identity.read_text() if identity else None,
         insecure_plaintext_secrets=insecure_plaintext_secrets, signatures=signatures,
-        allow_mass_delete=allow_mass_delete, interval=interval, status_branch=status_branch)
+        allow_mass_delete=allow_mass_delete, interval=interval, status_branch=status_branch,
+        coordination=CoordinationFlags(
+            mode=coordination_mode, namespace=coordination_namespace, shards=shards, replica_id=replica_id,
+            kubeconfig=str(Path(coordination_kubeconfig).absolute()) if coordination_kubeconfig else None,
+            lease_duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period))
     return Controller(config)
 
 
@@ -104,7 +122,7 @@ def watch(interval: str, metrics_address: str, watch_local: bool, **options) -> 
     if metrics_address:
         serve(controller.metrics, metrics_address, stale_after=max(3 * seconds, 300))
         log.info("serving /metrics and /healthz", extra={"address": metrics_address})
-    trigger = threading.Event()
+    trigger = controller.trigger
 
     def stop(signum, _frame) -> None:
         log.info("signal received: finishing the current action, then stopping", extra={"signal": signum})
@@ -154,7 +172,7 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> Non
     reader = StatusReader.for_clone(repo, ref)
     ref = reader.ref
     src = reader.source()
-    docs = {kind: reader.documents(kind) for kind in ("Cluster", "Node", "Hypervisor", "SIPCluster")}
+    docs = {kind: reader.documents(kind) for kind in ("Cluster", "Node", "Hypervisor", "SIPCluster", "Shard")}
     if cluster is not None and cluster not in docs["Cluster"]:
         raise GitopsError(f"no status for Cluster {cluster!r} on {ref} (known: {', '.join(docs['Cluster']) or 'none'})")
     if output == "json":
@@ -162,7 +180,8 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> Non
                 "clusters": {n: d["status"] for n, d in docs["Cluster"].items() if cluster in (None, n)},
                 "nodes": {n: d["status"] for n, d in docs["Node"].items()
                           if cluster is None or d.get("spec", {}).get("cluster") == cluster},
-                "sipClusters": {n: d["status"] for n, d in docs["SIPCluster"].items() if cluster is None}}
+                "sipClusters": {n: d["status"] for n, d in docs["SIPCluster"].items() if cluster is None},
+                "shards": {n: d["status"] for n, d in docs["Shard"].items() if cluster is None}}
         click.echo(json.dumps(data, indent=2, sort_keys=True))
         return
     console = Console(highlight=False, width=None if Console().is_terminal else 160)
@@ -205,6 +224,19 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> Non
             hosts = "; ".join(f"{role}: {len(h['active'])}/{len(h['standby'])}" for role, h in st["hosts"].items())
             sip.add_row(name, st["phase"], hosts, st["conditions"][0]["message"])
         console.print(sip)
+    if cluster is None and docs["Shard"]:
+        shards = Table("SHARD", "HOLDER", "CLUSTERS", "RESULT", "ACTIONS", "SOURCE")
+        for name, doc in sorted(docs["Shard"].items(), key=lambda item: _shard_order(item[0])):
+            st = doc["status"]
+            shards.add_row(name, st.get("holder", ""), ", ".join(st.get("clusters", [])) or "-",
+                           st.get("result", ""), str(st.get("actions", 0)), str(st.get("observedSourceSHA", ""))[:12])
+        console.print(shards)
+
+
+def _shard_order(name: str) -> tuple[int, str]:
+    """gitops-shard-<i>-of-<n> by i (10 after 9), others by name."""
+    match = re.fullmatch(r"gitops-shard-(\d+)-of-\d+", name)
+    return (int(match.group(1)), name) if match else (-1, name)
 
 
 COMMANDS: list[click.Command] = [reconcile, watch, status]

@@ -24,6 +24,19 @@ class BareMetalSource:
 
 
 @dataclass(frozen=True)
+class Coordination:
+    """`spec.coordination`: several controllers through Kubernetes Leases; mode "" keeps the git lock."""
+
+    mode: str = ""  # "" | "leader" | "shards"
+    kubeconfig: str | None = None  # path on the controller's machine
+    namespace: str = "default"
+    shards: int = 1
+    lease_duration: int = 15
+    renew_deadline: int = 10
+    retry_period: int = 2
+
+
+@dataclass(frozen=True)
 class SecretsPolicy:
     """`spec.secrets`: who secret fields are encrypted to, and whether plaintext keys are tolerated."""
 
@@ -48,6 +61,7 @@ class RepoConfig:
     #: (spec.drift.clusterObjectsIntervalSeconds; 0: on every poll)
     cluster_objects_interval: int = 300
     secrets: SecretsPolicy = field(default_factory=SecretsPolicy)
+    coordination: Coordination = field(default_factory=Coordination)
 
     @property
     def allow_plaintext(self) -> bool:
@@ -76,8 +90,32 @@ class RepoConfig:
                 kubeconfig=spec.get("bareMetal", {}).get("kubeconfig"),
                 namespace=spec.get("bareMetal", {}).get("namespace"),
             ),
+            coordination=_coordination(spec.get("coordination")),
             secrets=SecretsPolicy(
                 recipients=tuple(spec.get("secrets", {}).get("recipients", ())),
                 allow_plaintext=spec.get("secrets", {}).get("allowPlaintext", False),
             ),
         )
+
+
+def _coordination(raw: dict | None) -> Coordination:
+    if raw is None:
+        return Coordination()
+    d = Coordination()
+    return Coordination(mode=raw["mode"], kubeconfig=raw.get("kubeconfig"), namespace=raw.get("namespace", d.namespace),
+                        shards=raw.get("shards", d.shards),
+                        lease_duration=raw.get("leaseDurationSeconds", d.lease_duration),
+                        renew_deadline=raw.get("renewDeadlineSeconds", d.renew_deadline),
+                        retry_period=raw.get("retryPeriodSeconds", d.retry_period))
+
+
+def coordination_problems(c: Coordination) -> list[tuple[str, str]]:
+    """(field, message) for client-go's timing rules, which a schema cannot say."""
+    out = []
+    if c.mode and not c.lease_duration > c.renew_deadline:
+        out.append(("renewDeadlineSeconds", f"{c.renew_deadline} must be less than leaseDurationSeconds "
+                                            f"({c.lease_duration})"))
+    if c.mode and not c.renew_deadline > 1.2 * c.retry_period:
+        out.append(("retryPeriodSeconds", f"1.2 x {c.retry_period} must be less than renewDeadlineSeconds "
+                                          f"({c.renew_deadline})"))
+    return out

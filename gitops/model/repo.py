@@ -14,7 +14,7 @@ from jsonschema import ValidationError
 
 from gitops.errors import GitopsError
 from gitops.model import schemas
-from gitops.model.config import CONFIG_FILE, RepoConfig
+from gitops.model.config import CONFIG_FILE, RepoConfig, coordination_problems
 from gitops.model.diagnostics import Diagnostic
 from gitops.model.documents import Document, FieldPath
 from gitops.model.yamlload import RawDocument, YamlError, load_yaml_documents, yaml_error_diagnostic
@@ -80,7 +80,12 @@ def _load_config(root: Path, diagnostics: list[Diagnostic]) -> RepoConfig:
         return RepoConfig()
     errors = schema_errors(doc)
     diagnostics.extend(errors)
-    return RepoConfig() if errors else RepoConfig.from_spec(doc.spec)
+    if errors:
+        return RepoConfig()
+    config = RepoConfig.from_spec(doc.spec)
+    for name, message in coordination_problems(config.coordination):
+        diagnostics.append(doc.error(("spec", "coordination", name), message))
+    return config
 
 
 def _yaml_files(root: Path, config: RepoConfig, diagnostics: list[Diagnostic]) -> list[str]:

@@ -2,8 +2,10 @@
 
 Each publish starts from the remote tip, lets the caller write the complete
 set of files, and commits only when something differs. A push rejected as
-non-fast-forward (another writer got there first) is retried on top of the
-new tip with the files written again, so concurrent writers never lose a
+non-fast-forward (another writer got there first: several controllers, each
+writing only its shards' files) is retried on top of the new tip with the files
+written again, at most PUSH_ATTEMPTS times with a randomized backoff that grows
+with the attempt and with what an attempt costs, so concurrent writers never lose a
 commit. The apply lease (one controller applies at a time) is `lease.py`; the
 branch's name and layout, and reading it back, are `reader.py`.
 """
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -108,6 +112,10 @@ class StatusBranch:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
 
+    def tracked(self) -> list[str]:
+        """Every file of the worktree's index (as of the last `sync`), sorted."""
+        return sorted(self._tracked())
+
     def _tracked(self) -> dict[str, str]:
         """path -> blob id of every file in the index."""
         out = {}
@@ -120,6 +128,7 @@ class StatusBranch:
     def publish(self, write: Callable[["StatusBranch"], None], message: str) -> str | None:
         """Write, commit if anything changed, push; returns the new commit SHA or None."""
         for attempt in range(1, PUSH_ATTEMPTS + 1):
+            started = time.monotonic()
             tip = self.sync()
             write(self)
             repo = self.repo
@@ -140,6 +149,9 @@ class StatusBranch:
                 text = str(err)
                 if "non-fast-forward" in text or "fetch first" in text or "rejected" in text:
                     log.info("status push raced another writer; retrying", extra={"attempt": attempt})
+                    # writers racing again at once take turns: back off by up to `attempt` times what an
+                    # attempt took (a big tree's attempt takes seconds; retrying at once would race again)
+                    time.sleep(random.uniform(0, min(30.0, attempt * (time.monotonic() - started))))
                     continue
                 raise StatusError(f"cannot push {self.branch}: {git_message(err)}") from None
         raise StatusError(f"cannot push {self.branch}: still racing other writers after {PUSH_ATTEMPTS} attempts")

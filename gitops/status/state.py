@@ -140,10 +140,16 @@ class ControllerStateStore:
         secrets = json.loads(self.sealer.open(sealed)) if sealed is not None else None
         return int(public.pop("generation", 0)), merge(public, secrets)
 
-    def restore(self, read_branch) -> str:
-        """Load the newest of the branch's and the local cache's state; returns where it came from."""
+    def adopt(self, state: State, generation: int) -> None:
+        """Hold `state` (merged with other writers') as generation `generation`, cached locally."""
+        self.state, self.generation = state.copy(), generation
+        self._write_cache()
+
+    def restore(self, read_branch, use_cache: bool = True) -> str:
+        """Load the newest of the branch's and the local cache's state; returns where it came from.
+        `use_cache=False` (one of several controllers): the branch only, which every writer merges into."""
         found = [(g, s, "status branch") for g, s in [self.read(read_branch) or (-1, None)] if s is not None]
-        cached = self.read(self._read_cache)
+        cached = self.read(self._read_cache) if use_cache else None
         if cached is not None:
             found.append((cached[0], cached[1], "local cache"))
         if not found:
