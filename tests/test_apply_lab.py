@@ -17,6 +17,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import http.client
 import socket
