@@ -36,11 +36,11 @@ from gitops.kubeapi import KubeAPI
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.metrics import Metrics
 from gitops.model.validate import Validation, validate_repo
-from gitops.engine import Planned, apply_repo, bare_metal_hosts, cluster_targets, observe_all
+from gitops.engine import Planned, apply_repo, bare_metal_hosts, observe_all
 from gitops.model.config import Coordination, RepoConfig, coordination_problems
 from gitops.model.resources import RepoModel
 from gitops.observe import ObservedState
-from gitops.observe.clusters import ClusterReader, ClusterTarget
+from gitops.observe.clusters import ClusterReader
 from gitops.plan.actions import Plan
 from gitops.sip.selection import SIPPlan, select_hosts
 from gitops.state.records import State
@@ -128,8 +128,6 @@ class Quiet:
     outcome: Outcome
     #: several controllers: what this replica owned then (another set of shards is another reconcile)
     scope: Scope | None = None
-    #: the cluster APIs that reconcile observed, read again on each quiet poll
-    targets: tuple[ClusterTarget, ...] = ()
 
     @property
     def held(self) -> frozenset[str]:
@@ -207,8 +205,7 @@ class Controller:
             with ThreadPoolExecutor(max_workers=1) as pool:  # git fetch while the live state is read
                 fetching = pool.submit(self.source.fetch)
                 live = scoped_observed(observe_all(scoped_model(quiet.target.model, quiet.scope), quiet.target.config,
-                                                   self.store.load(), reuse=self.files.reuse, clusters=self.clusters,
-                                                   targets=quiet.targets),
+                                                   self.store.load(), reuse=self.files.reuse, clusters=self.clusters),
                                        quiet.scope)
                 sha = fetching.result()
             if sha != quiet.target.sha:
@@ -265,9 +262,8 @@ class Controller:
         self.files.remember(after.observed)
         self.clusters.objects_interval = target.config.cluster_objects_interval
         self.clusters.remember(after.observed.clusters)
-        targets = tuple(cluster_targets(scoped_model(target.model, scope), self.store.load(), after.observed))
         self._quiet = Quiet(target, live_fingerprint(after.observed, self.files.files_digest), dataclasses.replace(
-            outcome, actions=0, message=f"commit {target.sha[:12]} in force; nothing changed"), scope, targets)
+            outcome, actions=0, message=f"commit {target.sha[:12]} in force; nothing changed"), scope)
 
     # ------------------------------------------------------------------ stages
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gitops.apply.executor import ApplyError, Connections, Fence, Progress, execute
@@ -138,25 +137,16 @@ def bare_metal_hosts(model: RepoModel, config: RepoConfig, state: State,
 
 
 def observe_all(model: RepoModel, config: RepoConfig, state: State | None = None,
-                reuse: FilesReuse | None = None, clusters: ClusterReader | None = None,
-                targets: Sequence[ClusterTarget] | None = None) -> ObservedState:
+                reuse: FilesReuse | None = None, clusters: ClusterReader | None = None) -> ObservedState:
     """Observe the hypervisors, then (with the recorded `state`'s admin credentials) the API of every
     cluster with a running API server, and a kubernetes BareMetalHost provider's hosts. `reuse`: node
     files known from an earlier observation, `clusters`: the reader that keeps its clients and the
-    objects it listed, `targets`: the cluster APIs the last observation found, read while the
-    hypervisors are (all three the controller's, for quiet polls: had the API servers changed, the
-    hypervisors' listing shows it)."""
-    if state is not None and clusters is not None and targets is not None:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            apis = pool.submit(clusters.observe, list(targets))
-            observed = observe(model.hypervisors.values(), reuse=reuse)
-            observed = dataclasses.replace(observed, clusters=apis.result())
-    else:
-        observed = observe(model.hypervisors.values(), reuse=reuse)
-        if state is not None:
-            found = cluster_targets(model, state, observed)
-            observed = dataclasses.replace(observed, clusters=clusters.observe(found) if clusters is not None
-                                           else observe_clusters(found))
+    objects it listed (both the controller's, for quiet polls)."""
+    observed = observe(model.hypervisors.values(), reuse=reuse)
+    if state is not None:
+        targets = cluster_targets(model, state, observed)
+        found = clusters.observe(targets) if clusters is not None else observe_clusters(targets)
+        observed = dataclasses.replace(observed, clusters=found)
     if config.bare_metal.provider != "kubernetes" or not model.sip_clusters:
         return observed
     try:

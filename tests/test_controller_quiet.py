@@ -124,7 +124,7 @@ def world(tmp_path: Path, monkeypatch):
     live = {"state": ObservedState({})}
     calls = {"observe": 0, "validate": 0, "plan": 0}
 
-    def observe_all(model, config, state=None, reuse=None, clusters=None, targets=None):
+    def observe_all(model, config, state=None, reuse=None, clusters=None):
         calls["observe"] += 1
         return live["state"]
 
