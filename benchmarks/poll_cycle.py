@@ -13,7 +13,7 @@ listed again, as when the drift intervals have passed. The status commit figure 
 `StatusBranch.publish` of the full status tree with one file changed: write,
 `git add`, commit, push.
 
-    python benchmarks/poll_cycle.py [--polls 10] [--settle 30]
+    python benchmarks/poll_cycle.py [--polls 10]
 """
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def git(*args: str, cwd: Path) -> str:
 
 
 def figures(samples: list[float]) -> str:
-    return (f"median {statistics.median(samples) * 1000:5.0f} ms   mean {statistics.mean(samples) * 1000:5.0f} ms   "
-            f"min {min(samples) * 1000:5.0f} ms   max {max(samples) * 1000:5.0f} ms   (n={len(samples)})")
+    return (f"mean {statistics.mean(samples) * 1000:7.0f} ms   min {min(samples) * 1000:7.0f} ms   "
+            f"max {max(samples) * 1000:7.0f} ms   (n={len(samples)})")
 
 
 def breakdown(controller: Controller, polls: int) -> dict[str, list[float]]:
@@ -76,8 +76,6 @@ def breakdown(controller: Controller, polls: int) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--polls", type=int, default=10)
-    parser.add_argument("--settle", type=float, default=30.0,
-                        help="seconds to wait after the first reconcile (the new control planes start up)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="gitops-bench-poll-", dir="/tmp"))
     try:
@@ -97,7 +95,6 @@ def main() -> None:
         print(f"first reconcile (apply 8 pods, 34 containers)   {time.monotonic() - started:6.2f} s   "
               f"{first.result}, {first.actions} actions")
         head = git("rev-parse", "gitops/status", cwd=origin)
-        time.sleep(args.settle)
         polls = []
         for _ in range(args.polls):
             started = time.monotonic()
