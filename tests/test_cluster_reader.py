@@ -17,16 +17,9 @@ from gitops.observe.clusters import ClusterReader, ClusterTarget, observe_cluste
 
 from kubeapi import KubeAPI, free_port, kube_api_server
 from test_cluster_api import _csr
+from test_coordination import Clock
 
 CONFIGMAPS = "/api/v1/namespaces/kube-public/configmaps"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(scope="module")

@@ -67,6 +67,15 @@ def test_timing_is_checked_like_client_go():
         Timing(15, 2, 2)
 
 
+def race(fn, identities: tuple[str, ...]) -> None:
+    """Run `fn(identity)` for each identity in its own thread at once; wait for all of them."""
+    threads = [threading.Thread(target=fn, args=(i,)) for i in identities]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def test_two_holders_race_one_wins_and_the_loser_is_not_an_error(leases):
     results: dict[str, object] = {}
     barrier = threading.Barrier(2)
@@ -75,11 +84,7 @@ def test_two_holders_race_one_wins_and_the_loser_is_not_an_error(leases):
         barrier.wait()
         results[identity] = acquire_or_renew(leases, None, LEADER, identity, 4, "leader")
 
-    threads = [threading.Thread(target=take, args=(i,)) for i in ("a", "b")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    race(take, ("a", "b"))
     winners = [i for i, r in results.items() if r is not None]
     assert len(winners) == 1, results
     current = leases.get(LEADER)
@@ -92,11 +97,7 @@ def test_two_holders_race_one_wins_and_the_loser_is_not_an_error(leases):
         barrier.wait()
         results[identity] = acquire_or_renew(leases, current, LEADER, identity, 4, "leader")
 
-    threads = [threading.Thread(target=take_over, args=(i,)) for i in ("c", "d")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    race(take_over, ("c", "d"))
     assert sorted(r is None for r in results.values()) == [False, True], results
     after = leases.get(LEADER)
     assert after.holder in ("c", "d") and after.transitions == 1 and after.acquire_time >= current.acquire_time
