@@ -28,7 +28,7 @@ from gitops.compile import compile_desired
 from gitops.compile.sip_services import service_cluster
 from gitops.coordination.lease import LeaseAPI, Timing
 from gitops.coordination.member import Member
-from gitops.coordination.scope import Scope, file_owner
+from gitops.coordination.scope import PlacementRaced, Scope, file_owner
 from gitops.coordination.shards import LEADER, shard_leases
 from gitops.errors import GitopsError
 from gitops.kubeapi import KubeAPI
@@ -315,6 +315,10 @@ class Controller:
         except ApplyError as err:
             log.error("apply failed", extra={"sha": sha, "error": str(err)})
             return Applied(Result.FAILED, str(err), len(err.executed), err.plan, error=str(err))
+        except PlacementRaced as err:  # nothing ran; plan again at once, from the branch as it is now
+            log.warning("placement raced another replica", extra={"sha": sha, "error": str(err)})
+            self.trigger.set()
+            return Applied(Result.FAILED, str(err), 0, None, error=str(err))
         except GitopsError as err:
             log.error("apply failed", extra={"sha": sha, "error": str(err)})
             return Applied(Result.FAILED, str(err), 0, None, error=str(err))
@@ -444,11 +448,17 @@ class Controller:
         names = frozenset(sips) | frozenset(service_cluster(n) for n in sips)
         return Scope(self._coordination.mode, self._coordination.shards, self._held(), names)
 
-    def _state_files(self, branch: StatusBranch, scope: Scope) -> dict[str, bytes]:
-        """The state files: the branch's records, with ours for what this replica owns."""
+    def _state_files(self, branch: StatusBranch, scope: Scope, refuse_clashes: bool = False) -> dict[str, bytes]:
+        """The state files: the branch's records, with ours for what this replica owns. `refuse_clashes`
+        (before a plan's actions run): PlacementRaced when a node we placed takes a port another
+        replica's node took on the branch since we planned."""
         paths = (PUBLIC, self.sealer.path)
         found = self.store.read(branch.read)
         generation, theirs = found if found is not None else (0, State())
+        clashes = scope.clashes(theirs, self.store.state) if refuse_clashes else []
+        if clashes:
+            raise PlacementRaced("another replica placed a node on the same ports first: " + "; ".join(clashes)
+                                 + "; nothing was done, the next poll plans again from its records")
         merged = scope.merge(theirs, self.store.state)
         if found is not None and merged.to_dict() == theirs.to_dict():
             self.store.adopt(theirs, generation)
@@ -460,7 +470,7 @@ class Controller:
         """Write-ahead: the decisions of a plan are on the branch before its actions run, so a replica
         taking the shard over after a crash starts from them."""
         paths = (PUBLIC, self.sealer.path)
-        status.publish(lambda b: b.write_tree(self._state_files(b, scope), paths),
+        status.publish(lambda b: b.write_tree(self._state_files(b, scope, refuse_clashes=True), paths),
                        f"state [{self.identity}: {', '.join(sorted(scope.held))}]")
 
     def _shard_files(self, scope: Scope, model: RepoModel, report: Outcome) -> dict[str, bytes]:
@@ -637,5 +647,10 @@ class _WriteAhead:
     def save(self, state: State) -> None:
         if state.to_dict() == self.load().to_dict():
             return
+        before, generation = self.inner.state, self.inner.generation
         self.inner.save(self.scope.merge(self.inner.state, state))
-        self.publish()
+        try:
+            self.publish()
+        except PlacementRaced:
+            self.inner.adopt(before, generation)  # the refused decisions are not reported either
+            raise

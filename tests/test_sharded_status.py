@@ -127,3 +127,17 @@ def test_a_replica_plans_with_its_clusters_records_and_every_node():
     narrow = SCOPE.narrow_state(state)
     assert set(narrow.clusters) == {"team-a"} and set(narrow.nodes) == {"a-1", "b-1"}
     assert SCOPE.merge(state, narrow).to_dict() == state.to_dict()  # nothing of the others is lost
+
+
+def test_a_node_placed_on_ports_another_replica_published_first_is_refused():
+    """Two replicas plan at once from the same branch: both give their new node hv1's lowest free
+    ports. The one whose write-ahead publish comes second sees the other's record and must refuse."""
+    theirs = State(nodes={"b-1": NodeRecord("team-b", "hv1", {"etcd-client": 30000, "apiserver": 30002})})
+    mine = State(nodes={"a-1": NodeRecord("team-a", "hv1", {"apiserver": 30002, "etcd-client": 30001}),
+                        "b-1": NodeRecord("team-b", "hv1", {"etcd-client": 30000, "apiserver": 30002})})
+    assert SCOPE.clashes(theirs, mine) == ["a-1 on hv1: port 30002 (apiserver) is b-1's"]
+    mine.nodes["a-1"].hypervisor = "hv2"
+    assert SCOPE.clashes(theirs, mine) == []  # another hypervisor's ports are its own
+    mine.nodes["a-1"] = NodeRecord("team-a", "hv1", {"apiserver": 30002})
+    theirs.nodes["a-1"] = NodeRecord("team-a", "hv1", {"apiserver": 30002})
+    assert SCOPE.clashes(theirs, mine) == []  # ours was on the branch first: the later writer had to avoid it

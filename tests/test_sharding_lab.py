@@ -129,15 +129,21 @@ def api_server_pid(ip: str) -> int:
     raise AssertionError(f"no kube-apiserver bound to {ip}")
 
 
-def live_plan(base: Path, origin: Path, work: Path):
-    """`gitops plan` of the repo against the live lab, with the state the replicas share on the branch."""
+def recorded_state(base: Path, origin: Path):
+    """The state the replicas share on the status branch."""
     status = StatusBranch(str(origin), base / "check")
     status.sync()
     store = ControllerStateStore(Sealer(None, insecure_plaintext=True), base / "check-cache")
     store.restore(status.read, use_cache=False)
+    return store.load()
+
+
+def live_plan(base: Path, origin: Path, work: Path):
+    """`gitops plan` of the repo against the live lab, with the state the replicas share on the branch."""
+    state = recorded_state(base, origin)
     validation = validate_repo(work)
     model, config = validation.model, validation.repo.config
-    return make_plan(model, config, store.load(), observe_all(model, config, store.load())).plan
+    return make_plan(model, config, state.copy(), observe_all(model, config, state)).plan
 
 
 @pytest.fixture(scope="module")
@@ -243,6 +249,14 @@ def test_kill_takeover_cut_off_and_convergence(world):
     except AssertionError:
         raise AssertionError(render_markdown(live_plan(base, origin, work)) + "\n" + replicas.tails()) from None
 
+    # replicas place nodes concurrently on shared hypervisors: no host port is ever given twice
+    taken: dict[tuple[str, int], str] = {}
+    for node, record in sorted(recorded_state(base, origin).nodes.items()):
+        for port in record.ports.values():
+            other = taken.setdefault((record.hypervisor, port), node)
+            assert other == node, f"{node} and {other} both hold port {port} on {record.hypervisor}"
+    raced = sum(1 for n in REPLICAS for e in replicas.events(n) if e["msg"] == "placement raced another replica")
+
     # 5. no action ran on one cluster from two replicas at once (from each replica's action log)
     spans: dict[str, list[tuple[float, float, str, str]]] = {c: [] for c in CLUSTERS}
     for name in REPLICAS:
@@ -273,4 +287,4 @@ def test_kill_takeover_cut_off_and_convergence(world):
         assert proc.returncode == 0, f"{name}'s status commit {sha} is not on gitops/status"
     print(f"\ntakeover {takeover:.1f}s (lease {LEASE}s, poll {POLL}s); victim {victim} on {cluster}, heir {heir}; "
           f"fenced within {min(e['t'] for e in lost) - stopped_at:.1f}s of the API freezing; "
-          f"{len(committed)} status commits")
+          f"{len(committed)} status commits; {raced} placement race(s) refused before any action")

@@ -12,7 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gitops.coordination.shards import LEADER, shard_lease, shard_of
+from gitops.errors import GitopsError
 from gitops.state.records import State
+
+
+class PlacementRaced(GitopsError):
+    """Another replica published a node on the same hypervisor port first; plan again from its records."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,30 @@ class Scope:
                 out.nodes[name] = source.nodes[name].copy()
         labels = mine.sip_labels if self.owns_global else theirs.sip_labels
         out.sip_labels = {host: dict(values) for host, values in labels.items()}
+        return out
+
+    def clashes(self, theirs: State, mine: State) -> list[str]:
+        """Ports that our new or moved node records take on a hypervisor where another replica's
+        record (on the branch, `theirs`) already has them. Replicas place nodes concurrently on
+        hypervisors they share, each from the branch as it was when it planned; the status branch
+        is the compare-and-swap that orders them, so the later one must see and refuse the clash."""
+        used: dict[tuple[str, int], str] = {}
+        for name, record in theirs.nodes.items():
+            if not self.owns(record.cluster):
+                for port in record.ports.values():
+                    used[(record.hypervisor, port)] = name
+        out = []
+        for name, record in sorted(mine.nodes.items()):
+            if not self.owns(record.cluster):
+                continue
+            published = theirs.nodes.get(name)
+            if (published is not None and published.hypervisor == record.hypervisor
+                    and published.ports == record.ports):
+                continue  # on the branch already: whoever came later had to avoid it
+            for purpose, port in sorted(record.ports.items()):
+                other = used.get((record.hypervisor, port))
+                if other is not None:
+                    out.append(f"{name} on {record.hypervisor}: port {port} ({purpose}) is {other}'s")
         return out
 
 
