@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 # pyproject leaves the `image` tests (buildah, minutes) out of plain `pytest`; this command, which
 # CI runs, selects them too (a `-m` given here still wins: the last one counts).
-exec .venv/bin/python -m pytest -m "image or not image" "$@"
+exec .venv/bin/python -m pytest -m "image or not image" --durations=25 "$@"
