@@ -232,13 +232,15 @@ class _Runner:
         record = self.state.clusters[cluster].authorities[role]
         return CertKey.from_pem(record.cert_pem, record.key_pem)
 
-    def etcd(self, cluster: str, client_urls: tuple[str, ...]) -> EtcdAdmin:
-        record = self.state.clusters[cluster]
-        return EtcdAdmin(self.signer(cluster, "etcd"), list(client_urls), record.trust_bundle("etcd"))
+    def etcd(self, action: Action, client_urls: tuple[str, ...]) -> EtcdAdmin:
+        """An etcd admin for `action`'s cluster whose waits end with this controller's right to act."""
+        record = self.state.clusters[action.cluster]
+        return EtcdAdmin(self.signer(action.cluster, "etcd"), list(client_urls), record.trust_bundle("etcd"),
+                         fenced=lambda: self.fence(action) if self.fence is not None else None)
 
     def etcd_member_add(self, action: Action, p: EtcdMemberChange) -> None:
         record = self.state.clusters[action.cluster]
-        with self.etcd(action.cluster, p.client_urls) as etcd:
+        with self.etcd(action, p.client_urls) as etcd:
             etcd.wait_healthy(list(p.client_urls), p.timeout, f"before adding {p.member}")
             etcd.add(p.peer_url, learner=True)
         if p.member not in record.etcd_members:
@@ -246,13 +248,13 @@ class _Runner:
         self.save()
 
     def etcd_member_promote(self, action: Action, p: EtcdMemberChange) -> None:
-        with self.etcd(action.cluster, p.client_urls) as etcd:
+        with self.etcd(action, p.client_urls) as etcd:
             etcd.promote(p.peer_url, p.timeout)
             etcd.wait_healthy([p.client_url, *p.client_urls], p.timeout, f"after promoting {p.member}")
 
     def etcd_member_remove(self, action: Action, p: EtcdMemberChange) -> None:
         record = self.state.clusters[action.cluster]
-        with self.etcd(action.cluster, p.client_urls) as etcd:
+        with self.etcd(action, p.client_urls) as etcd:
             etcd.wait_healthy(list(p.client_urls), p.timeout, f"before removing {p.member}")
             etcd.remove(p.member)
         record.etcd_members = [m for m in record.etcd_members if m != p.member]
@@ -332,7 +334,7 @@ class _Runner:
         if not urls:
             return
         what = f"{'before' if before else 'after'} changing etcd on {action.node}"
-        with self.etcd(action.cluster, p.etcd.peers or (p.etcd.client_url,)) as etcd:
+        with self.etcd(action, p.etcd.peers or (p.etcd.client_url,)) as etcd:
             etcd.wait_healthy(list(urls), p.etcd.timeout, what)
             if before:
                 etcd.hand_off_leadership(p.etcd.client_url, p.etcd.timeout)
