@@ -54,16 +54,7 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
               *, now: dt.datetime | None = None, source: str = "") -> Planned:
     """One planning pass (pure): everything apply will do, in order. VersionSkew when the repo skips
     or reverts a Kubernetes minor version."""
-    check_versions(model, observed)
     learned, hosts, sip = _compile_inputs(model, config, state, observed)
-    warnings: list[str] = []
-    unknowns: list[Unknown] = []
-    if hosts is None:
-        if model.sip_clusters:
-            unknowns.append(Unknown(UnknownKind.BARE_METAL_HOSTS, config.bare_metal.provider,
-                                    sip_clusters=tuple(sorted(model.sip_clusters))))
-    else:
-        warnings += sip_warnings(sip)
     options = DiffOptions(prune=config.prune.enabled, health_timeout=config.health_timeout)
     recorded = learned
     for _ in range(len(ROTATION_PHASES) + 1):
@@ -79,6 +70,15 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
         recorded = compiled.state.copy()
         for name in moved:
             recorded.clusters[name] = advance(recorded.clusters[name])
+    check_versions(model, observed)
+    warnings: list[str] = []
+    unknowns: list[Unknown] = []
+    if hosts is None:
+        if model.sip_clusters:
+            unknowns.append(Unknown(UnknownKind.BARE_METAL_HOSTS, config.bare_metal.provider,
+                                    sip_clusters=tuple(sorted(model.sip_clusters))))
+    else:
+        warnings += sip_warnings(sip)
     plan = Plan(actions=ordered(list(found.actions) + label_actions(sip) + inside),
                 warnings=tuple(list(found.warnings) + warnings + inside_warnings + list(compiled.deferred)),
                 source=source,
