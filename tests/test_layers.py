@@ -37,9 +37,15 @@ def _unit(path: Path) -> str:
 
 
 def _imports(path: Path) -> set[str]:
+    """The top-level units of gitops that `path` imports, at module level or inside functions,
+    absolute or relative."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gitops":
+        if isinstance(node, ast.ImportFrom) and node.level:  # relative: resolved against path's package
+            package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-node.level]
+            parts = [*package, *(node.module.split(".") if node.module else [])]
+            out |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gitops":
             parts = node.module.split(".")
             out |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names}
         elif isinstance(node, ast.Import):
