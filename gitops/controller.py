@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gitops.apply import ApplyError
-from gitops.compile import compile_desired
 from gitops.compile.sip_services import service_cluster
 from gitops.coordination.lease import LeaseAPI, Timing
 from gitops.coordination.member import Member
@@ -35,12 +34,11 @@ from gitops.kubeapi import KubeAPI
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.metrics import Metrics
 from gitops.model.validate import Validation, validate_repo
-from gitops.engine import Planned, apply_repo, bare_metal_hosts, observe_all
+from gitops.engine import Planned, apply_repo, desired_for, observe_all
 from gitops.model.config import Coordination, RepoConfig, coordination_problems
 from gitops.model.resources import RepoModel
 from gitops.observe import ObservedState
 from gitops.plan.actions import Plan
-from gitops.sip.selection import SIPPlan, select_hosts
 from gitops.state.records import State
 from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
 from gitops.status.branch import StatusBranch
@@ -373,10 +371,7 @@ class Controller:
             observed, compiled, sip = last.observed, last.compiled, last.sip
         else:
             observed = scoped_observed(observe_all(model, config, self.store.load()), scope)
-            hosts = bare_metal_hosts(model, config, self.store.load(), observed)
-            compiled = compile_desired(model, self.store.load(), unavailable=observed.unreachable,
-                                       hosts=hosts or ())
-            sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else SIPPlan((), ())
+            compiled, sip = desired_for(model, config, self.store.load(), observed)
         placements = {n: (r.hypervisor, dict(r.ports)) for n, r in self.store.state.nodes.items()}
 
         def write(branch: StatusBranch) -> None:

@@ -54,19 +54,7 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
               *, now: dt.datetime | None = None, source: str = "") -> Planned:
     """One planning pass (pure): everything apply will do, in order. VersionSkew when the repo skips
     or reverts a Kubernetes minor version."""
-    check_versions(model, observed)
-    learned = learn(state, observed, {name: node.cluster for name, node in model.nodes.items()})
-    hosts = bare_metal_hosts(model, config, learned, observed)
-    warnings: list[str] = []
-    unknowns: list[Unknown] = []
-    if hosts is None:
-        sip = SIPPlan((), ())
-        if model.sip_clusters:
-            unknowns.append(Unknown(UnknownKind.BARE_METAL_HOSTS, config.bare_metal.provider,
-                                    sip_clusters=tuple(sorted(model.sip_clusters))))
-    else:
-        sip = select_hosts(model.sip_clusters, hosts)
-        warnings += sip_warnings(sip)
+    learned, hosts, sip = _compile_inputs(model, config, state, observed)
     options = DiffOptions(prune=config.prune.enabled, health_timeout=config.health_timeout)
     recorded = learned
     for _ in range(len(ROTATION_PHASES) + 1):
@@ -82,12 +70,40 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
         recorded = compiled.state.copy()
         for name in moved:
             recorded.clusters[name] = advance(recorded.clusters[name])
+    check_versions(model, observed)
+    warnings: list[str] = []
+    unknowns: list[Unknown] = []
+    if hosts is None:
+        if model.sip_clusters:
+            unknowns.append(Unknown(UnknownKind.BARE_METAL_HOSTS, config.bare_metal.provider,
+                                    sip_clusters=tuple(sorted(model.sip_clusters))))
+    else:
+        warnings += sip_warnings(sip)
     plan = Plan(actions=ordered(list(found.actions) + label_actions(sip) + inside),
                 warnings=tuple(list(found.warnings) + warnings + inside_warnings + list(compiled.deferred)),
                 source=source,
                 unknowns=tuple(list(found.unknowns) + unknowns + inside_unknowns + _orphans(model, compiled.state)),
                 notes=tuple(_rotation_notes(learned, compiled.state)))
     return Planned(compiled=compiled, observed=observed, plan=plan, sip=sip)
+
+
+def desired_for(model: RepoModel, config: RepoConfig, state: State, observed: ObservedState,
+                *, now: dt.datetime | None = None) -> tuple[Compiled, SIPPlan]:
+    """What the repo wants given `observed`, as make_plan's first pass compiles it, without a plan
+    (the report of an apply that ended before its own planning pass after executing)."""
+    learned, hosts, sip = _compile_inputs(model, config, state, observed)
+    return compile_desired(model, learned, now=now, unavailable=observed.unreachable,
+                           hosts=relabeled(hosts or [], sip)), sip
+
+
+def _compile_inputs(model: RepoModel, config: RepoConfig, state: State,
+                    observed: ObservedState) -> tuple[State, list[BareMetalHost] | None, SIPPlan]:
+    """The recorded state with what only the hypervisors know, the BareMetalHosts (None: not listed)
+    and the SIP host selection over them."""
+    learned = learn(state, observed, {name: node.cluster for name, node in model.nodes.items()})
+    hosts = bare_metal_hosts(model, config, learned, observed)
+    sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else SIPPlan((), ())
+    return learned, hosts, sip
 
 
 def _converged_rotations(model: RepoModel, compiled: Compiled, actions: list, unknowns: list[Unknown]) -> list[str]:

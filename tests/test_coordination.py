@@ -265,3 +265,28 @@ def test_four_shards_over_three_replicas_are_spread_two_one_one(leases):
         clock.now += 1
     assert sorted(len(m.held()) for m in members) == [1, 1, 2]
     assert {leases.get(n).holder for n in work} == {m.identity for m in members}
+
+
+def test_an_etcd_wait_ends_when_the_fence_says_so():
+    """A health wait is no CRI call in flight: a replica whose Lease went stale stops waiting at once
+    (issue #14: nothing runs on a cluster once its shard is another replica's)."""
+    import socket
+    import time as _time
+
+    from gitops.apply.etcd import EtcdAdmin, EtcdError
+    from gitops.pki import create_ca
+
+    with socket.socket() as sock:  # a port nobody listens on: the member never turns healthy
+        sock.bind(("127.0.0.1", 0))
+        url = f"https://127.0.0.1:{sock.getsockname()[1]}"
+    asked = []
+
+    def fence() -> str | None:
+        asked.append(1)
+        return "shard Lease gitops-shard-1-of-4 is stale" if len(asked) > 2 else None
+
+    with EtcdAdmin(create_ca("fence-test-ca"), [url], fenced=fence) as etcd:
+        started = _time.monotonic()
+        with pytest.raises(EtcdError, match="fenced while waiting on etcd: shard Lease gitops-shard-1-of-4 is stale"):
+            etcd.wait_healthy([url], timeout=60, what="before changing etcd")
+    assert len(asked) == 3 and _time.monotonic() - started < 10

@@ -13,6 +13,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,15 @@ class Member:
 class EtcdAdmin:
     """Member list/add/remove against the first client URL that answers."""
 
-    def __init__(self, ca: CertKey, client_urls: list[str], trust: str = ""):
+    def __init__(self, ca: CertKey, client_urls: list[str], trust: str = "",
+                 fenced: Callable[[], str | None] = lambda: None):
         """`ca` issues the client certificate; `trust` (default: `ca`'s certificate) verifies the members
-        (during a CA rotation: the bundle of old and new)."""
+        (during a CA rotation: the bundle of old and new); `fenced` is asked before every pause of a wait
+        (several controllers: why this one may no longer act, e.g. its shard Lease went stale)."""
         if not client_urls:
             raise EtcdError("no etcd member to talk to")
         self.client_urls = client_urls
+        self._fenced = fenced
         cert = issue_cert(ca, "gitops-controller", client=True, days=1,
                           now=dt.datetime.now(dt.timezone.utc))
         self._dir = tempfile.TemporaryDirectory(prefix="gitops-etcd-")
@@ -93,6 +97,13 @@ class EtcdAdmin:
                 errors.append(f"{url}: {getattr(err, 'reason', err)}")
         raise EtcdError(f"etcd {path}: no member answered ({'; '.join(errors)})", retryable=True)
 
+    def _pause(self, seconds: float) -> None:
+        """Sleep inside a wait, unless this controller may no longer act (a wait is no call in flight)."""
+        why = self._fenced()
+        if why:
+            raise EtcdError(f"fenced while waiting on etcd: {why}")
+        time.sleep(seconds)
+
     def _settled(self, change, timeout: float = SETTLE):
         """Run an idempotent membership change, retrying while etcd settles."""
         deadline = time.monotonic() + timeout
@@ -102,7 +113,7 @@ class EtcdAdmin:
             except EtcdError as err:
                 if not err.retryable or time.monotonic() > deadline:
                     raise
-                time.sleep(1.0)
+                self._pause(1.0)
 
     def members(self) -> list[Member]:
         data = self._post("/v3/cluster/member/list", {})
@@ -138,7 +149,7 @@ class EtcdAdmin:
                 return
             if time.monotonic() > deadline:
                 raise EtcdError(f"{what}: etcd not healthy after {timeout:.0f}s: {'; '.join(sick)}")
-            time.sleep(1.0)
+            self._pause(1.0)
 
     def _unhealthy(self, url: str) -> str:
         """Why the member at `url` is not healthy, or "" when it is."""
@@ -167,7 +178,7 @@ class EtcdAdmin:
         while str(self._post("/v3/maintenance/status", {}, [client_url]).get("leader", "")) == me:
             if time.monotonic() > deadline:
                 raise EtcdError(f"etcd leadership did not move away from {client_url} in {timeout:.0f}s")
-            time.sleep(0.2)
+            self._pause(0.2)
         return True
 
     def remove(self, name: str, peer_url: str | None = None) -> bool:

@@ -23,19 +23,18 @@ from urllib.parse import urlsplit
 
 from gitops import node as agent
 from gitops.apply.etcd import EtcdAdmin
-from gitops.compile.authorities import authority
-from gitops.compile.desired import FileSpec, resolve_container
 from gitops.cri.client import CRIClient
 from gitops.cri.errors import CRIError, Reason
 from gitops.cri.types import ContainerState
 from gitops.errors import GitopsError
 from gitops.kubeapi import Credentials, KubeAPI
 from gitops.node import AGENT
-from gitops.pki import load_csr_pem, sign_public_key
+from gitops.pki import CertKey, load_csr_pem, sign_public_key
 from gitops.pki.x509 import cert_to_pem
 from gitops.plan.actions import Action, Plan
 from gitops.plan.payloads import (
     ApiReady,
+    FileSpec,
     CreateContainer,
     CreatePod,
     EtcdMemberChange,
@@ -219,23 +218,29 @@ class _Runner:
         agent_id = self.agent_id(action, p.pod)
         for issue in p.certificates:
             spec = issue.spec
-            authorities = self.state.clusters[p.cluster].authorities
             csr = load_csr_pem(agent.certificate_request(client, agent_id, spec.name))
             cert = sign_public_key(
-                authority(authorities, spec.signer), csr.public_key(), spec.common_name,
+                self.signer(p.cluster, spec.signer), csr.public_key(), spec.common_name,
                 organizations=spec.organizations, dns_names=spec.dns_names, ip_addresses=spec.ip_addresses,
                 server=spec.server, client=spec.client, days=issue.days, now=self.now)
             agent.write_file(client, agent_id, f"{spec.name}.crt", cert_to_pem(cert) + issue.chain)
         for spec in p.files:
             agent.write_file(client, agent_id, spec.name, self.content(spec))
 
-    def etcd(self, cluster: str, client_urls: tuple[str, ...]) -> EtcdAdmin:
-        record = self.state.clusters[cluster]
-        return EtcdAdmin(authority(record.authorities, "etcd"), list(client_urls), record.trust_bundle("etcd"))
+    def signer(self, cluster: str, role: str) -> CertKey:
+        """The recorded authority of `role` ("cluster", "etcd", "front-proxy") that signs for `cluster`."""
+        record = self.state.clusters[cluster].authorities[role]
+        return CertKey.from_pem(record.cert_pem, record.key_pem)
+
+    def etcd(self, action: Action, client_urls: tuple[str, ...]) -> EtcdAdmin:
+        """An etcd admin for `action`'s cluster whose waits end with this controller's right to act."""
+        record = self.state.clusters[action.cluster]
+        return EtcdAdmin(self.signer(action.cluster, "etcd"), list(client_urls), record.trust_bundle("etcd"),
+                         fenced=lambda: self.fence(action) if self.fence is not None else None)
 
     def etcd_member_add(self, action: Action, p: EtcdMemberChange) -> None:
         record = self.state.clusters[action.cluster]
-        with self.etcd(action.cluster, p.client_urls) as etcd:
+        with self.etcd(action, p.client_urls) as etcd:
             etcd.wait_healthy(list(p.client_urls), p.timeout, f"before adding {p.member}")
             etcd.add(p.peer_url, learner=True)
         if p.member not in record.etcd_members:
@@ -243,13 +248,13 @@ class _Runner:
         self.save()
 
     def etcd_member_promote(self, action: Action, p: EtcdMemberChange) -> None:
-        with self.etcd(action.cluster, p.client_urls) as etcd:
+        with self.etcd(action, p.client_urls) as etcd:
             etcd.promote(p.peer_url, p.timeout)
             etcd.wait_healthy([p.client_url, *p.client_urls], p.timeout, f"after promoting {p.member}")
 
     def etcd_member_remove(self, action: Action, p: EtcdMemberChange) -> None:
         record = self.state.clusters[action.cluster]
-        with self.etcd(action.cluster, p.client_urls) as etcd:
+        with self.etcd(action, p.client_urls) as etcd:
             etcd.wait_healthy(list(p.client_urls), p.timeout, f"before removing {p.member}")
             etcd.remove(p.member)
         record.etcd_members = [m for m in record.etcd_members if m != p.member]
@@ -266,7 +271,7 @@ class _Runner:
 
     def _create_container(self, action: Action, p: CreateContainer, attempt: int = 0) -> str:
         client = self.client(action.hypervisor)
-        spec = resolve_container(p.container, {f.name: self.content(f) for f in p.files})
+        spec = p.resolved({f.name: self.content(f) for f in p.files})
         client.pull_image(spec.image)
         ref = self.pod(action, p.pod)
         if attempt:  # beside a container of the same name: the runtime's name of it must differ
@@ -329,7 +334,7 @@ class _Runner:
         if not urls:
             return
         what = f"{'before' if before else 'after'} changing etcd on {action.node}"
-        with self.etcd(action.cluster, p.etcd.peers or (p.etcd.client_url,)) as etcd:
+        with self.etcd(action, p.etcd.peers or (p.etcd.client_url,)) as etcd:
             etcd.wait_healthy(list(urls), p.etcd.timeout, what)
             if before:
                 etcd.hand_off_leadership(p.etcd.client_url, p.etcd.timeout)
@@ -413,7 +418,7 @@ class _Runner:
                     current = api.request("PUT", f"{path}/approval", {**current, "status": {
                         **(current.get("status") or {}), "conditions": conditions}})
             request = load_csr_pem(p.request)
-            cert = sign_public_key(authority(self.state.clusters[p.cluster].authorities, "cluster"),
+            cert = sign_public_key(self.signer(p.cluster, "cluster"),
                                    request.public_key(), p.common_name, organizations=p.organizations,
                                    dns_names=p.dns_names, ip_addresses=p.ip_addresses, server=p.server_auth,
                                    client=p.client_auth, days=p.days, now=self.now)

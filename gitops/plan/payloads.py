@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Union
 
-from gitops.compile.desired import CertificateSpec, FileSpec, KeySpec, ServiceAccountBundle
+from gitops.compile.desired import CertificateSpec, FileSpec, KeySpec, ServiceAccountBundle, resolve_container
 from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
 
 
@@ -116,6 +116,11 @@ class CreateContainer:
     #: first). The ingress's haproxy binds its port with SO_REUSEPORT, so the port never closes, and the
     #: old one soft-stops (its image's stop signal, SIGUSR1): connections in flight finish.
     overlap: int = 0
+
+    def resolved(self, contents: dict[str, str]) -> ContainerSpec:
+        """The container with its spec hash filled in from what `files` hold (`contents` by name) at
+        apply time: the value the plan showed as known after apply."""
+        return resolve_container(self.container, contents)
 
 
 @dataclass(frozen=True)
