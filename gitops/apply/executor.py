@@ -398,6 +398,9 @@ class _Runner:
                     if time.monotonic() > deadline:
                         raise ApplyError(f"the API of cluster {p.cluster} at {p.server} not ready after "
                                          f"{p.wait_ready}s")
+                    refused = self.fence(action) if self.fence is not None else None
+                    if refused:
+                        raise ApplyError(f"fenced while waiting for the API of cluster {p.cluster}: {refused}")
                     time.sleep(0.5)
             api.apply(p.collection, json.loads(p.body))
 
