@@ -20,6 +20,7 @@ import socket
 import uuid
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from gitops.engine import Planned, apply_repo, desired_for, observe_all
 from gitops.model.config import Coordination, RepoConfig, coordination_problems
 from gitops.model.resources import RepoModel
 from gitops.observe import ObservedState
+from gitops.observe.clusters import ClusterReader
 from gitops.plan.actions import Plan
 from gitops.state.records import State
 from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
@@ -162,6 +164,7 @@ class Controller:
         self._status: dict[str, StatusBranch] = {}
         #: node files read on earlier polls, and the last converged reconcile (None: the next poll does it all)
         self.files = NodeFilesCache(RepoConfig().node_files_interval)
+        self.clusters = ClusterReader(RepoConfig().cluster_objects_interval)
         self._quiet: Quiet | None = None
         #: several controllers (spec.coordination): this replica's Leases, and the settings they run with
         self.identity = config.coordination.replica_id or self.holder
@@ -194,18 +197,26 @@ class Controller:
         """fetch → (nothing changed since the last converged reconcile: stop) → verify and validate →
         choose what is in force → (several controllers: which shards this one holds) → apply → report."""
         now = dt.datetime.now(dt.timezone.utc)
-        sha = self.source.fetch()
         quiet, self._quiet = self._quiet, None
         live = None
-        if quiet is not None and sha == quiet.target.sha and quiet.held == self._held():
-            live = scoped_observed(observe_all(scoped_model(quiet.target.model, quiet.scope), quiet.target.config,
-                                               self.store.load(), reuse=self.files.reuse), quiet.scope)
-            if live_fingerprint(live, self.files.files_digest) == quiet.fingerprint:
+        if quiet is not None and quiet.held == self._held():
+            with ThreadPoolExecutor(max_workers=1) as pool:  # git fetch while the live state is read
+                fetching = pool.submit(self.source.fetch)
+                live = scoped_observed(observe_all(scoped_model(quiet.target.model, quiet.scope), quiet.target.config,
+                                                   self.store.load(), reuse=self.files.reuse, clusters=self.clusters),
+                                       quiet.scope)
+                sha = fetching.result()
+            if sha != quiet.target.sha:
+                live = None  # a new commit: its own model is observed
+            elif live_fingerprint(live, self.files.files_digest) == quiet.fingerprint:
                 self.files.remember(live)
                 self._quiet = quiet
                 log.info("nothing changed", extra={"sha": sha, "node_files_reused": self.files.reused})
                 return quiet.outcome
-            log.info("the live state changed", extra={"sha": sha})
+            else:
+                log.info("the live state changed", extra={"sha": sha})
+        else:
+            sha = self.source.fetch()
         revision = self._checkout(sha)
         refusal, validation = self._check(revision)
         ok = validation is not None and validation.ok
@@ -243,9 +254,12 @@ class Controller:
         if (refused is not None or outcome.result != Result.APPLIED or after is None or applied.follow_up is not None
                 or not after.plan.empty or not after.plan.complete):
             self.files.forget()
+            self.clusters.forget()
             return
         self.files.interval = target.config.node_files_interval
         self.files.remember(after.observed)
+        self.clusters.objects_interval = target.config.cluster_objects_interval
+        self.clusters.remember(after.observed.clusters)
         self._quiet = Quiet(target, live_fingerprint(after.observed, self.files.files_digest), dataclasses.replace(
             outcome, actions=0, message=f"commit {target.sha[:12]} in force; nothing changed"), scope)
 
@@ -545,7 +559,9 @@ class Controller:
         log.info("controller stopped")
 
     def release(self) -> None:
-        """Give up what this controller holds: its Leases (others take over at once), the git lock."""
+        """Give up what this controller holds: its Leases (others take over at once), the git lock, its
+        clients of the clusters' APIs."""
+        self.clusters.close()
         if self.member is not None:
             self.member.stop()
             self.member = None

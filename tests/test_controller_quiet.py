@@ -124,7 +124,7 @@ def world(tmp_path: Path, monkeypatch):
     live = {"state": ObservedState({})}
     calls = {"observe": 0, "validate": 0, "plan": 0}
 
-    def observe_all(model, config, state=None, reuse=None):
+    def observe_all(model, config, state=None, reuse=None, clusters=None):
         calls["observe"] += 1
         return live["state"]
 
@@ -168,7 +168,8 @@ def test_a_poll_with_the_same_commit_and_live_state_does_nothing_more(world):
     git(work, "commit", "-q", "-m", "docs")
     git(work, "push", "-q", "origin", "HEAD:main")
     assert ctl.reconcile_once().applied_sha != first.applied_sha
-    assert calls == {"observe": 7, "validate": 3, "plan": 3}
+    # the quiet poll's observation, made while fetching, is dropped: the new commit's model is observed
+    assert calls == {"observe": 8, "validate": 3, "plan": 3}
 
 
 def test_an_incomplete_plan_keeps_every_poll_complete(world):
