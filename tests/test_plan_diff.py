@@ -28,7 +28,8 @@ from gitops.compile.bootstrap import bootstrap_objects
 from gitops.observe.clusters import ObservedCluster
 from gitops.pki import cert_to_pem, generate_key, sign_public_key
 from gitops.plan.actions import Kind, Plan, Unknown, UnknownKind
-from gitops.plan.diff import CERTIFICATE_FACTS, CLUSTER_DIFFS
+from gitops.pki.facts import CERTIFICATE_FACTS
+from gitops.plan.diff import CLUSTER_DIFFS
 from gitops.plan.render import headline, render_json, render_markdown, render_text
 from gitops.state import LocalDirStore, State
 
@@ -326,7 +327,8 @@ def test_certificates_are_verified_once_per_content_and_still_checked_against_no
     CERTIFICATE_FACTS.clear()
     assert make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan.actions == ()
     parsed = CERTIFICATE_FACTS.misses
-    assert parsed == sum(len(p.files.certificates) for p in observed.pods())
+    # every node certificate, and each cluster's admin certificate (compile checks it against its CA)
+    assert parsed == sum(len(p.files.certificates) for p in observed.pods()) + len(repo.model.clusters)
     # the same certificates later: nothing parsed or verified again, yet the renewal window is the new one
     later = NOW + dt.timedelta(days=340)
     files = [a for a in make_plan(repo.model, repo.repo.config, state, observed, now=later).plan.actions

@@ -22,7 +22,8 @@ import datetime as dt
 
 from gitops.errors import GitopsError
 from gitops.model.resources import Cluster
-from gitops.pki import CertKey, create_ca, cross_sign, is_signed_by, issue_cert, load_cert_pem
+from gitops.pki import CertKey, create_ca, cross_sign, issue_cert
+from gitops.pki.facts import certificate_facts
 from gitops.pki.x509 import cert_to_pem
 from gitops.state.records import DROP_OLD, RE_ISSUE, TRUST_BOTH, CARotation, CertRecord, ClusterRecord
 
@@ -48,11 +49,6 @@ PHASE_TEXT = {
 
 class CAGenerationError(GitopsError):
     """spec.certificates.caGeneration went down."""
-
-
-def needs_renewal(cert_pem: str, renew_before_days: int, now: dt.datetime) -> bool:
-    expiry = load_cert_pem(cert_pem).not_valid_after_utc
-    return expiry - now <= dt.timedelta(days=renew_before_days)
 
 
 def ensure_authorities(cluster: Cluster, record: ClusterRecord | None, now: dt.datetime) -> ClusterRecord:
@@ -86,8 +82,9 @@ def ensure_authorities(cluster: Cluster, record: ClusterRecord | None, now: dt.d
                  for role in new if authorities[role].key_pem}
         rotation = CARotation(cluster.ca_generation, TRUST_BOTH, dict(sorted(new.items())), dict(sorted(cross.items())))
     admin = record.admin
-    stale = admin is None or needs_renewal(admin.cert_pem, cluster.renew_before_days, now) or \
-        not is_signed_by(load_cert_pem(admin.cert_pem), load_cert_pem(authorities["cluster"].cert_pem))
+    facts = certificate_facts(admin.cert_pem, authorities["cluster"].cert_pem) if admin is not None else None
+    stale = facts is None or not facts.signed or \
+        facts.not_after - now <= dt.timedelta(days=cluster.renew_before_days)
     if stale and authorities["cluster"].key_pem:  # (no key: a public state, as above)
         cert = issue_cert(authority(authorities, "cluster"), ADMIN_CN, organizations=(ADMIN_GROUP,),
                           client=True, days=cluster.validity_days, now=now)
