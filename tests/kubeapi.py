@@ -30,7 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,9 +62,16 @@ def etcd_binary() -> Path:
 
 
 def free_port(ip: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((ip, 0))
-        return sock.getsockname()[1]
+    return free_ports(ip, 1)[0]
+
+
+def free_ports(ip: str, count: int) -> list[int]:
+    """`count` distinct ports free on `ip` now (all bound at once, then released)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind((ip, 0))
+        return [sock.getsockname()[1] for sock in socks]
 
 
 def b64(text: str) -> str:
@@ -236,6 +243,24 @@ def _wait(proc: _Proc, ready, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def _start_listening(name: str, ip: str, count: int, argv_of: Callable[..., list[str]], workdir: Path,
+                     ready_of: Callable[..., Callable[[], bool]], timeout: float, what: str) -> tuple[_Proc, list[int]]:
+    """Start `name` on `count` fresh ports of `ip` (`argv_of(*ports)`) and wait until `ready_of(*ports)()`.
+    A port is only known free until the process binds it: one that lost it to another process in
+    the meantime is started again on other ports (at most 3 times)."""
+    for attempt in range(3):
+        ports = free_ports(ip, count)
+        proc = _start(name, argv_of(*ports), workdir)
+        try:
+            _wait(proc, ready_of(*ports), timeout, what)
+            return proc, ports
+        except AssertionError:
+            proc.stop()
+            if attempt == 2 or "address already in use" not in proc.tail():
+                raise
+    raise AssertionError("unreachable")
+
+
 def _get_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
         with urllib.request.urlopen(url, context=context, timeout=2) as resp:
@@ -266,32 +291,41 @@ def kube_api_server(ip: str = DEFAULT_IP, *, crds: Sequence[Path] = (),
             (pki / fname).write_text(content)
             (pki / fname).chmod(0o600)
 
-        etcd_client, etcd_peer, secure_port = free_port(ip), free_port(ip), free_port(ip)
-        etcd_url = f"http://{ip}:{etcd_client}"
-        procs.append(_start("etcd", [
-            str(etcd_bin), "--name=kubeapi-test", f"--data-dir={workdir / 'etcd'}",
-            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls=http://{ip}:{etcd_peer}", f"--initial-advertise-peer-urls=http://{ip}:{etcd_peer}",
-            f"--initial-cluster=kubeapi-test=http://{ip}:{etcd_peer}", "--initial-cluster-state=new",
-            "--listen-metrics-urls=", "--log-level=warn",
-        ], workdir))
-        _wait(procs[-1], lambda: _get_ok(f"{etcd_url}/health"), 30, "healthy")
+        def etcd_argv(client: int, peer: int) -> list[str]:
+            shutil.rmtree(workdir / "etcd", ignore_errors=True)  # a start that lost its port begins anew
+            return [str(etcd_bin), "--name=kubeapi-test", f"--data-dir={workdir / 'etcd'}",
+                    f"--listen-client-urls=http://{ip}:{client}", f"--advertise-client-urls=http://{ip}:{client}",
+                    f"--listen-peer-urls=http://{ip}:{peer}", f"--initial-advertise-peer-urls=http://{ip}:{peer}",
+                    f"--initial-cluster=kubeapi-test=http://{ip}:{peer}", "--initial-cluster-state=new",
+                    "--listen-metrics-urls=", "--log-level=warn"]
 
-        url = f"https://{ip}:{secure_port}"
-        procs.append(_start("kube-apiserver", [
-            str(apiserver_bin), f"--etcd-servers={etcd_url}",
-            f"--bind-address={ip}", f"--advertise-address={ip}", f"--secure-port={secure_port}", "--insecure-port=0",
-            f"--cert-dir={pki}", f"--tls-cert-file={pki / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}", f"--client-ca-file={pki / 'ca.crt'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.key'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-cluster-ip-range=10.96.0.0/24", "--authorization-mode=Node,RBAC",
-            "--endpoint-reconciler-type=none",  # a loopback address may not be a Service endpoint
-            "--profiling=false", "--logtostderr=true", "--v=0", *extra_args,
-        ], workdir))
+        etcd, (etcd_client, _) = _start_listening(
+            "etcd", ip, 2, etcd_argv, workdir, lambda client, _peer: lambda: _get_ok(f"http://{ip}:{client}/health"),
+            30, "healthy")
+        procs.append(etcd)
+        etcd_url = f"http://{ip}:{etcd_client}"
         context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
-        _wait(procs[-1], lambda: _get_ok(f"{url}/readyz", context), READY_TIMEOUT, "ready (/readyz)")
+
+        def apiserver_argv(secure_port: int) -> list[str]:
+            return [
+                str(apiserver_bin), f"--etcd-servers={etcd_url}",
+                f"--bind-address={ip}", f"--advertise-address={ip}", f"--secure-port={secure_port}",
+                "--insecure-port=0",
+                f"--cert-dir={pki}", f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}", f"--client-ca-file={pki / 'ca.crt'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.key'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.96.0.0/24", "--authorization-mode=Node,RBAC",
+                "--endpoint-reconciler-type=none",  # a loopback address may not be a Service endpoint
+                "--profiling=false", "--logtostderr=true", "--v=0", *extra_args,
+            ]
+
+        apiserver, (secure_port,) = _start_listening(
+            "kube-apiserver", ip, 1, apiserver_argv, workdir,
+            lambda port: lambda: _get_ok(f"https://{ip}:{port}/readyz", context), READY_TIMEOUT, "ready (/readyz)")
+        procs.append(apiserver)
+        url = f"https://{ip}:{secure_port}"
 
         api = KubeAPI(url=url, ip=ip, dir=workdir, ca=ca, admin=admin, kubectl_path=kubectl_bin, ssl_context=context)
         api.kubeconfig("admin", {"client-certificate": str(pki / "admin.crt"), "client-key": str(pki / "admin.key")})
