@@ -134,7 +134,7 @@ class _Runner:
                 log.info("stop requested; %d of %d actions done", index, len(actions))
                 self.outcome.stopped = True
                 return self.outcome
-            refused = fence(action) if fence is not None else None
+            refused = self.refused(action)
             if refused:
                 log.warning("fenced: %s; %d of %d actions done", refused, index, len(actions))
                 self.outcome.stopped, self.outcome.fenced = True, refused
@@ -227,6 +227,10 @@ class _Runner:
         for spec in p.files:
             agent.write_file(client, agent_id, spec.name, self.content(spec))
 
+    def refused(self, action: Action) -> str | None:
+        """Why this controller may no longer act on `action`'s cluster (asked by every wait), or None."""
+        return self.fence(action) if self.fence is not None else None
+
     def signer(self, cluster: str, role: str) -> CertKey:
         """The recorded authority of `role` ("cluster", "etcd", "front-proxy") that signs for `cluster`."""
         record = self.state.clusters[cluster].authorities[role]
@@ -236,7 +240,7 @@ class _Runner:
         """An etcd admin for `action`'s cluster whose waits end with this controller's right to act."""
         record = self.state.clusters[action.cluster]
         return EtcdAdmin(self.signer(action.cluster, "etcd"), list(client_urls), record.trust_bundle("etcd"),
-                         fenced=lambda: self.fence(action) if self.fence is not None else None)
+                         fenced=lambda: self.refused(action))
 
     def etcd_member_add(self, action: Action, p: EtcdMemberChange) -> None:
         record = self.state.clusters[action.cluster]
@@ -322,7 +326,7 @@ class _Runner:
                 if time.monotonic() > deadline:
                     raise ApplyError(f"kube-apiserver on {action.node} not ready after {ready.timeout}s ({ready.url}: "
                                      f"{last}); stopping before any other API server is touched")
-                refused = self.fence(action) if self.fence is not None else None
+                refused = self.refused(action)
                 if refused:  # a wait is no CRI call: it ends with the Lease, not after it
                     raise ApplyError(f"fenced while waiting for kube-apiserver on {action.node}: {refused}")
                 time.sleep(0.5)
@@ -398,7 +402,7 @@ class _Runner:
                     if time.monotonic() > deadline:
                         raise ApplyError(f"the API of cluster {p.cluster} at {p.server} not ready after "
                                          f"{p.wait_ready}s")
-                    refused = self.fence(action) if self.fence is not None else None
+                    refused = self.refused(action)
                     if refused:
                         raise ApplyError(f"fenced while waiting for the API of cluster {p.cluster}: {refused}")
                     time.sleep(0.5)
