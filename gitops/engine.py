@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from gitops.apply.executor import ApplyError, Connections, Fence, Progress, execute
 from gitops.compile import Compiled, compile_desired
-from gitops.compile.authorities import advance, rotation_note
 from gitops.cri.client import CRIClient
 from gitops.errors import GitopsError
 from gitops.learn import learn
@@ -27,10 +26,11 @@ from gitops.plan.actions import Plan, Unknown, UnknownKind, ordered
 from gitops.plan.cluster_api import cluster_api_actions
 from gitops.plan.diff import DiffOptions, diff
 from gitops.plan.hosts import label_actions, sip_warnings
+from gitops.plan.rotation import rotation_notes, rotation_steps
 from gitops.plan.upgrades import check_versions
 from gitops.sip.reconcile import file_hosts, provider_for
 from gitops.sip.selection import SIPPlan, select_hosts
-from gitops.state.records import ROTATION_PHASES, State
+from gitops.state.records import State
 from gitops.state.store import StateStore
 
 log = logging.getLogger(__name__)
@@ -55,35 +55,26 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     """One planning pass (pure): everything apply will do, in order. VersionSkew when the repo skips
     or reverts a Kubernetes minor version."""
     learned, hosts, sip = _compile_inputs(model, config, state, observed)
+    compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable,
+                               hosts=relabeled(hosts or [], sip))
     options = DiffOptions(prune=config.prune.enabled, health_timeout=config.health_timeout)
-    recorded = learned
-    for _ in range(len(ROTATION_PHASES) + 1):
-        compiled = compile_desired(model, recorded, now=now, unavailable=observed.unreachable,
-                                   hosts=relabeled(hosts or [], sip))
-        found = diff(compiled.desired, observed, compiled.state, options, now=now)
-        inside, inside_warnings, inside_unknowns = cluster_api_actions(compiled.desired, observed, config.health_timeout)
-        moved = _converged_rotations(model, compiled, [*found.actions, *inside],
-                                     [*found.unknowns, *inside_unknowns])
-        if not moved:
-            break
-        # a rotation phase that has converged gives way to the next one, in this same plan
-        recorded = compiled.state.copy()
-        for name in moved:
-            recorded.clusters[name] = advance(recorded.clusters[name])
+    found = diff(compiled.desired, observed, compiled.state, options, now=now)
+    inside, inside_warnings, inside_unknowns = cluster_api_actions(compiled.desired, observed, config.health_timeout)
     check_versions(model, observed)
     warnings: list[str] = []
-    unknowns: list[Unknown] = []
+    unknowns: list[Unknown] = list(found.unknowns)
     if hosts is None:
         if model.sip_clusters:
             unknowns.append(Unknown(UnknownKind.BARE_METAL_HOSTS, config.bare_metal.provider,
                                     sip_clusters=tuple(sorted(model.sip_clusters))))
     else:
         warnings += sip_warnings(sip)
-    plan = Plan(actions=ordered(list(found.actions) + label_actions(sip) + inside),
+    unknowns += [*inside_unknowns, *_orphans(model, compiled.state)]
+    actions = [*found.actions, *label_actions(sip), *inside]
+    steps = rotation_steps(model, compiled.state, actions, unknowns)
+    plan = Plan(actions=ordered(actions + steps),
                 warnings=tuple(list(found.warnings) + warnings + inside_warnings + list(compiled.deferred)),
-                source=source,
-                unknowns=tuple(list(found.unknowns) + unknowns + inside_unknowns + _orphans(model, compiled.state)),
-                notes=tuple(_rotation_notes(learned, compiled.state)))
+                source=source, unknowns=tuple(unknowns), notes=tuple(rotation_notes(compiled.state)))
     return Planned(compiled=compiled, observed=observed, plan=plan, sip=sip)
 
 
@@ -104,34 +95,6 @@ def _compile_inputs(model: RepoModel, config: RepoConfig, state: State,
     hosts = bare_metal_hosts(model, config, learned, observed)
     sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else SIPPlan((), ())
     return learned, hosts, sip
-
-
-def _converged_rotations(model: RepoModel, compiled: Compiled, actions: list, unknowns: list[Unknown]) -> list[str]:
-    """Clusters in a CA rotation whose current phase is done: no action of theirs is planned and
-    everything they involve was observed (their API included)."""
-    out = []
-    for name, record in sorted(compiled.state.clusters.items()):
-        if record.rotation is None or name not in model.clusters:
-            continue
-        nodes = {n.name for n in model.nodes_of(name)}
-        if any(a.cluster == name for a in actions) or not nodes <= compiled.state.nodes.keys():
-            continue  # work left, or a node not placed yet (deferred)
-        if any(set(u.nodes) & nodes or (u.kind == UnknownKind.CLUSTER_API and u.name == name) for u in unknowns):
-            continue
-        out.append(name)
-    return out
-
-
-def _rotation_notes(before: State, after: State) -> list[str]:
-    """Each CA rotation under way: its phase now and the ones that follow; each that ends in this plan."""
-    notes = []
-    for name, record in sorted(after.clusters.items()):
-        if record.rotation is not None:
-            notes.append(rotation_note(name, record))
-        elif name in before.clusters and before.clusters[name].rotation is not None:
-            notes.append(f"Cluster {name}: CA rotation to generation {record.ca_generation} is complete; "
-                         "the old CAs are forgotten.")
-    return notes
 
 
 def relabeled(hosts: list[BareMetalHost], sip: SIPPlan) -> list[BareMetalHost]:

@@ -1,7 +1,9 @@
-"""CA rotation on request (spec.certificates.caGeneration), pure: the three phases against recorded state.
+"""CA rotation on request (spec.certificates.caGeneration): the three phases against recorded state.
 
 Each phase is planned against a synthetic observation of the previous one converged (as
-tests/test_plan_diff.py does); the lab test in test_apply_lab.py runs it on real components.
+tests/test_plan_diff.py does); the recorded state moves on by executing the plan's own
+`advance-ca-rotation` action with the real executor. The lab test in test_apply_lab.py runs
+it on real components.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 import yaml
 from test_plan_diff import NOW, converged, repo, settle  # noqa: F401 - fixture
 
+from gitops.apply.executor import ApplyError, Connections, execute
 from gitops.compile import compile_desired
 from gitops.compile.authorities import CAGenerationError
 from gitops.engine import make_plan
@@ -24,6 +27,7 @@ from gitops.pki import cert_to_pem, is_signed_by, load_cert_pem, load_certs_pem
 from gitops.plan.actions import Kind, Plan
 from gitops.plan.payloads import WriteFiles
 from gitops.state.records import DROP_OLD, RE_ISSUE, TRUST_BOTH
+from gitops.state.store import LocalDirStore
 from gitops.status.state import merge, split
 
 ROLES = ("cluster", "etcd", "front-proxy")
@@ -40,6 +44,20 @@ def step(model, config, state):
     return converged(compile_desired(model, state, now=NOW).desired, state, model)
 
 
+def executed(planned, tmp_path):
+    """The recorded state once the plan ran: its rotation step executed by the executor (the plan's other
+    actions reach hypervisors, which `step` stands in for)."""
+    steps = [a for a in planned.plan.actions if a.kind == Kind.ADVANCE_CA_ROTATION]
+    assert planned.plan.actions[-len(steps):] == tuple(steps), "a rotation step comes after every other action"
+
+    def unreachable(*_):
+        raise AssertionError("a rotation step reaches nothing")
+    store = LocalDirStore(tmp_path / f"state-{len(list(tmp_path.iterdir()))}")
+    run = execute(Plan(actions=tuple(steps)), planned.state, Connections(unreachable, unreachable), store)
+    assert run.executed == steps
+    return store.load()
+
+
 def pems(text: str) -> set[str]:
     return {cert_to_pem(cert) for cert in load_certs_pem(text)}
 
@@ -52,7 +70,7 @@ def team_a(plan: Plan) -> list:
     return [a for a in plan.actions if a.cluster == "team-a"]
 
 
-def test_rotation_runs_trust_both_reissue_drop_old_then_forgets_the_old_cas(repo):
+def test_rotation_runs_trust_both_reissue_drop_old_then_forgets_the_old_cas(repo, tmp_path):
     config = repo.repo.config
     state, observed = settle(repo.model)
     old = {r: state.clusters["team-a"].authorities[r].cert_pem for r in ROLES}
@@ -76,6 +94,9 @@ def test_rotation_runs_trust_both_reissue_drop_old_then_forgets_the_old_cas(repo
     assert pems(base64.b64decode(ca_data["certificate-authority-data"]).decode()) == {old["cluster"], new["cluster"]}
     actions = team_a(one.plan)
     assert actions and all(a.cluster == "team-a" for a in one.plan.actions)  # team-b untouched
+    last = actions[-1]  # once every action of the phase ran, the plan records phase 2
+    assert last.kind == Kind.ADVANCE_CA_ROTATION and (last.payload.generation, last.payload.phase) == (2, TRUST_BOTH)
+    assert "phase 1 of 3 (trust-both) has run: the next plan runs phase 2 (re-issue)" in last.reason
     writes = [a for a in actions if a.kind == Kind.WRITE_FILES]
     assert all(not a.payload.certificates for a in writes)  # nothing re-issued yet
     recreates = [(a.node, a.component) for a in actions if a.kind == Kind.RECREATE_CONTAINER]
@@ -90,7 +111,7 @@ def test_rotation_runs_trust_both_reissue_drop_old_then_forgets_the_old_cas(repo
     assert [a.to_dict() for a in team_a(again.plan)] == [a.to_dict() for a in actions]
 
     # phase 2, re-issue: the new CAs sign every leaf (server ones carry the cross-signed CA), admin re-issued
-    two = make_plan(model, config, one.state, step(model, config, one.state), now=NOW)
+    two = make_plan(model, config, executed(one, tmp_path), step(model, config, one.state), now=NOW)
     record = two.state.clusters["team-a"]
     assert record.rotation.phase == RE_ISSUE
     assert {r: record.authorities[r].cert_pem for r in ROLES} == new
@@ -115,10 +136,11 @@ def test_rotation_runs_trust_both_reissue_drop_old_then_forgets_the_old_cas(repo
     assert pems(ca) == {old["cluster"], new["cluster"]}
 
     # phase 3, drop old: bundles hold only the new CAs, server certificates lose the cross-signed CA
-    three = make_plan(model, config, two.state, step(model, config, two.state), now=NOW)
+    three = make_plan(model, config, executed(two, tmp_path), step(model, config, two.state), now=NOW)
     record = three.state.clusters["team-a"]
     assert record.rotation.phase == DROP_OLD and not record.rotation.other and record.ca_generation == 1
-    assert any("phase 3 of 3 runs now: drop old" in n for n in three.plan.notes)
+    assert any("phase 3 of 3 runs now: drop old" in n and "ends with this plan" in n for n in three.plan.notes)
+    assert "the rotation ends at generation 2" in team_a(three.plan)[-1].reason
     for name, role in zip(BUNDLES, ROLES):
         assert pems(bundle(three, "team-a-cp-2", name)) == {new[role]}
     cp1 = next(a.payload for a in team_a(three.plan) if a.kind == Kind.WRITE_FILES and a.node == "team-a-cp-1")
@@ -126,34 +148,35 @@ def test_rotation_runs_trust_both_reissue_drop_old_then_forgets_the_old_cas(repo
     assert all(not i.chain for i in cp1.certificates)
     assert {f.name for f in cp1.files} == set(BUNDLES)
 
-    # converged: the rotation ends, the old CAs are forgotten, nothing left to do
-    done = make_plan(model, config, three.state, step(model, config, three.state), now=NOW)
+    # phase 3 ran: the rotation ended, the old CAs are forgotten, nothing left to do
+    done = make_plan(model, config, executed(three, tmp_path), step(model, config, three.state), now=NOW)
     record = done.state.clusters["team-a"]
     assert done.plan.empty and record.rotation is None and record.ca_generation == 2
     assert {r: record.authorities[r].cert_pem for r in ROLES} == new
-    assert done.plan.notes == ("Cluster team-a: CA rotation to generation 2 is complete; the old CAs are forgotten.",)
+    assert not done.plan.notes
     assert old["cluster"] not in json.dumps(done.state.to_dict())
     quiet = make_plan(model, config, done.state, step(model, config, done.state), now=NOW)
     assert quiet.plan.empty and not quiet.plan.notes and quiet.state.to_dict() == done.state.to_dict()
 
 
-def test_a_converged_phase_gives_way_to_the_next_in_the_same_plan(repo):
-    """apply's plan after phase 1 ran (and a crash then a re-run) is phase 2: nothing of phase 1 again."""
+def test_a_phase_interrupted_after_its_actions_plans_only_its_step_and_a_stale_step_is_refused(repo, tmp_path):
+    """Killed after phase 1's actions, before its step: the next plan is that step alone (the phase is done
+    live). Killed in the middle of phase 1: what is left of it, then the step. Planning never re-enters
+    compile for the next phase: the next phase is the next plan's. A step whose recorded phase moved on is
+    refused by the executor, changing nothing."""
     config = repo.repo.config
     state, observed = settle(repo.model)
     model = bump(repo.model)
     one = make_plan(model, config, state, observed, now=NOW)
     after = step(model, config, one.state)
-    two = make_plan(model, config, one.state, after, now=NOW)
-    again = make_plan(model, config, one.state, after, now=NOW)  # killed before phase 2 ran: the same phase 2
-    assert two.state.clusters["team-a"].rotation.phase == again.state.clusters["team-a"].rotation.phase == RE_ISSUE
-    assert [(a.kind, a.node, a.component) for a in two.plan.actions] == \
-        [(a.kind, a.node, a.component) for a in again.plan.actions]
-    # killed after phase 2's recorded state was saved, before its actions: phase 2 from its own record
-    resumed = make_plan(model, config, two.state, after, now=NOW)
-    assert resumed.state.clusters["team-a"].rotation.phase == RE_ISSUE
-    assert resumed.state.clusters["team-a"].authorities == two.state.clusters["team-a"].authorities
-    # half of phase 1 applied (cp-1 has the bundle, the rest not): still phase 1, only what is left
+    only = make_plan(model, config, one.state, after, now=NOW)
+    assert [(a.kind, a.cluster) for a in only.plan.actions] == [(Kind.ADVANCE_CA_ROTATION, "team-a")]
+    assert only.plan.actions[0].payload.phase == TRUST_BOTH
+    assert only.state.clusters["team-a"].rotation.phase == TRUST_BOTH
+    two = make_plan(model, config, executed(only, tmp_path), after, now=NOW)
+    assert two.state.clusters["team-a"].rotation.phase == RE_ISSUE
+    assert {a.kind for a in team_a(two.plan)} > {Kind.WRITE_FILES, Kind.RECREATE_CONTAINER}
+    # half of phase 1 applied (cp-1 has the bundle, the rest not): still phase 1, only what is left, then the step
     mixed = dataclasses.replace(observed, hypervisors={
         name: dataclasses.replace(hv, pods=tuple(
             next(p for h in after.hypervisors.values() for p in h.pods if p.node == pod.node)
@@ -163,6 +186,32 @@ def test_a_converged_phase_gives_way_to_the_next_in_the_same_plan(repo):
     assert partial.state.clusters["team-a"].rotation.phase == TRUST_BOTH
     assert "team-a-cp-1" not in {a.node for a in partial.plan.actions}
     assert {"team-a-cp-2", "team-a-cp-3", "team-a-ingress"} <= {a.node for a in partial.plan.actions}
+    assert partial.plan.actions[-1].kind == Kind.ADVANCE_CA_ROTATION
+    # the step of a phase already recorded as done: refused, the state kept
+    store = LocalDirStore(tmp_path / "stale")
+    moved = executed(only, tmp_path)
+    store.save(moved)
+    with pytest.raises(ApplyError, match="ends CA rotation phase 2/trust-both, but the recorded rotation is "
+                                         "2/re-issue; plan again"):
+        execute(Plan(actions=only.plan.actions), moved, Connections(None, None), store)
+    assert store.load().to_dict() == moved.to_dict()
+
+
+def test_no_step_while_a_node_of_the_cluster_cannot_be_observed(repo):
+    """An unreachable hypervisor with a node of the rotating cluster: the phase may not have run there, so the
+    plan does not record it as done (other clusters go on)."""
+    config = repo.repo.config
+    state, observed = settle(repo.model)
+    model = bump(repo.model)
+    one = make_plan(model, config, state, observed, now=NOW)
+    after = step(model, config, one.state)
+    hv = one.state.nodes["team-a-cp-2"].hypervisor
+    down = dataclasses.replace(after, hypervisors={
+        **after.hypervisors, hv: dataclasses.replace(after.hypervisors[hv], reachable=False, error="unreachable",
+                                                     pods=())})
+    planned = make_plan(model, config, one.state, down, now=NOW)
+    assert not any(a.kind == Kind.ADVANCE_CA_ROTATION for a in planned.plan.actions), planned.plan.actions
+    assert any(u.name == hv for u in planned.plan.unknowns)
 
 
 def test_caGeneration_only_goes_up_and_the_error_names_file_line_field(repo, tmp_path):
@@ -195,7 +244,8 @@ def test_server_certificates_of_the_new_ca_verify_with_only_the_old_one_during_r
     state, observed = settle(repo.model)
     model = bump(repo.model)
     one = make_plan(model, repo.repo.config, state, observed, now=NOW)
-    two = make_plan(model, repo.repo.config, one.state, step(model, repo.repo.config, one.state), now=NOW)
+    two = make_plan(model, repo.repo.config, executed(one, tmp_path), step(model, repo.repo.config, one.state),
+                    now=NOW)
     record = two.state.clusters["team-a"]
     leaf = issue_cert(authority(record.authorities, "cluster"), "kube-apiserver", server=True)
     (tmp_path / "leaf.pem").write_text(leaf.cert_pem)

@@ -43,6 +43,7 @@ from gitops.plan.payloads import (
     PodRef,
     PutObject,
     Remove,
+    RotationStep,
     SignRequest,
     WriteFiles,
 )
@@ -432,6 +433,17 @@ class _Runner:
             status = {**(current.get("status") or {}),
                       "certificate": base64.b64encode(cert_to_pem(cert).encode()).decode()}
             api.request("PUT", f"{path}/status", {**current, "status": status})
+
+    def advance_ca_rotation(self, action: Action, p: RotationStep) -> None:
+        """Record the next phase of the cluster's CA rotation: the phase the plan ran is done."""
+        record = self.state.clusters.get(p.cluster)
+        rotation = record.rotation if record is not None else None
+        if record is None or rotation is None or (rotation.generation, rotation.phase) != (p.generation, p.phase):
+            now = f"{rotation.generation}/{rotation.phase}" if rotation is not None else "none"
+            raise ApplyError(f"cluster {p.cluster}: the plan ends CA rotation phase {p.generation}/{p.phase}, but the "
+                             f"recorded rotation is {now}; plan again")
+        self.state.clusters[p.cluster] = record.next_phase()
+        self.save()
 
     def _forget(self, node: str, cluster: str) -> None:
         """The node left the repo and its pod is gone: free its ports and records."""

@@ -8,12 +8,13 @@ inside the cluster's renewal window (and re-issued when its CA changed).
 
 CA rotation: a Cluster whose spec.certificates.caGeneration is above the recorded
 one rotates all three authorities (cluster, etcd, front-proxy) in three phases,
-one per apply (`advance` moves a cluster on once its current phase converged):
+one per plan: each phase's plan ends with an `advance-ca-rotation` action that
+records the next phase (`ClusterRecord.next_phase`) once the phase's actions ran:
 trust-both (new CAs generated; every bundle holds old + new), re-issue (the new
 CAs sign every leaf and the admin credential; server certificates carry the new
 CA cross-signed by the old one, so old clients still verify them), drop-old
-(bundles hold only the new CAs). When drop-old has converged the rotation is
-over and the old CAs are forgotten.
+(bundles hold only the new CAs). Once drop-old's actions ran the rotation is over
+and the old CAs are forgotten. What a plan says about it: `gitops.plan.rotation`.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from gitops.model.resources import Cluster
 from gitops.pki import CertKey, create_ca, cross_sign, issue_cert
 from gitops.pki.facts import certificate_facts
 from gitops.pki.x509 import cert_to_pem
-from gitops.state.records import DROP_OLD, RE_ISSUE, TRUST_BOTH, CARotation, CertRecord, ClusterRecord
+from gitops.state.records import TRUST_BOTH, CARotation, CertRecord, ClusterRecord
 
 AUTHORITIES = {
     "cluster": "kubernetes-ca",
@@ -35,16 +36,6 @@ AUTHORITIES = {
 CA_DAYS = 3650
 ADMIN_CN = "kubernetes-admin"
 ADMIN_GROUP = "system:masters"
-
-
-PHASE_TEXT = {
-    TRUST_BOTH: "trust both: new CAs generated; every CA bundle (API server, etcd, front-proxy, kubeconfigs, "
-                "cluster-info) holds old + new; components restart, rolling",
-    RE_ISSUE: "re-issue: every leaf certificate and the admin kubeconfig re-issued by the new CAs (server "
-              "certificates carry the new CA cross-signed by the old); readers restart, rolling",
-    DROP_OLD: "drop old: every CA bundle holds only the new CAs; components restart, rolling; then the old CAs "
-              "are forgotten",
-}
 
 
 class CAGenerationError(GitopsError):
@@ -108,40 +99,6 @@ def ca_name(cluster: str, cn: str, generation: int) -> str:
 def _new_ca(name: str, now: dt.datetime) -> CertRecord:
     ca = create_ca(name, days=CA_DAYS, now=now)
     return CertRecord(ca.cert_pem, ca.key_pem)
-
-
-def advance(record: ClusterRecord) -> ClusterRecord:
-    """`record` one phase further (its current phase converged): the new CAs start signing, then the old
-    ones stop being trusted, then the rotation ends. Deterministic (the cross-signed certificates were made
-    with the new CAs); the admin credential follows its CA in `ensure_authorities`."""
-    rotation = record.rotation
-    assert rotation is not None
-    out = record.copy()
-    if rotation.phase == TRUST_BOTH:
-        out.authorities = {role: rec.copy() for role, rec in sorted(rotation.other.items())}
-        out.rotation = CARotation(rotation.generation, RE_ISSUE,
-                                  {role: rec.copy() for role, rec in sorted(record.authorities.items())},
-                                  dict(rotation.cross))
-    elif rotation.phase == RE_ISSUE:
-        out.rotation = CARotation(rotation.generation, DROP_OLD)
-    else:
-        out.rotation = None
-        out.ca_generation = rotation.generation
-    return out
-
-
-def rotation_note(cluster: str, record: ClusterRecord) -> str:
-    """What the plan says about a rotation under way: the phase that runs now and those that follow."""
-    rotation = record.rotation
-    assert rotation is not None
-    phases = list(PHASE_TEXT)
-    now = phases.index(rotation.phase)
-    text = (f"Cluster {cluster}: CA rotation {record.ca_generation} -> {rotation.generation}, "
-            f"phase {now + 1} of 3 runs now: {PHASE_TEXT[rotation.phase]}.")
-    later = [f"phase {i + 1} ({p})" for i, p in enumerate(phases) if i > now]
-    if later:
-        text += f" Then, one per apply once this one has converged: {', '.join(later)}."
-    return text
 
 
 def authority(authorities: dict[str, CertRecord], role: str) -> CertKey:

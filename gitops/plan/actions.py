@@ -24,6 +24,7 @@ class Kind(str, Enum):
     CREATE_OBJECT = "create-object"
     UPDATE_OBJECT = "update-object"
     SIGN_CERTIFICATE_REQUEST = "sign-certificate-request"
+    ADVANCE_CA_ROTATION = "advance-ca-rotation"
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ KINDS: dict[Kind, KindInfo] = {
     Kind.CREATE_OBJECT: KindInfo(8, "+", "create object"),
     Kind.UPDATE_OBJECT: KindInfo(8, "~", "update object"),
     Kind.SIGN_CERTIFICATE_REQUEST: KindInfo(9, "+", "sign certificate request"),
+    # the recorded state only, once every action of the cluster's CA rotation phase ran
+    Kind.ADVANCE_CA_ROTATION: KindInfo(10, "~", "record CA rotation phase"),
 }
 
 
@@ -86,8 +89,7 @@ class Action:
 
     @property
     def subject(self) -> str:
-        parts = [self.cluster, self.node] + ([self.component] if self.component else [])
-        return "/".join(parts)
+        return "/".join(p for p in (self.cluster, self.node, self.component) if p)
 
     def sort_key(self) -> tuple:
         phase = KINDS[self.kind].phase

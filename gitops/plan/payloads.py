@@ -178,10 +178,21 @@ class SignRequest:
     approve: bool = False
 
 
+@dataclass(frozen=True)
+class RotationStep:
+    """Record that `cluster`'s CA rotation to `generation` has run its phase `phase` (every action of it
+    earlier in the plan): the recorded state moves to the next phase, or ends the rotation after the last."""
+
+    cluster: str
+    generation: int
+    phase: str
+
+
 Payload = Union[CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange, CreateContainer, Remove, LabelHost,
-                PutObject, SignRequest]
+                PutObject, SignRequest, RotationStep]
 TYPES: dict[str, type] = {t.__name__: t for t in (CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange,
-                                                   CreateContainer, Remove, LabelHost, PutObject, SignRequest)}
+                                                   CreateContainer, Remove, LabelHost, PutObject, SignRequest,
+                                                   RotationStep)}
 
 
 def payload_to_dict(payload: Payload) -> dict[str, Any]:

@@ -55,7 +55,8 @@ def describe(action: Action) -> str:
 def _groups(plan: Plan) -> "OrderedDict[tuple[str, str], list[Action]]":
     groups: OrderedDict[tuple[str, str], list[Action]] = OrderedDict()
     # a cluster's nodes first, then what happens inside its API (objects, workers' certificates)
-    for action in sorted(plan.actions, key=lambda a: (a.cluster, a.info.phase >= API_PHASE, a.node)):
+    for action in sorted(plan.actions, key=lambda a: (a.cluster, a.info.phase >= API_PHASE,
+                                                      a.kind == Kind.ADVANCE_CA_ROTATION, a.node)):
         groups.setdefault((action.cluster, action.node), []).append(action)
     for key in groups:
         groups[key].sort(key=Action.sort_key)
@@ -64,6 +65,8 @@ def _groups(plan: Plan) -> "OrderedDict[tuple[str, str], list[Action]]":
 
 def _what(actions: list[Action]) -> str:
     kinds = {a.kind for a in actions}
+    if Kind.ADVANCE_CA_ROTATION in kinds:
+        return "Recorded state:"
     if Kind.LABEL_HOST in kinds:
         return "Host"
     if Kind.SIGN_CERTIFICATE_REQUEST in kinds:
@@ -85,7 +88,8 @@ def render_text(plan: Plan, console: Console) -> None:
             cluster = cluster_name
             console.print(f"\n[bold]Cluster {escape(cluster_name)}[/bold]")
         hv = next((a.hypervisor for a in actions if a.hypervisor), "")
-        console.print(f"  {_what(actions)} {escape(node)}" + (f" [dim]on {escape(hv)}[/dim]" if hv else ""))
+        console.print(f"  {_what(actions)}" + (f" {escape(node)}" if node else "")
+                      + (f" [dim]on {escape(hv)}[/dim]" if hv else ""))
         for action in actions:
             colour = COLOUR[action.symbol]
             console.print(f"    [{colour}]{action.symbol} {escape(describe(action))}[/{colour}]")
@@ -112,7 +116,7 @@ def render_markdown(plan: Plan) -> str:
             cluster = cluster_name
             lines += [f"#### Cluster `{cluster_name}`", "", "```diff"]
         for action in actions:
-            where = f"{node}" + (f" on {action.hypervisor}" if action.hypervisor else "")
+            where = (node or "recorded state") + (f" on {action.hypervisor}" if action.hypervisor else "")
             lines.append(f"{symbol[action.symbol]} {where}: {describe(action)}")
             lines += [f"    {d}" for d in action.details]
     if cluster is not None:

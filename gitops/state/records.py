@@ -77,6 +77,26 @@ class ClusterRecord:
             rotation=self.rotation.copy() if self.rotation is not None else None,
         )
 
+    def next_phase(self) -> ClusterRecord:
+        """This record one CA-rotation phase further (a plan's `advance-ca-rotation`, once the phase's
+        actions ran): the new CAs start signing, then the old ones stop being trusted, then the rotation
+        ends at its generation. Deterministic: the cross-signed certificates were made with the new CAs."""
+        rotation = self.rotation
+        if rotation is None:
+            raise ValueError("no CA rotation under way")
+        out = self.copy()
+        if rotation.phase == TRUST_BOTH:
+            out.authorities = {role: rec.copy() for role, rec in sorted(rotation.other.items())}
+            out.rotation = CARotation(rotation.generation, RE_ISSUE,
+                                      {role: rec.copy() for role, rec in sorted(self.authorities.items())},
+                                      dict(rotation.cross))
+        elif rotation.phase == RE_ISSUE:
+            out.rotation = CARotation(rotation.generation, DROP_OLD)
+        else:
+            out.rotation = None
+            out.ca_generation = rotation.generation
+        return out
+
     def trust_bundle(self, role: str) -> str:
         """What everything that verifies `role`'s certificates trusts: its authority and, while a
         rotation holds another one, that one too (sorted PEMs: the same bundle whichever signs)."""
