@@ -225,7 +225,7 @@ class Controller:
         scope = self._scope(validation.model if ok else None)
         if scope is not None and not scope.held:
             log.info("standing by: this replica holds no Lease", extra={"sha": sha, "identity": self.identity})
-            return Outcome(sha=sha, result=Result.APPLIED, message="standing by: this replica holds no Lease")
+            return Outcome(sha=sha, result=Result.STANDING_BY, message="standing by: this replica holds no Lease")
         status = self.status_branch(branch_name)
         status.sync()
         origin = self.store.restore(status.read, use_cache=scope is None)

@@ -78,3 +78,55 @@ def test_apply_contains_no_planning():
         for forbidden in ("gitops.plan.diff", "gitops.engine", "gitops.compile", "compile_desired", "make_plan",
                           "certificate_problem"):
             assert forbidden not in text, f"{path.name} uses {forbidden}"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The gitops modules `path` imports (a name imported from a package counts as its submodule when
+    one of that name exists), at module level or inside functions, absolute or relative."""
+    out = set()
+    me = _module(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                out.add(sub if sub in modules else source)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return {m for m in out if m in modules} - {me}
+
+
+def test_no_two_modules_import_each_other():
+    """Inside a folder too, imports go one way: no cycle between modules (inside functions included).
+    A package's `__init__` re-exporting its own modules is the one allowed back edge."""
+    paths = [p for p in PACKAGE.rglob("*.py") if "pb" not in p.relative_to(PACKAGE).parts]
+    modules = {_module(p) for p in paths}
+    graph = {_module(p): _module_imports(p, modules) for p in paths}
+    for name, targets in graph.items():  # a module importing its package's __init__: not a loop of code
+        graph[name] = {t for t in targets if not name.startswith(f"{t}.")}
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join(stack[stack.index(target):] + [node, target]) if target in stack
+                              else f"{node} -> {target}")
+            elif target not in state:
+                visit(target, [*stack, node])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    assert not cycles, "\n".join(cycles)

@@ -97,14 +97,15 @@ def build(repo: str, branch: str, workdir: Path, identity: Path | None, insecure
 @controller_options
 @click.option("--once", is_flag=True, default=True, help="Reconcile one time and exit (the default).")
 def reconcile(once: bool, **options) -> None:
-    """Reconcile the branch tip once: verify, validate, apply, publish status. Exit 1 unless applied."""
+    """Reconcile the branch tip once: verify, validate, apply, publish status. Exit 1 unless applied (or standing
+    by: one of several replicas holding no Lease)."""
     controller = build(**options)
     try:
         outcome = controller.reconcile_once()
     finally:
         controller.release()
     click.echo(f"{outcome.result.value}: {outcome.message}")
-    if outcome.result != Result.APPLIED:
+    if outcome.result not in (Result.APPLIED, Result.STANDING_BY):
         raise SystemExit(1)
 
 

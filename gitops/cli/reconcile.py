@@ -17,7 +17,7 @@ from gitops.errors import GitopsError
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.model.validate import InvalidRepo, validate_repo
 from gitops.plan.actions import Action, Plan
-from gitops.plan.render import describe, headline, render_json, render_markdown, render_text, unknown_lines
+from gitops.plan.render import COLOUR, describe, headline, render_json, render_markdown, render_text, unknown_lines
 from gitops.plan.saved import SavedPlan, StalePlan, observed_digest, repo_digest, state_digest
 from gitops.state import LocalDirStore
 from gitops.state.records import ClusterRecord
@@ -164,7 +164,7 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
             started[index] = time.monotonic()
             return
         took = time.monotonic() - started.get(index, time.monotonic())
-        colour = {"+": "green", "~": "yellow", "-": "red"}[action.symbol]
+        colour = COLOUR[action.symbol]
         mark = "done" if status == "done" else "[bold red]FAILED[/bold red]"
         console.print(f"[{index + 1}/{total}] [{colour}]{action.symbol} {action.subject}[/{colour}] "
                       f"{escape(describe(action))} ... {mark} ({took:.1f}s)")

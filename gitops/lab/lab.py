@@ -36,6 +36,7 @@ from gitops.logs import event
 from gitops.cri import CRIClient, CRIError
 from gitops import procs
 from gitops.lab import configs, images, standins
+from gitops.lab.addresses import release
 from gitops.lab.errors import LabError
 from gitops.lab.standins import DEFAULT_KUBERNETES_VERSIONS
 from gitops.model.resources import (
@@ -494,8 +495,6 @@ def down(lab_dir: Path | None = None) -> DownReport:
                 sock.unlink()
         stopped += [f"leftover[{pid}]" for pid in sorted(set(leftovers))]
     _remove_cgroups(lab_dir)
-    from gitops.lab.worker import release  # a worker's address on lo (gitops.lab.worker)
-
     for hv_dir in sorted(lab_dir.glob("hv-*")):
         stopped += release(hv_dir)
     unmounted = procs.unmount_under(lab_dir)

@@ -6,21 +6,20 @@ address, 10.250.<lab subnet's third octet>.<n>/32, added to `lo` (the host has n
 interface to spare and nothing leaves the machine). Its containerd gets Debian's CNI
 plugins (bridge, host-local, loopback) in its CNI bin directory; `gitops join
 --cni-conf-dir` writes the bridge network. `gitops lab down` stops the containerd and
-removes the address (`release`).
+removes the address (`gitops.lab.addresses.release`).
 """
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gitops.lab.addresses import RECORD, add_address
 from gitops.lab.errors import LabError
 from gitops.lab.lab import add_runtime, info
 
 CNI_SOURCE = Path("/usr/lib/cni")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
-RECORD = "worker.json"
 
 
 @dataclass(frozen=True)
@@ -60,8 +59,7 @@ def prepare(number: int = 1, lab_dir: Path | None = None) -> LabWorker:
                        bridge=f"gitops{third}w{number}")
     if any(p.role == "containerd" and p.hypervisor == name and p.alive() for p in lab.processes):
         return worker
-    if not _has_address(ip):
-        _ip("addr", "add", f"{ip}/32", "dev", "lo")
+    add_address(ip)
     (hv_dir / "cni" / "bin").mkdir(parents=True, exist_ok=True)
     (hv_dir / RECORD).write_text(json.dumps(asdict(worker), indent=2, sort_keys=True) + "\n")
     for plugin in CNI_PLUGINS:
@@ -70,31 +68,3 @@ def prepare(number: int = 1, lab_dir: Path | None = None) -> LabWorker:
             link.symlink_to(CNI_SOURCE / plugin)
     add_runtime(lab.dir, name, ip)
     return worker
-
-
-def release(hv_dir: Path) -> list[str]:
-    """Remove the address `prepare` added for the worker in `hv_dir`; returns what was removed."""
-    record = hv_dir / RECORD
-    if not record.exists():
-        return []
-    try:
-        ip = str(json.loads(record.read_text())["node_ip"])
-    except (OSError, ValueError, KeyError) as err:
-        raise LabError(f"unreadable worker record {record}: {err}") from None
-    done = []
-    if _has_address(ip):
-        _ip("addr", "del", f"{ip}/32", "dev", "lo")
-        done.append(f"worker address {ip}")
-    record.unlink()
-    return done
-
-
-def _has_address(ip: str) -> bool:
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True)
-    return f" {ip}/" in out.stdout
-
-
-def _ip(*args: str) -> None:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise LabError(f"ip {' '.join(args)}: {result.stderr.strip()}")

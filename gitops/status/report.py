@@ -31,6 +31,8 @@ class Result(StrEnum):
     APPLIED = "Applied"
     REFUSED = "Refused"
     FAILED = "Failed"
+    #: one of several replicas that holds no Lease: it neither applied nor reported anything
+    STANDING_BY = "StandingBy"
 
 
 class Reason(StrEnum):
@@ -39,9 +41,11 @@ class Reason(StrEnum):
     RECONCILED = "Reconciled"
     COMMIT_REFUSED = "CommitRefused"
     APPLY_FAILED = "ApplyFailed"
+    STANDING_BY = "StandingBy"
 
 
-REASON = {Result.APPLIED: Reason.RECONCILED, Result.REFUSED: Reason.COMMIT_REFUSED, Result.FAILED: Reason.APPLY_FAILED}
+REASON = {Result.APPLIED: Reason.RECONCILED, Result.REFUSED: Reason.COMMIT_REFUSED, Result.FAILED: Reason.APPLY_FAILED,
+          Result.STANDING_BY: Reason.STANDING_BY}
 
 
 @dataclass(frozen=True)
