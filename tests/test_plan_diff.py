@@ -181,6 +181,35 @@ def test_removed_node_is_pruned_after_leaving_etcd(repo):
     assert any("pruning is disabled" in w for w in no_prune.warnings)
 
 
+def _etcd_exited(observed: ObservedState, node: str) -> ObservedState:
+    """`observed` with `node`'s etcd container exited (its hypervisor answers)."""
+    def pod(p):
+        if p.node != node:
+            return p
+        return dataclasses.replace(p, containers=tuple(dataclasses.replace(c, state="exited")
+                                                       if c.component == "etcd" else c for c in p.containers))
+    return dataclasses.replace(observed, hypervisors={
+        name: dataclasses.replace(hv, pods=tuple(pod(p) for p in hv.pods)) for name, hv in observed.hypervisors.items()})
+
+
+def test_a_removal_that_would_break_etcd_quorum_is_refused_at_plan_time(repo):
+    """team-a-cp-3 leaves the repo while cp-2's etcd is down: 1 of the 2 members that would stay runs, below
+    their quorum of 2, so neither the member nor its pod is removed (a warning says which member must run
+    first). With cp-3's own etcd down instead, removing it keeps 2 of 2 running: it goes."""
+    state, observed = settle(repo.model)
+    nodes = {k: v for k, v in repo.model.nodes.items() if k != "team-a-cp-3"}
+    model = dataclasses.replace(repo.model, nodes=nodes)
+    held = make_plan(model, repo.repo.config, state, _etcd_exited(observed, "team-a-cp-2"), now=NOW).plan
+    assert not [a for a in held.actions if a.node == "team-a-cp-3"], held.actions
+    assert ("cluster team-a: removing etcd member team-a-cp-3 would leave 1 of 2 members running, below the quorum "
+            "of 2, so it is not removed: team-a-cp-2 must run again first") in held.warnings, held.warnings
+    assert any(a.node == "team-a-cp-2" and a.component == "etcd" for a in held.actions)  # the dead member restarts
+    dead = make_plan(model, repo.repo.config, state, _etcd_exited(observed, "team-a-cp-3"), now=NOW).plan
+    assert [(a.kind, a.node) for a in dead.actions[:2]] == [(Kind.ETCD_MEMBER_REMOVE, "team-a-cp-3"),
+                                                            (Kind.REMOVE_POD, "team-a-cp-3")]
+    assert not [w for w in dead.warnings if "quorum" in w]
+
+
 def test_unreachable_hypervisor_is_left_alone(repo):
     state, observed = settle(repo.model)
     observed.hypervisors["hv-private-2"] = ObservedHypervisor("hv-private-2", False, "CRI Version: unreachable")

@@ -198,6 +198,8 @@ def _cluster_diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime)
     actions.extend(_etcd_membership(inputs, options.health_timeout))
     actions, held = _hold_votes(inputs, actions)
     warnings.extend(held)
+    actions, held = _hold_quorum(inputs, actions)
+    warnings.extend(held)
     return ClusterDiff(tuple(actions), tuple(warnings), now, min(deadlines, default=None))
 
 
@@ -237,6 +239,33 @@ def _hold_votes(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Acti
     return kept, [(waiting[0], f"cluster {inputs.cluster}: etcd member {where} is unreachable, so no change that "
                                f"needs its vote is made: {len(actions) - len(kept)} action(s) on "
                                f"{', '.join(waiting)} wait until it answers")]
+
+
+def _hold_quorum(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Action], list[tuple[str, str]]]:
+    """A member is removed only if the members that stay keep a quorum of running ones (removals taken in
+    plan order, each counting the ones before it). A removal that would break quorum is refused at plan
+    time: it and the rest of its node's actions (its pod's removal) wait, with a warning naming the
+    members that must run again first."""
+    removals = [a for a in actions if a.kind == Kind.ETCD_MEMBER_REMOVE]
+    if not removals or inputs.record is None:
+        return actions, []
+    running = {node for node, pods in inputs.have.items() if any(p.running("etcd") is not None for p in pods)}
+    current = list(inputs.record.etcd_members)
+    waiting: set[str] = set()
+    held: list[tuple[str, str]] = []
+    for action in removals:
+        after = [m for m in current if m != action.node]
+        alive = [m for m in after if m in running]
+        quorum = len(after) // 2 + 1
+        if len(alive) < quorum:
+            waiting.add(action.node)
+            down = sorted(set(after) - running)
+            held.append((action.node, f"cluster {inputs.cluster}: removing etcd member {action.node} would leave "
+                                      f"{len(alive)} of {len(after)} members running, below the quorum of {quorum}, "
+                                      f"so it is not removed: {', '.join(down)} must run again first"))
+            continue
+        current = after
+    return [a for a in actions if a.node not in waiting], held
 
 
 def unreachable(name: str, observed: ObservedState, desired: DesiredState, state: State) -> Unknown:
