@@ -56,6 +56,14 @@ class Memo(Generic[K, V]):
             self.hits = self.misses = 0
 
 
+class OnceSlots:
+    """Base of a slotted frozen dataclass that keeps one value computed once per object in its `_once`
+    slot (`functools.cached_property` needs an instance `__dict__`, which costs far more per object).
+    The slot is not a field: repr, equality, hashing, pickling and `dataclasses.replace` ignore it."""
+
+    __slots__ = ("_once",)
+
+
 def content_digest(value: object) -> str:
     """A digest of a dataclass value's repr (which shows every field): for values computed once and
     reused, such as compiled or observed pods, so a digest is taken once per object."""

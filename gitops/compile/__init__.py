@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gitops.compile.authorities import ensure_authorities
 from gitops.compile.bootstrap import bootstrap_objects
 from gitops.compile.components import etcd_member, pod_for
-from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState
+from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState, KubeObject
 from gitops.compile.placement import PlacementError, place
 from gitops.memo import Memo, key_of
 from gitops.model.resources import CONTROLPLANE, BareMetalHost, Cluster, Hypervisor, Node, RepoModel
@@ -95,8 +96,13 @@ def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str,
     if ingress:
         _, hv, rec = ingress[0]
         endpoint = f"https://{hv.ip_address}:{rec.ports['apiserver']}"
-        objects = bootstrap_objects(endpoint, record.trust_bundle("cluster"))
+        objects = tuple(_shared_object(o) for o in bootstrap_objects(endpoint, record.trust_bundle("cluster")))
     return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint, objects=objects)
+
+
+def _shared_object(obj: KubeObject) -> KubeObject:
+    """`obj` with its body and spec hash interned: every cluster keeps the same RBAC objects."""
+    return dataclasses.replace(obj, body=sys.intern(obj.body), spec_hash=sys.intern(obj.spec_hash))
 
 
 def _freeze_etcd_flags(state: State, cluster: str, model: RepoModel,

@@ -9,6 +9,7 @@ directory written by the pod's `files` agent container.
 from __future__ import annotations
 
 import ipaddress
+import sys
 import uuid
 from dataclasses import asdict, replace
 
@@ -71,10 +72,10 @@ def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cl
     else:
         files, certs, keys, components = _ingress(node, cluster, hv, record, peers)
     files = (
-        FileSpec("ca.crt", cluster_record.trust_bundle("cluster")),
+        FileSpec("ca.crt", sys.intern(cluster_record.trust_bundle("cluster"))),
         *(() if node.role != CONTROLPLANE else (
-            FileSpec("etcd-ca.crt", cluster_record.trust_bundle("etcd")),
-            FileSpec("front-proxy-ca.crt", cluster_record.trust_bundle("front-proxy")),
+            FileSpec("etcd-ca.crt", sys.intern(cluster_record.trust_bundle("etcd"))),
+            FileSpec("front-proxy-ca.crt", sys.intern(cluster_record.trust_bundle("front-proxy"))),
         )),
         *files,
     )
@@ -97,7 +98,7 @@ def assemble_pod(node: Node, hv: Hypervisor, agent_image: str, files: tuple[File
         name=node.name,
         namespace=node.cluster,
         uid=str(uuid.uuid5(uuid.NAMESPACE_URL, "gitops:" + canonical_json(identity))),
-        labels={**labels, SPEC_HASH: digest(identity)},
+        labels={**labels, SPEC_HASH: sys.intern(digest(identity))},  # shared with the observed pod's
         log_directory=f"{base}/logs",
     )
     agent = ContainerSpec(
@@ -129,8 +130,15 @@ def finish_container(spec: ContainerSpec, pod_labels: dict[str, str], files: tup
         {f.name: f.digest for f in files if f"{FILES}/{f.name}" in text},
         {c.name: asdict(c) for c in certs if f"{FILES}/{c.name}." in text},
     )
-    full = identify(replace(spec, log_path=f"{spec.name}.log"), pod_labels, inputs)
+    full = identify(replace(spec, image=sys.intern(spec.image), args=_shared(spec.args),
+                            log_path=sys.intern(f"{spec.name}.log")), pod_labels, inputs)
     return DesiredContainer(spec=full, spec_hash=full.labels[SPEC_HASH])
+
+
+def _shared(items: tuple[str, ...]) -> tuple[str, ...]:
+    """`items` interned: most arguments are the same text in every pod of a role (file paths, fixed
+    flags) or of a hypervisor (addresses, ports), and compiled pods stay cached for the whole fleet."""
+    return tuple(map(sys.intern, items))
 
 
 def _files_mount(base: str) -> Mount:
@@ -153,7 +161,7 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
         _controller_manager(cluster, hv, record, files_mount),
         _scheduler(cluster, hv, record, files_mount),
     )
-    return files, _controlplane_certificates(node, cluster, hv, peers), (KeySpec("sa", "service-account"),), components
+    return files, _controlplane_certificates(node, cluster, hv, peers), (_SERVICE_ACCOUNT_KEY,), components
 
 
 def _controlplane_certificates(node: Node, cluster: Cluster, hv: Hypervisor,
@@ -163,22 +171,32 @@ def _controlplane_certificates(node: Node, cluster: Cluster, hv: Hypervisor,
     ingress_ips = sorted({p_hv.ip_address for p_hv, _ in peers.values() if p_hv.public})
     host_ips = [h for h in cluster.endpoint_hosts if is_ip(h)]
     host_names = [h for h in cluster.endpoint_hosts if not is_ip(h)]
+    local_names, local_ips = ("localhost", node.name), (ip, "127.0.0.1")
     return [
-        CertificateSpec("etcd-server", "etcd", node.name, dns_names=("localhost", node.name),
-                        ip_addresses=(ip, "127.0.0.1"), server=True, client=True),
-        CertificateSpec("etcd-peer", "etcd", node.name, dns_names=("localhost", node.name),
-                        ip_addresses=(ip, "127.0.0.1"), server=True, client=True),
-        CertificateSpec("apiserver-etcd-client", "etcd", "kube-apiserver-etcd-client", client=True),
+        CertificateSpec("etcd-server", "etcd", node.name, dns_names=local_names,
+                        ip_addresses=local_ips, server=True, client=True),
+        CertificateSpec("etcd-peer", "etcd", node.name, dns_names=local_names,
+                        ip_addresses=local_ips, server=True, client=True),
+        _APISERVER_ETCD_CLIENT,
         CertificateSpec("apiserver", "cluster", "kube-apiserver",
                         dns_names=tuple(sorted({*API_DNS_NAMES, *host_names, node.name})),
                         ip_addresses=tuple(_unique([service_ip(cluster), ip, *ingress_ips, *host_ips, "127.0.0.1"])),
                         server=True),
-        CertificateSpec("apiserver-kubelet-client", "cluster", "kube-apiserver-kubelet-client",
-                        organizations=("system:masters",), client=True),
-        CertificateSpec("front-proxy-client", "front-proxy", "front-proxy-client", client=True),
-        CertificateSpec("controller-manager", "cluster", "system:kube-controller-manager", client=True),
-        CertificateSpec("scheduler", "cluster", "system:kube-scheduler", client=True),
+        *_CLIENT_CERTIFICATES,
     ]
+
+
+#: the controlplane's client certificates that are the same on every node (one object for the whole fleet:
+#: compiled pods stay cached)
+_APISERVER_ETCD_CLIENT = CertificateSpec("apiserver-etcd-client", "etcd", "kube-apiserver-etcd-client", client=True)
+_CLIENT_CERTIFICATES = (
+    CertificateSpec("apiserver-kubelet-client", "cluster", "kube-apiserver-kubelet-client",
+                    organizations=("system:masters",), client=True),
+    CertificateSpec("front-proxy-client", "front-proxy", "front-proxy-client", client=True),
+    CertificateSpec("controller-manager", "cluster", "system:kube-controller-manager", client=True),
+    CertificateSpec("scheduler", "cluster", "system:kube-scheduler", client=True),
+)
+_SERVICE_ACCOUNT_KEY = KeySpec("sa", "service-account")
 
 
 def _etcd(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
@@ -320,7 +338,7 @@ def _service_account_bundle(cluster: str, record: ClusterRecord,
     missing = tuple(n for n in controlplane if n not in record.service_account_keys)
     if missing:
         return FileSpec("sa-pub.pem", "", ServiceAccountBundle(cluster, missing))
-    return FileSpec("sa-pub.pem", "".join(record.trusted_service_account_keys()))
+    return FileSpec("sa-pub.pem", sys.intern("".join(record.trusted_service_account_keys())))  # one per cluster
 
 
 def _no_insecure_port(cluster: Cluster, flag: str) -> tuple[str, ...]:

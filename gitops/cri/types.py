@@ -17,14 +17,14 @@ class ContainerState(str, Enum):
     UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RuntimeVersion:
     runtime_name: str
     runtime_version: str
     runtime_api_version: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RuntimeCondition:
     type: str
     status: bool
@@ -32,7 +32,7 @@ class RuntimeCondition:
     message: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RuntimeStatus:
     conditions: tuple[RuntimeCondition, ...]
 
@@ -42,7 +42,7 @@ class RuntimeStatus:
         return any(c.type == "RuntimeReady" and c.status for c in self.conditions)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sandbox:
     """A pod sandbox as listed (or inspected: then `ip` is set)."""
 
@@ -58,7 +58,7 @@ class Sandbox:
     ip: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Container:
     """A container as listed (or inspected: then the status fields are set)."""
 
@@ -80,7 +80,7 @@ class Container:
     log_path: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Image:
     id: str
     repo_tags: tuple[str, ...]
@@ -88,7 +88,7 @@ class Image:
     size: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Mount:
     """A bind mount from the hypervisor into a container."""
 
@@ -97,7 +97,7 @@ class Mount:
     readonly: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SandboxSpec:
     """What to run a pod sandbox with. gitops pods share the hypervisor's network."""
 
@@ -112,7 +112,7 @@ class SandboxSpec:
     host_network: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerSpec:
     """What to create a container with."""
 

@@ -12,13 +12,13 @@ import logging
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from functools import cached_property, partial
+from functools import partial
 from typing import Any
 
 from gitops.cri.client import CRIClient, read_all
 from gitops.cri.errors import CRIError
 from gitops.cri.types import ContainerState, SandboxState
-from gitops.memo import content_digest
+from gitops.memo import OnceSlots, content_digest
 from gitops.model.resources import BareMetalHost, Hypervisor
 from gitops.observe.clusters import ObservedCluster
 from gitops.node import (
@@ -64,8 +64,14 @@ class ObservedContainer:
             return None
 
 
-@dataclass(frozen=True)
-class ObservedPod:
+class _PodSlots(OnceSlots):
+    """`_once`: the pod's content digest; `_by_component`: its newest running container of each component."""
+
+    __slots__ = ("_by_component",)
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedPod(_PodSlots):
     sandbox_id: str
     node: str
     cluster: str
@@ -78,25 +84,30 @@ class ObservedPod:
     #: None when the files agent is not running (nothing could be read)
     files: NodeFiles | None = None
 
-    @cached_property
+    @property
     def content_digest(self) -> str:
         """A digest of the whole pod, once per object (the diff is memoized by it)."""
-        return content_digest(self)
+        try:
+            return self._once
+        except AttributeError:
+            value = content_digest(self)
+            object.__setattr__(self, "_once", value)
+            return value
 
     def running(self, component: str) -> ObservedContainer | None:
         """The newest running container of `component`."""
-        return self._running.get(component)
+        try:
+            by_component = self._by_component
+        except AttributeError:
+            by_component = {}
+            for c in sorted(self.containers, key=lambda c: -c.created_at):
+                if c.state == ContainerState.RUNNING.value:
+                    by_component.setdefault(c.component, c)
+            object.__setattr__(self, "_by_component", by_component)
+        return by_component.get(component)
 
-    @cached_property
-    def _running(self) -> dict[str, ObservedContainer]:
-        out: dict[str, ObservedContainer] = {}
-        for c in sorted(self.containers, key=lambda c: -c.created_at):
-            if c.state == ContainerState.RUNNING.value:
-                out.setdefault(c.component, c)
-        return out
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ObservedHypervisor:
     name: str
     reachable: bool

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -73,7 +74,8 @@ class ObservedCluster:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ObservedCluster":
-        return cls(data["name"], data["reachable"], data.get("error", ""), dict(data.get("objects", {})),
+        objects = {sys.intern(k): sys.intern(v) for k, v in data.get("objects", {}).items()}  # alike in every cluster
+        return cls(data["name"], data["reachable"], data.get("error", ""), objects,
                    tuple(ObservedWorker(**w) for w in data.get("workers", ())),
                    tuple(ObservedCSR(**{**c, "groups": tuple(c["groups"]), "usages": tuple(c["usages"])})
                          for c in data.get("pending_csrs", ())))
