@@ -8,18 +8,28 @@
 #
 # The system's apt sources are not changed: the deb-src entry lives in a
 # private directory used only for `apt-get source`.
-# The vendored github.com/modern-go/reflect2 v1.0.1 crashes under Go >= 1.18;
-# it is replaced by Debian's fixed copy (golang-github-modern-go-reflect2-dev).
+# Two changes to Debian's tree, both fixes that later releases carry:
+# - The vendored github.com/modern-go/reflect2 v1.0.1 crashes under Go >= 1.18;
+#   it is replaced by Debian's fixed copy (golang-github-modern-go-reflect2-dev).
+# - kube-apiserver's etcd client loses its retry interceptor in v1.20: the storage
+#   factory passes its Prometheus interceptors with grpc.WithUnaryInterceptor, which
+#   replaces the one etcd's clientv3 installs, so a quorum read that meets an etcd
+#   leader change fails with "etcdserver: leader changed" instead of being retried.
+#   Kubernetes fixed it in v1.23 (kubernetes/kubernetes#105069) by chaining them;
+#   the same two-word change is applied here (WithChain{Unary,Stream}Interceptor).
+# The cache records which changes its binaries carry (BUILD): another set rebuilds.
 set -euo pipefail
 
 VERSION=v1.20.2
 CACHE=${GITOPS_KUBE_CACHE:-$HOME/.cache/gitops/kubernetes}/$VERSION
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+PATCHES="reflect2=debian etcd-client-retry=kubernetes#105069"
 
 have_all() {
     local b
     for b in "${BINARIES[@]}"; do [ -x "$CACHE/$b" ] || return 1; done
-    "$CACHE/kube-apiserver" --version 2>/dev/null | grep -q "$VERSION"
+    "$CACHE/kube-apiserver" --version 2>/dev/null | grep -q "$VERSION" || return 1
+    [ "$(cat "$CACHE/BUILD" 2>/dev/null)" = "$PATCHES" ]
 }
 if have_all; then
     echo "kubernetes $VERSION: cached in $CACHE"
@@ -76,6 +86,14 @@ mkdir -p "$TREE/vendor/github.com/modern-go/reflect2"
 find "$R2" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) ! -name '*_test.go' \
     -exec cp {} "$TREE/vendor/github.com/modern-go/reflect2/" \;
 
+step "chaining kube-apiserver's etcd client interceptors after etcd's retry (kubernetes#105069)"
+FACTORY="$TREE/staging/src/k8s.io/apiserver/pkg/storage/storagebackend/factory/etcd3.go"
+n=$(grep -c 'grpc.With\(Unary\|Stream\)Interceptor(grpcprom.\(Unary\|Stream\)ClientInterceptor)' "$FACTORY" || true)
+[ "$n" = 2 ] || { echo "unexpected etcd client options in $FACTORY ($n matches)" >&2; exit 1; }
+sed -i -e 's/grpc.WithUnaryInterceptor(grpcprom.UnaryClientInterceptor)/grpc.WithChainUnaryInterceptor(grpcprom.UnaryClientInterceptor)/' \
+    -e 's/grpc.WithStreamInterceptor(grpcprom.StreamClientInterceptor)/grpc.WithChainStreamInterceptor(grpcprom.StreamClientInterceptor)/' \
+    "$FACTORY"
+
 step "go build ${BINARIES[*]} (about 5-7 minutes cold on 2 cores)"
 mkdir -p "$TREE/.go/src/k8s.io"
 ln -sfn ../../.. "$TREE/.go/src/k8s.io/kubernetes"
@@ -94,6 +112,7 @@ mkdir -p "$CACHE.tmp"
 for b in "${BINARIES[@]}"; do
     install -m 0755 "$TREE/_output/local/bin/linux/amd64/$b" "$CACHE.tmp/$b"
 done
+echo "$PATCHES" > "$CACHE.tmp/BUILD"
 rm -rf "$CACHE"
 mv "$CACHE.tmp" "$CACHE"
 have_all || { echo "built binaries do not report $VERSION" >&2; exit 1; }

@@ -44,6 +44,7 @@ class Member:
     name: str
     peer_urls: tuple[str, ...]
     learner: bool = False
+    client_urls: tuple[str, ...] = ()
 
 
 class EtcdAdmin:
@@ -118,7 +119,7 @@ class EtcdAdmin:
     def members(self) -> list[Member]:
         data = self._post("/v3/cluster/member/list", {})
         return sorted((Member(str(m["ID"]), m.get("name", ""), tuple(m.get("peerURLs", [])),
-                              bool(m.get("isLearner", False)))
+                              bool(m.get("isLearner", False)), tuple(m.get("clientURLs", [])))
                        for m in data.get("members", [])), key=lambda m: (m.name, m.id))
 
     def add(self, peer_url: str, learner: bool = False) -> None:
@@ -162,22 +163,37 @@ class EtcdAdmin:
             return str(getattr(err, "reason", err))
         return "" if str(data.get("health")) == "true" else (data.get("reason") or "health false")
 
-    def hand_off_leadership(self, client_url: str, timeout: float = SETTLE) -> bool:
-        """If the member at `client_url` leads, make another voting member the leader first, so that
-        stopping it costs the cluster no election (and its API servers no failed /readyz). True when
-        leadership moved."""
+    def hand_off_leadership(self, client_url: str, timeout: float = SETTLE, prefer: tuple[str, ...] = ()) -> bool:
+        """If the member at `client_url` leads, make another voting member the leader first (the first one
+        holding a URL of `prefer`, else the first by name), so that stopping it costs the cluster no
+        election. True when leadership moved."""
         status = self._post("/v3/maintenance/status", {}, [client_url])
         me, leader = str(status.get("header", {}).get("member_id", "")), str(status.get("leader", ""))
         if not me or me != leader:
             return False
-        others = [m for m in self.members() if m.id != me and not m.learner]
+        return self._move_leadership(me, [client_url], timeout, prefer)
+
+    def hand_off_from(self, name: str, timeout: float = SETTLE, prefer: tuple[str, ...] = ()) -> bool:
+        """If the member called `name` leads (asked of this admin's members), move leadership away from it
+        first (to the first voting member holding a URL of `prefer`): a leader removed outright leaves
+        the others without one until they elect another. True when leadership moved."""
+        leader = str(self._post("/v3/maintenance/status", {}).get("leader", ""))
+        member = next((m for m in self.members() if m.name == name), None)
+        if member is None or member.id != leader or not member.client_urls:
+            return False
+        return self._move_leadership(member.id, list(member.client_urls), timeout, prefer)
+
+    def _move_leadership(self, leader: str, leader_urls: list[str], timeout: float, prefer: tuple[str, ...]) -> bool:
+        others = [m for m in self.members() if m.id != leader and not m.learner]
         if not others:
             return False
-        self._post("/v3/maintenance/transfer-leadership", {"targetID": others[0].id}, [client_url])
+        ranked = sorted(others, key=lambda m: min((prefer.index(u) for u in m.client_urls if u in prefer),
+                                                  default=len(prefer)))
+        self._post("/v3/maintenance/transfer-leadership", {"targetID": ranked[0].id}, leader_urls)
         deadline = time.monotonic() + timeout
-        while str(self._post("/v3/maintenance/status", {}, [client_url]).get("leader", "")) == me:
+        while str(self._post("/v3/maintenance/status", {}, leader_urls).get("leader", "")) == leader:
             if time.monotonic() > deadline:
-                raise EtcdError(f"etcd leadership did not move away from {client_url} in {timeout:.0f}s")
+                raise EtcdError(f"etcd leadership did not move away from {leader_urls[0]} in {timeout:.0f}s")
             self._pause(0.2)
         return True
 

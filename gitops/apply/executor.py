@@ -261,6 +261,7 @@ class _Runner:
         record = self.state.clusters[action.cluster]
         with self.etcd(action, p.client_urls) as etcd:
             etcd.wait_healthy(list(p.client_urls), p.timeout, f"before removing {p.member}")
+            etcd.hand_off_from(p.member, p.timeout, p.client_urls)  # a removed leader leaves no leader behind
             etcd.remove(p.member)
         record.etcd_members = [m for m in record.etcd_members if m != p.member]
         self.save()
@@ -342,7 +343,7 @@ class _Runner:
         with self.etcd(action, p.etcd.peers or (p.etcd.client_url,)) as etcd:
             etcd.wait_healthy(list(urls), p.etcd.timeout, what)
             if before:
-                etcd.hand_off_leadership(p.etcd.client_url, p.etcd.timeout)
+                etcd.hand_off_leadership(p.etcd.client_url, p.etcd.timeout, p.etcd.prefer)
 
     def remove_container(self, action: Action, p: Remove) -> None:
         self._remove_container(action.hypervisor, p.target_id)

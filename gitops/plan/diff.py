@@ -200,6 +200,7 @@ def _cluster_diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime)
     warnings.extend(held)
     actions, held = _hold_quorum(inputs, actions)
     warnings.extend(held)
+    actions = _leadership_order(actions)
     return ClusterDiff(tuple(actions), tuple(warnings), now, min(deadlines, default=None))
 
 
@@ -239,6 +240,25 @@ def _hold_votes(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Acti
     return kept, [(waiting[0], f"cluster {inputs.cluster}: etcd member {where} is unreachable, so no change that "
                                f"needs its vote is made: {len(actions) - len(kept)} action(s) on "
                                f"{', '.join(waiting)} wait until it answers")]
+
+
+def _leadership_order(actions: list[Action]) -> list[Action]:
+    """Each running etcd member this plan replaces, if it leads when its turn comes, hands leadership to a
+    member already replaced (the latest first), else to one the plan leaves alone, else to the one replaced
+    last: so a roll moves leadership once, or twice when the first one replaced leads."""
+    rolls = sorted((a for a in actions if a.kind == Kind.RECREATE_CONTAINER and a.component == "etcd"
+                    and isinstance(a.payload, CreateContainer) and a.payload.etcd is not None), key=Action.sort_key)
+    if not rolls:
+        return actions
+    urls = [a.payload.etcd.client_url for a in rolls]  # type: ignore[union-attr]
+    preferred = {}
+    for i, action in enumerate(rolls):
+        etcd = action.payload.etcd  # type: ignore[union-attr]
+        prefer = (*reversed(urls[:i]), *(u for u in etcd.peers if u not in urls), *reversed(urls[i + 1:]))
+        payload = dataclasses.replace(action.payload, etcd=dataclasses.replace(etcd, prefer=prefer))
+        hand_off = (f"if it leads etcd then, leadership first moves to {prefer[0]}",) if prefer else ()
+        preferred[id(action)] = dataclasses.replace(action, payload=payload, details=(*action.details, *hand_off))
+    return [preferred.get(id(a), a) for a in actions]
 
 
 def _hold_quorum(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Action], list[tuple[str, str]]]:

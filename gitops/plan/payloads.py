@@ -84,6 +84,10 @@ class EtcdHealth:
     client_url: str
     peers: tuple[str, ...]
     timeout: int = 60
+    #: where leadership goes if this member leads: the first voting member among these client URLs
+    #: (members rolled earlier in the plan first, then untouched ones, then the one rolled last), so a
+    #: roll moves leadership as few times as it can
+    prefer: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
