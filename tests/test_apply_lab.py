@@ -239,9 +239,11 @@ def start_probe(world: World, cluster: str) -> Probe:
 #: etcd 3.4 serving gRPC through its HTTP handler on TLS now and then answers a stream with a bare 200
 #: while connections churn. Measured: 0-2 per operation. Anything else (a refused or reset connection,
 #: an API server answering while it stops, a 5xx of its own, TLS) fails the test.
-ETCD_CLIENT_TRANSIENTS = ("500 etcdserver: leader changed",
-                          "500 rpc error: code = Unknown desc = OK: HTTP status code 200; transport: missing "
-                          "content-type field")
+#: the one failure left on v1.20.2 with the etcd retry backport (scripts/build-kubernetes.sh): a read sent
+#: to an etcd member in the few ms its TLS listener shuts down gets a bare HTTP 200 (code Unknown, never
+#: retried). "etcdserver: leader changed" is retried inside the API server now and no longer tolerated.
+ETCD_CLIENT_TRANSIENTS = ("500 rpc error: code = Unknown desc = OK: HTTP status code 200; transport: missing "
+                          "content-type field",)
 
 
 def under_probe(world: World, cluster: str, name: str, change: Callable[[], str]) -> str:
