@@ -63,6 +63,26 @@ class OnceSlots:
 
     __slots__ = ("_once",)
 
+    def _once_or(self, compute: Callable[[], str]) -> str:
+        """The value kept in `_once`, computed (and kept) on the first call."""
+        try:
+            return self._once
+        except AttributeError:
+            value = compute()
+            object.__setattr__(self, "_once", value)
+            return value
+
+
+class ContentDigested(OnceSlots):
+    """Base of a slotted frozen dataclass whose `content_digest` (of its repr) is taken once per object:
+    compiled and observed values are reused from plan to plan, and memos key on the digest."""
+
+    __slots__ = ()
+
+    @property
+    def content_digest(self) -> str:
+        return self._once_or(lambda: content_digest(self))
+
 
 def content_digest(value: object) -> str:
     """A digest of a dataclass value's repr (which shows every field): for values computed once and

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gitops.cri.types import ContainerSpec, SandboxSpec
-from gitops.memo import OnceSlots, content_digest
+from gitops.memo import ContentDigested, OnceSlots
 from gitops.node import COMPONENT, SPEC_ANNOTATION, SPEC_HASH
 
 #: what a plan shows for a value that exists only once earlier actions of the same plan ran
@@ -85,13 +85,8 @@ class FileSpec(OnceSlots):
     @property
     def digest(self) -> str:
         """Computed once per FileSpec: compiled pods are reused from plan to plan."""
-        try:
-            return self._once
-        except AttributeError:
-            # interned: the same string as the observed digest of the node's file
-            value = sys.intern(file_digest(self.content)) if self.bundle is None else AFTER_APPLY
-            object.__setattr__(self, "_once", value)
-            return value
+        # interned: the same string as the observed digest of the node's file
+        return self._once_or(lambda: sys.intern(file_digest(self.content)) if self.bundle is None else AFTER_APPLY)
 
 
 def file_digest(content: str) -> str:
@@ -151,7 +146,7 @@ def resolve_container(spec: ContainerSpec, contents: dict[str, str]) -> Containe
 
 
 @dataclass(frozen=True, slots=True)
-class DesiredPod(OnceSlots):
+class DesiredPod(ContentDigested):
     node: str
     cluster: str
     role: str
@@ -172,16 +167,6 @@ class DesiredPod(OnceSlots):
     #: (certificate, PEM written after it): server certificates re-issued during a CA rotation carry
     #: the new CA cross-signed by the old one
     chains: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def content_digest(self) -> str:
-        """A digest of the whole pod, once per object: compiled pods are reused from plan to plan."""
-        try:
-            return self._once
-        except AttributeError:
-            value = content_digest(self)
-            object.__setattr__(self, "_once", value)
-            return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +201,7 @@ class KubeObject:
 
 
 @dataclass(frozen=True, slots=True)
-class DesiredCluster(OnceSlots):
+class DesiredCluster(ContentDigested):
     name: str
     #: controlplane nodes that should be etcd members, sorted
     etcd_members: tuple[EtcdMember, ...]
@@ -224,16 +209,6 @@ class DesiredCluster(OnceSlots):
     api_endpoint: str | None
     #: objects gitops keeps in the cluster's API, sorted by key (none without an endpoint)
     objects: tuple[KubeObject, ...] = ()
-
-    @property
-    def content_digest(self) -> str:
-        """A digest of the whole value, once per object: compiled clusters are reused from plan to plan."""
-        try:
-            return self._once
-        except AttributeError:
-            value = content_digest(self)
-            object.__setattr__(self, "_once", value)
-            return value
 
 
 @dataclass(frozen=True, slots=True)

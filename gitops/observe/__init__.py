@@ -18,7 +18,7 @@ from typing import Any
 from gitops.cri.client import CRIClient, read_all
 from gitops.cri.errors import CRIError
 from gitops.cri.types import ContainerState, SandboxState
-from gitops.memo import OnceSlots, content_digest
+from gitops.memo import ContentDigested
 from gitops.model.resources import BareMetalHost, Hypervisor
 from gitops.observe.clusters import ObservedCluster
 from gitops.node import (
@@ -64,7 +64,7 @@ class ObservedContainer:
             return None
 
 
-class _PodSlots(OnceSlots):
+class _PodSlots(ContentDigested):
     """`_once`: the pod's content digest; `_by_component`: its newest running container of each component."""
 
     __slots__ = ("_by_component",)
@@ -83,16 +83,6 @@ class ObservedPod(_PodSlots):
     containers: tuple[ObservedContainer, ...] = ()
     #: None when the files agent is not running (nothing could be read)
     files: NodeFiles | None = None
-
-    @property
-    def content_digest(self) -> str:
-        """A digest of the whole pod, once per object (the diff is memoized by it)."""
-        try:
-            return self._once
-        except AttributeError:
-            value = content_digest(self)
-            object.__setattr__(self, "_once", value)
-            return value
 
     def running(self, component: str) -> ObservedContainer | None:
         """The newest running container of `component`."""
