@@ -209,9 +209,12 @@ def _has_quorum(inputs: ClusterInputs) -> bool:
     must be ready before anything routes to it (while it bootstraps or restarts from nothing, its API
     servers become ready only once the members later in the plan run)."""
     members = set(inputs.record.etcd_members) if inputs.record else set()
-    running = {node for node, pods in inputs.have.items() if node in members
-               and any(p.running("etcd") is not None for p in pods)}
-    return bool(members) and len(running) * 2 > len(members)
+    return bool(members) and len(_etcd_running(inputs) & members) * 2 > len(members)
+
+
+def _etcd_running(inputs: ClusterInputs) -> set[str]:
+    """The nodes of the cluster with an etcd container running (as observed)."""
+    return {node for node, pods in inputs.have.items() if any(p.running("etcd") is not None for p in pods)}
 
 
 _MEMBERSHIP = (Kind.ETCD_MEMBER_ADD, Kind.ETCD_MEMBER_PROMOTE, Kind.ETCD_MEMBER_REMOVE)
@@ -269,7 +272,7 @@ def _hold_quorum(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Act
     removals = [a for a in actions if a.kind == Kind.ETCD_MEMBER_REMOVE]
     if not removals or inputs.record is None:
         return actions, []
-    running = {node for node, pods in inputs.have.items() if any(p.running("etcd") is not None for p in pods)}
+    running = _etcd_running(inputs)
     current = list(inputs.record.etcd_members)
     waiting: set[str] = set()
     held: list[tuple[str, str]] = []
