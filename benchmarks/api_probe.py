@@ -4,15 +4,18 @@ Starts a lab (3 containerd hypervisors on 127.0.28.x, 1 public; needs root and t
 Kubernetes v1.20.2 binaries of scripts/build-kubernetes.sh), writes the example repo with the
 team-a cluster only (3 controlplane nodes + 1 ingress, v1.20.2) and applies it. Then, for each
 operation, it writes a ConfigMap through the ingress, starts the probe of `gitops.lab.probe`
-(`GET /readyz` through the ingress every 100 ms, a fresh TLS connection each time, as the
-admin of `gitops kubeconfig`), edits the repo, runs `gitops apply`, waits until `/readyz` is ok
-and 2 s more, stops the probe and reads the ConfigMap back:
+(`GET /api/v1/namespaces/default` through the ingress every 100 ms, a fresh TLS connection each
+time, as the admin of `gitops kubeconfig`), edits the repo, runs `gitops apply`, waits until
+`/readyz` is ok and 2 s more, stops the probe and reads the ConfigMap back:
 
   idle               nothing applied for 20 s (the probe's floor)
   etcd-image         spec.images.etcd: the same etcd under another reference (3 members, rolling)
   apiserver-flag     spec.apiServer.extraArgs event-ttl (3 API servers, rolling)
   certificate-renewal  validityDays 400 / renewBeforeDays 366: every leaf re-issued, its readers restarted
   node-replacement   team-a-cp-3 leaves the repo and team-a-cp-4 joins in the same commit
+  ca-rotation        spec.certificates.caGeneration 1 -> 2, applied until the plan is empty (one apply per
+                     phase: trust both, re-issue, drop old); after each apply the probe switches to the admin
+                     kubeconfig gitops publishes then
 
 It prints per operation: requests, failed requests, outages (failed, and the immediate retry
 failed too), apply and total duration; `--json` ends with one JSON object. Run it alone, under
@@ -78,15 +81,21 @@ class Bench:
         change(docs)
         path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
 
-    def operation(self, name: str, change: Callable[[], None] | None) -> dict:
-        """One operation under the probe; its figures."""
+    def kubeconfig_text(self) -> str:
+        return self.gitops("kubeconfig", str(self.repo), "--state-dir", str(self.state), "--cluster", "team-a")
+
+    def operation(self, name: str, change: Callable[[], None] | None,
+                  run: Callable[[Probe], str] | None = None) -> dict:
+        """One operation under the probe; its figures. `run`: applies itself (instead of one apply)."""
         self.wait_ready()
         self.kubectl("-n", "default", "create", "configmap", f"probe-{name}", f"--from-literal=made={name}")
         probe = Probe(self.kubeconfig.read_text())
         probe.start()
         started = time.monotonic()
         try:
-            if change is None:
+            if run is not None:
+                output = run(probe)
+            elif change is None:
                 time.sleep(20)
                 output = ""
             else:
@@ -130,8 +139,7 @@ def main() -> None:
         started = time.monotonic()
         bench.apply()
         bench.kubeconfig.touch(mode=0o600)
-        bench.kubeconfig.write_text(bench.gitops("kubeconfig", str(bench.repo), "--state-dir", str(bench.state),
-                                                 "--cluster", "team-a"))
+        bench.kubeconfig.write_text(bench.kubeconfig_text())
         bench.wait_ready()
         print(f"team-a applied and ready through the ingress in {time.monotonic() - started:.1f} s", flush=True)
         etcd = lab.images["etcd"].rsplit(":", 1)[0] + ":probe"
@@ -143,6 +151,19 @@ def main() -> None:
                 next(d for d in docs if d["metadata"]["name"] == "team-a-cp-3")["metadata"]["name"] = "team-a-cp-4"
             bench.edit("clusters/team-a/nodes.yaml", change)
 
+        def rotate_ca(probe: Probe) -> str:
+            bench.edit(cluster, set_cluster(lambda s: s.setdefault("certificates", {}).update(caGeneration=2)))
+            outputs = []
+            for _ in range(6):  # 3 phases, and a restart of a leader-elected component that lost its Lease
+                if "No changes." in bench.gitops("plan", str(bench.repo), "--state-dir", str(bench.state)):
+                    break
+                outputs.append(bench.apply())
+                bench.kubeconfig.write_text(bench.kubeconfig_text())
+                probe.use_kubeconfig(bench.kubeconfig.read_text())
+            else:
+                raise SystemExit("the CA rotation did not converge in 6 applies")
+            return "".join(outputs)
+
         operations: list[tuple[str, Callable[[], None] | None]] = [
             ("idle", None),
             ("etcd-image", lambda: bench.edit(cluster, set_cluster(lambda s: s.setdefault("images", {}).update(
@@ -152,11 +173,12 @@ def main() -> None:
             ("certificate-renewal", lambda: bench.edit(cluster, set_cluster(lambda s: s.update(
                 certificates={"validityDays": 400, "renewBeforeDays": 366})))),
             ("node-replacement", replace_node),
+            ("ca-rotation", None),
         ]
         print(f"{'operation':22} {'requests':>8} {'failed':>7} {'outages':>8} {'actions':>8} {'apply':>8} "
               f"{'probed':>8}  data kept", flush=True)
         for name, change in operations:
-            row = bench.operation(name, change)
+            row = bench.operation(name, change, rotate_ca if name == "ca-rotation" else None)
             results.append(row)
             print(f"{name:22} {row['requests']:8d} {row['failed']:7d} {row['outages']:8d} {row['actions']:8d} "
                   f"{row['apply_s']:7.1f}s {row['probed_s']:7.1f}s  {'yes' if row['data_kept'] else 'NO'}",

@@ -99,10 +99,15 @@ def test_rotation_runs_trust_both_reissue_drop_old_then_forgets_the_old_cas(repo
     assert "phase 1 of 3 (trust-both) has run: the next plan runs phase 2 (re-issue)" in last.reason
     writes = [a for a in actions if a.kind == Kind.WRITE_FILES]
     assert all(not a.payload.certificates for a in writes)  # nothing re-issued yet
-    recreates = [(a.node, a.component) for a in actions if a.kind == Kind.RECREATE_CONTAINER]
-    assert recreates == [*((f"team-a-cp-{n}", "etcd") for n in (1, 2, 3)), ("team-a-ingress", "haproxy"),
-                         *((f"team-a-cp-{n}", c) for c in ("kube-apiserver", "kube-controller-manager",
-                                                           "kube-scheduler") for n in (1, 2, 3))]
+    recreates = [(a.kind, a.node, a.component) for a in actions
+                 if a.kind in (Kind.RECREATE_CONTAINER, Kind.REMOVE_CONTAINER, Kind.CREATE_CONTAINER)]
+    assert recreates == [  # node by node: etcd, its API server stopped before and started after; then the rest
+        *((kind, f"team-a-cp-{n}", c) for n in (1, 2, 3) for kind, c in (
+            (Kind.REMOVE_CONTAINER, "kube-apiserver"), (Kind.RECREATE_CONTAINER, "etcd"),
+            (Kind.CREATE_CONTAINER, "kube-apiserver"))),
+        (Kind.RECREATE_CONTAINER, "team-a-ingress", "haproxy"),
+        *((Kind.RECREATE_CONTAINER, f"team-a-cp-{n}", c) for c in ("kube-controller-manager", "kube-scheduler")
+          for n in (1, 2, 3))]
     assert [a.node for a in actions if a.kind == Kind.UPDATE_OBJECT] == ["cluster-info"] or \
         any(a.kind == Kind.UPDATE_OBJECT for a in actions), actions
     # planned again from the same recorded state (a crash before anything ran): the same new CAs
@@ -128,7 +133,7 @@ def test_rotation_runs_trust_both_reissue_drop_old_then_forgets_the_old_cas(repo
     assert issued["etcd-server"].chain == record.rotation.cross["etcd"] and not issued["scheduler"].chain
     assert all("not signed by the current authority" in d for d in next(a for a in writes
                                                                          if a.node == "team-a-cp-1").details)
-    restarts = [a for a in team_a(two.plan) if a.kind == Kind.RECREATE_CONTAINER]
+    restarts = [a for a in team_a(two.plan) if a.kind in (Kind.RECREATE_CONTAINER, Kind.CREATE_CONTAINER)]
     assert {a.component for a in restarts} == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
     assert all("re-issued: restarts to read it" in a.reason for a in restarts)
     kubeconfig = yaml.safe_load(admin_kubeconfig("team-a", record, "https://127.0.0.1:6443"))

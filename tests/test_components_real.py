@@ -88,16 +88,18 @@ def test_extra_args_reach_the_real_api_server_last_and_sorted():
         assert proc.returncode == 0 and proc.stdout.strip() == "Kubernetes v1.20.2", proc.stderr
 
 
-def test_each_api_server_reaches_every_etcd_member_its_own_first():
-    """A rolling etcd change stops one member at a time: the API server beside it goes on through the others."""
+def test_each_api_server_talks_to_its_own_etcd_member_only():
+    """Stacked etcd as kubeadm has it: before a member changes, the plan stops the API server beside it
+    (gitops.plan.diff), and no API server ever sends a call to another node's member shutting down."""
     model = validate_repo(EXAMPLE_REPO).model
     pods = compile_desired(dataclasses.replace(model, sip_clusters={}), State()).desired.pods.values()
+    checked = 0
     for pod in pods:
         specs = {c.spec.name: c.spec for c in pod.containers}
         if "kube-apiserver" not in specs:
             continue
         own = next(a for a in specs["etcd"].args if a.startswith("--advertise-client-urls=")).split("=", 1)[1]
         servers = next(a for a in specs["kube-apiserver"].args if a.startswith("--etcd-servers=")).split("=", 1)[1]
-        members = {next(a for a in c.spec.args if a.startswith("--advertise-client-urls=")).split("=", 1)[1]
-                   for p in pods if p.cluster == pod.cluster for c in p.containers if c.spec.name == "etcd"}
-        assert servers.split(",")[0] == own and set(servers.split(",")) == members and len(members) == 3
+        assert servers == own, (pod.node, servers)
+        checked += 1
+    assert checked >= 3

@@ -164,11 +164,30 @@ def test_scaling_down_keeps_the_leaving_nodes_keys_trusted(repo):
     pod = next(p for p in observed.pods() if p.node == "team-a-cp-3")
     expected = sorted((c for c in pod.containers if c.component != "files"), key=lambda c: -c.created_at)
     assert removal.payload.stop_first == tuple(c.id for c in expected) and len(expected) == 4
-    [restart] = [a for a in plan.actions if a.node == "team-a-cp-1"]
-    assert (restart.kind, restart.component, restart.payload.ready is not None) == \
-        (Kind.RECREATE_CONTAINER, "kube-apiserver", True)
-    assert [d for d in restart.details if d.startswith("args[3]: '--etcd-servers=")] and \
-        not [d for d in restart.details if "sa-pub" in d], restart.details
+    # the API server that stays talks to its own member only and keeps trusting the leaving keys: untouched
+    assert not [a for a in plan.actions if a.node == "team-a-cp-1"]
+
+
+def test_an_api_server_is_not_stopped_for_its_member_while_etcd_is_unhealthy(repo, tmp_path):
+    """The stop that opens an etcd member's roll checks the members first: with none answering, the run
+    stops there, naming them, before any container is touched."""
+    from gitops.apply.executor import ApplyError, Connections, execute
+    from gitops.state.store import LocalDirStore
+
+    state, observed = settle(repo.model)
+    cluster = dataclasses.replace(repo.model.clusters["team-b"], image_overrides={"etcd": "lab/etcd:next"})
+    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": cluster})
+    plan = make_plan(model, dataclasses.replace(repo.repo.config, health_timeout=1), state, observed, now=NOW).plan
+    stop = plan.actions[0]
+    assert (stop.kind, stop.component, len(stop.payload.etcd.peers)) == (Kind.REMOVE_CONTAINER, "kube-apiserver", 2)
+    assert stop.details[0] == "the 3 etcd member(s) healthy first (up to 1s)"
+
+    def no_cri(name):
+        raise AssertionError(f"CRI of {name} reached before the etcd check")
+    with pytest.raises(ApplyError, match=r"action 1/\d+ failed: - team-b/team-b-cp-1/kube-apiserver remove-container: "
+                                         r"before stopping kube-apiserver on team-b-cp-1 for its etcd member: etcd "
+                                         r"not healthy after 1s: https://"):
+        execute(plan, state, Connections(no_cri, no_cri), LocalDirStore(tmp_path / "state"))
 
 
 def test_a_joining_member_is_a_learner_promoted_right_after_its_etcd_starts(repo):
@@ -207,7 +226,13 @@ def test_an_etcd_spec_change_rolls_one_member_at_a_time_with_health_gates(repo):
         assert gate is not None and gate.timeout == 90 and len(gate.peers) == 2
         assert gate.client_url not in gate.peers
         assert any(d.startswith("one member at a time: the 2 other member(s) healthy before") for d in action.details)
-    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))).actions[0].payload == etcd[0].payload
+    loaded = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert loaded.actions == plan.actions and loaded.actions[1].payload == etcd[0].payload
+    # its API server, which talks to it only, stops right before and starts right after it
+    stop, start = plan.actions[0], plan.actions[2]
+    assert (stop.kind, stop.anchor, stop.step, start.kind, start.anchor, start.step) == (
+        Kind.REMOVE_CONTAINER, Kind.RECREATE_CONTAINER, -1, Kind.CREATE_CONTAINER, Kind.RECREATE_CONTAINER, 1)
+    assert (loaded.actions[0].anchor, loaded.actions[0].step) == (Kind.RECREATE_CONTAINER, -1)
     # a missing etcd is started without a gate: it is down already
     first = next(p for p in observed.hypervisors.values() if any(x.node == "team-b-cp-1" for x in p.pods))
     gone = dataclasses.replace(observed, hypervisors={**observed.hypervisors, first.name: dataclasses.replace(

@@ -144,9 +144,18 @@ def test_spec_change_names_the_changed_fields(repo):
     assert {a.node for a in etcd} == {"team-b-cp-1", "team-b-cp-2", "team-b-cp-3"}
     assert all(a.kind == Kind.RECREATE_CONTAINER and a.reason == "spec changed" for a in etcd)
     assert "image: 'registry.k8s.io/etcd:3.5.16-0' -> 'registry.example.com/etcd:3.5.17-0'" in etcd[0].details
-    api = next(a for a in actions if a.component == "kube-apiserver" and a.node == "team-b-cp-1")
+    # each API server talks to its own member only: it stops before that member changes, and its own
+    # change is made by the start right after it (node by node), ready before the next member goes
+    assert [(a.kind, a.node, a.component) for a in actions] == [
+        step for n in (1, 2, 3) for step in ((Kind.REMOVE_CONTAINER, f"team-b-cp-{n}", "kube-apiserver"),
+                                             (Kind.RECREATE_CONTAINER, f"team-b-cp-{n}", "etcd"),
+                                             (Kind.CREATE_CONTAINER, f"team-b-cp-{n}", "kube-apiserver"))] + [
+        (Kind.RECREATE_CONTAINER, f"team-b-cp-{n}", "kube-controller-manager") for n in (1, 2, 3)]
+    stop, _, api = actions[:3]
+    assert stop.payload.target_id == stop.target_id and stop.target_id
     assert any(d.startswith("args[24]: '--service-cluster-ip-range=10.112.0.0/12' -> ") for d in api.details), \
         api.details
+    assert api.reason == "spec changed; starts after its etcd member" and api.payload.ready is not None
     # the service IP is unchanged (10.112.0.1), so the serving certificate needs no reissue
     assert not [a for a in actions if a.kind == Kind.WRITE_FILES]
     assert not [a for a in actions if a.cluster == "team-a"]
@@ -167,12 +176,17 @@ def test_removed_node_is_pruned_after_leaving_etcd(repo):
     nodes = {k: v for k, v in repo.model.nodes.items() if k != "team-a-cp-3"}
     model = dataclasses.replace(repo.model, nodes=nodes)
     plan = make_plan(model, repo.repo.config, state, observed, now=NOW).plan
-    first, second = plan.actions[0], plan.actions[1]
+    drain, first, second = plan.actions[:3]
+    # its API server talks to its own member only: it stops (leaving the ingress) before the member leaves
+    assert (drain.kind, drain.node, drain.component) == (Kind.REMOVE_CONTAINER, "team-a-cp-3", "kube-apiserver")
+    assert drain.payload.target_id == next(c.id for p in observed.hypervisors[drain.hypervisor].pods
+                                           if p.node == "team-a-cp-3" for c in p.containers
+                                           if c.component == "kube-apiserver")
     assert (first.kind, first.node) == (Kind.ETCD_MEMBER_REMOVE, "team-a-cp-3")
     assert (second.kind, second.node, second.prune) == (Kind.REMOVE_POD, "team-a-cp-3", True)
     assert second.reason == "Node team-a-cp-3 left the repo"
     # the rest of team-a: the ingress drops a backend, the API servers drop a service-account key
-    rest = {(a.kind, a.node, a.component) for a in plan.actions[2:]}
+    rest = {(a.kind, a.node, a.component) for a in plan.actions[3:]}
     assert (Kind.RECREATE_CONTAINER, "team-a-ingress", "haproxy") in rest
     assert all(a.cluster == "team-a" for a in plan.actions)
     no_prune = make_plan(model, RepoConfig(prune=dataclasses.replace(RepoConfig().prune, enabled=False)),
@@ -205,7 +219,8 @@ def test_a_removal_that_would_break_etcd_quorum_is_refused_at_plan_time(repo):
             "of 2, so it is not removed: team-a-cp-2 must run again first") in held.warnings, held.warnings
     assert any(a.node == "team-a-cp-2" and a.component == "etcd" for a in held.actions)  # the dead member restarts
     dead = make_plan(model, repo.repo.config, state, _etcd_exited(observed, "team-a-cp-3"), now=NOW).plan
-    assert [(a.kind, a.node) for a in dead.actions[:2]] == [(Kind.ETCD_MEMBER_REMOVE, "team-a-cp-3"),
+    assert [(a.kind, a.node) for a in dead.actions[:3]] == [(Kind.REMOVE_CONTAINER, "team-a-cp-3"),
+                                                            (Kind.ETCD_MEMBER_REMOVE, "team-a-cp-3"),
                                                             (Kind.REMOVE_POD, "team-a-cp-3")]
     assert not [w for w in dead.warnings if "quorum" in w]
 
@@ -339,16 +354,23 @@ def test_expiring_certificate_is_renewed(repo):
     files = [a for a in plan.actions if a.kind == Kind.WRITE_FILES]
     assert len(files) == 6  # every controlplane node
     assert any(d.startswith("certificate etcd-server: expires 2027-11-01") for d in files[0].details)
-    # every component reading a re-issued certificate restarts, after the files, in the rolling order
-    restarts = [a for a in plan.actions if a.kind == Kind.RECREATE_CONTAINER]
-    assert [(a.cluster, a.component, a.node) for a in restarts] == [
-        (cluster, component, f"{cluster}-cp-{n}") for cluster in ("team-a", "team-b")
-        for component in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler") for n in (1, 2, 3)]
+    # every component reading a re-issued certificate restarts, after the files, in the rolling order: node
+    # by node its etcd member with its API server stopped around it (restarting reads its own certificates),
+    # then the controller-managers, then the schedulers
+    restarts = [a for a in plan.actions if a.kind in (Kind.RECREATE_CONTAINER, Kind.REMOVE_CONTAINER,
+                                                      Kind.CREATE_CONTAINER)]
+    assert [(a.cluster, a.kind, a.component, a.node) for a in restarts] == [
+        (cluster, *step, f"{cluster}-cp-{n}") for cluster in ("team-a", "team-b") for steps in (
+            [(Kind.REMOVE_CONTAINER, "kube-apiserver"), (Kind.RECREATE_CONTAINER, "etcd"),
+             (Kind.CREATE_CONTAINER, "kube-apiserver")],
+            [(Kind.RECREATE_CONTAINER, "kube-controller-manager")], [(Kind.RECREATE_CONTAINER, "kube-scheduler")])
+        for n in (1, 2, 3) for step in steps]
     assert max(plan.actions.index(a) for a in files) < plan.actions.index(restarts[0])
     scheduler = restarts[-1]
     assert scheduler.reason == "certificate scheduler re-issued: restarts to read it"  # through its kubeconfig
-    assert "certificate etcd-peer, etcd-server re-issued" in restarts[0].reason
-    assert restarts[0].payload.etcd is not None and restarts[3].payload.ready is not None  # gated, one at a time
+    assert "certificate etcd-peer, etcd-server re-issued" in restarts[1].reason
+    assert restarts[2].reason.startswith("certificate apiserver, apiserver-etcd-client")
+    assert restarts[1].payload.etcd is not None and restarts[2].payload.ready is not None  # gated, one at a time
 
 
 def test_certificates_are_verified_once_per_content_and_still_checked_against_now(repo):
@@ -388,7 +410,9 @@ def test_a_plan_recompiles_only_the_clusters_whose_inputs_changed(repo):
     assert COMPILED_CLUSTERS.misses == len(repo.model.clusters) + 1
     COMPILED_CLUSTERS.clear()
     assert make_plan(changed, repo.repo.config, state, observed, now=NOW).plan == plan
-    assert {(a.kind, a.cluster, a.component) for a in plan.actions} == {(Kind.RECREATE_CONTAINER, "team-a", "etcd")}
+    assert {(a.kind, a.cluster, a.component) for a in plan.actions} == {
+        (Kind.RECREATE_CONTAINER, "team-a", "etcd"), (Kind.REMOVE_CONTAINER, "team-a", "kube-apiserver"),
+        (Kind.CREATE_CONTAINER, "team-a", "kube-apiserver")}
     # a recorded port is an input too
     moved = state.copy()
     moved.nodes["team-b-cp-1"].ports["scheduler"] += 1000
@@ -419,7 +443,8 @@ def test_a_plan_diffs_only_the_clusters_whose_inputs_changed(repo):
     later = NOW + dt.timedelta(days=340)
     renew = make_plan(repo.model, repo.repo.config, state, observed, now=later).plan
     assert CLUSTER_DIFFS.misses == clusters * 2 + 1
-    assert {a.kind for a in renew.actions} == {Kind.WRITE_FILES, Kind.RECREATE_CONTAINER}
+    assert {a.kind for a in renew.actions} == {Kind.WRITE_FILES, Kind.RECREATE_CONTAINER, Kind.REMOVE_CONTAINER,
+                                               Kind.CREATE_CONTAINER}
     # the same answer as a diff from scratch, whatever was reused
     CLUSTER_DIFFS.clear()
     assert make_plan(repo.model, repo.repo.config, state, observed, now=later).plan == renew
@@ -510,8 +535,9 @@ def test_sip_services_are_pods_on_the_public_hypervisor_behind_the_host_labels()
 
 
 def test_an_upgrade_rolls_component_by_component_and_never_skips_a_minor(repo):
-    """Every component image changed (as an upgrade does): all etcd members first, then the API servers,
-    controller-managers and schedulers, node by node; a minor skipped or reverted is refused."""
+    """Every component image changed (as an upgrade does): node by node its etcd member, with its API server
+    (which talks to that member only) stopped before and started after on the new image, then the
+    controller-managers, then the schedulers; a minor skipped or reverted is refused."""
     from gitops.plan.upgrades import VersionSkew
 
     state, observed = settle(repo.model)
@@ -520,13 +546,17 @@ def test_an_upgrade_rolls_component_by_component_and_never_skips_a_minor(repo):
               "kubeControllerManager": "lab/kube-controller-manager:next", "kubeScheduler": "lab/kube-scheduler:next"}
     model = dataclasses.replace(repo.model, clusters={**repo.model.clusters,
                                                       "team-b": dataclasses.replace(cluster, image_overrides=images)})
-    actions = [a for a in make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions
-               if a.kind == Kind.RECREATE_CONTAINER]
-    assert [(a.component, a.node) for a in actions] == [
-        (component, f"team-b-cp-{n}") for component in ("etcd", "kube-apiserver", "kube-controller-manager",
-                                                        "kube-scheduler") for n in (1, 2, 3)]
-    assert all(a.payload.etcd is not None for a in actions[:3])  # health-gated, one member at a time
-    assert all(a.payload.ready is not None for a in actions[3:6])  # each API server ready before the next
+    actions = make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions
+    assert [(a.kind, a.component, a.node) for a in actions] == [
+        *(step for n in (1, 2, 3) for step in (
+            (Kind.REMOVE_CONTAINER, "kube-apiserver", f"team-b-cp-{n}"), (Kind.RECREATE_CONTAINER, "etcd", f"team-b-cp-{n}"),
+            (Kind.CREATE_CONTAINER, "kube-apiserver", f"team-b-cp-{n}"))),
+        *((Kind.RECREATE_CONTAINER, component, f"team-b-cp-{n}") for component in
+          ("kube-controller-manager", "kube-scheduler") for n in (1, 2, 3))]
+    assert all(a.payload.etcd is not None for a in actions[1:9:3])  # health-gated, one member at a time
+    started = actions[2:9:3]  # each API server on its new image, ready before the next member goes
+    assert all(a.payload.ready is not None and a.payload.container.image == "lab/kube-apiserver:v1.20.2-next"
+               for a in started)
     for version, words in (("1.22.0", "upgrade one minor version at a time (v1.21 first)"),
                            ("1.19.7", "does not support downgrading a minor version")):
         skipped = dataclasses.replace(cluster, kubernetes_version=f"v{version}")

@@ -346,6 +346,11 @@ class _Runner:
                 etcd.hand_off_leadership(p.etcd.client_url, p.etcd.timeout, p.etcd.prefer)
 
     def remove_container(self, action: Action, p: Remove) -> None:
+        if p.etcd is not None:  # it stops for an etcd change: that change's members healthy first
+            urls = [u for u in (p.etcd.client_url, *p.etcd.peers) if u]
+            with self.etcd(action, tuple(urls)) as etcd:
+                etcd.wait_healthy(urls, p.etcd.timeout, f"before stopping {action.component} on {action.node} "
+                                                        "for its etcd member")
         self._remove_container(action.hypervisor, p.target_id)
 
     def _remove_container(self, hypervisor: str, container_id: str) -> None:

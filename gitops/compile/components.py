@@ -157,7 +157,7 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
     )
     components = (
         _etcd(node, cluster, hv, record, files_mount),
-        _apiserver(node, cluster, hv, record, files_mount, _etcd_servers(node, hv, record, peers)),
+        _apiserver(node, cluster, hv, record, files_mount),
         _controller_manager(cluster, hv, record, files_mount),
         _scheduler(cluster, hv, record, files_mount),
     )
@@ -229,18 +229,11 @@ def _etcd(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, file
     )
 
 
-def _etcd_servers(node: Node, hv: Hypervisor, record: NodeRecord,
-                  peers: dict[str, tuple[Hypervisor, NodeRecord]]) -> tuple[str, ...]:
-    """The client URLs of the cluster's etcd members, the node's own first: while its member restarts
-    (a rolling change) or leaves, the API server goes on through the others instead of failing."""
-    others = sorted(f"https://{p_hv.ip_address}:{p_rec.ports['etcd-client']}" for name, (p_hv, p_rec)
-                    in peers.items() if name != node.name and not p_hv.public and "etcd-client" in p_rec.ports)
-    return (etcd_member(hv, node, record).client_url, *others)
-
-
-def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount,
-               etcd_servers: tuple[str, ...]) -> ContainerSpec:
-    """Stacked etcd: each API server talks to its node's own member first, and to the others."""
+def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
+    """Stacked etcd, as kubeadm sets it up: each API server talks to its node's own member only. Its etcd
+    client (v1.20: clientv3 3.4) spreads calls over every endpoint it is given, and a call that reaches a
+    member while that member's TLS listener shuts down fails unretried; with one endpoint, the plan stops
+    the API server before its member changes (gitops.plan.diff)."""
     ip = hv.ip_address
     return ContainerSpec(
         name="kube-apiserver",
@@ -250,7 +243,7 @@ def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
             f"--advertise-address={ip}",
             f"--bind-address={ip}",
             f"--secure-port={record.ports['apiserver']}",
-            f"--etcd-servers={','.join(etcd_servers)}",
+            f"--etcd-servers={etcd_member(hv, node, record).client_url}",
             f"--etcd-cafile={FILES}/etcd-ca.crt",
             f"--etcd-certfile={FILES}/apiserver-etcd-client.crt",
             f"--etcd-keyfile={FILES}/apiserver-etcd-client.key",

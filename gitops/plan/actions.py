@@ -76,6 +76,11 @@ class Action:
     prune: bool = False
     #: position of the component in its pod, for ordering
     order: int = 0
+    #: the node's etcd change this action brackets (a member removal, or a running member's recreate,
+    #: at `order`): `step` -1 runs right before it, +1 right after it. An API server talks only to its
+    #: own node's member, so it stops (leaving the ingress) before that member changes and starts after.
+    anchor: Kind | None = None
+    step: int = 0
     #: what apply executes (see `gitops.plan.payloads`)
     payload: Payload | None = field(default=None, compare=False)
 
@@ -92,19 +97,22 @@ class Action:
         return "/".join(p for p in (self.cluster, self.node, self.component) if p)
 
     def sort_key(self) -> tuple:
-        phase = KINDS[self.kind].phase
-        if self.kind == Kind.RECREATE_CONTAINER:
+        kind = self.anchor or self.kind
+        phase = KINDS[kind].phase
+        if kind == Kind.RECREATE_CONTAINER:
             # running components change in the supported order, after the cluster's new containers:
-            # every etcd member (one at a time), then the API servers, controller-managers, schedulers
-            return (phase, self.cluster, 1, f"{self.order:04d}", self.node, 1, self.kind.value, self.component,
-                    self.target_id)
-        sub = 0 if self.kind == Kind.ETCD_MEMBER_ADD else 1
-        return (phase, self.cluster, 0, self.node, f"{self.order:04d}", sub, self.kind.value, self.component,
-                self.target_id)
+            # every etcd member (one at a time, its node's API server stopped around it), then the
+            # API servers, controller-managers, schedulers
+            return (phase, self.cluster, 1, f"{self.order:04d}", self.node, 1 + self.step, self.kind.value,
+                    self.component, self.target_id)
+        sub = 0 if kind == Kind.ETCD_MEMBER_ADD else 1
+        return (phase, self.cluster, 0, self.node, f"{self.order:04d}", sub + self.step, self.kind.value,
+                self.component, self.target_id)
 
     def to_dict(self, payload: bool = True) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "payload"}
         data["kind"] = self.kind.value
+        data["anchor"] = self.anchor.value if self.anchor is not None else None
         data["details"] = list(self.details)
         if payload:
             data["payload"] = payload_to_dict(self.payload) if self.payload is not None else None
@@ -116,6 +124,7 @@ class Action:
         return cls(Kind(data["kind"]), data["hypervisor"], data["cluster"], data["node"], data.get("component", ""),
                    data.get("reason", ""), tuple(data.get("details", ())), data.get("target_id", ""),
                    bool(data.get("prune", False)), int(data.get("order", 0)),
+                   Kind(data["anchor"]) if data.get("anchor") else None, int(data.get("step", 0)),
                    payload_from_dict(raw) if raw is not None else None)
 
 

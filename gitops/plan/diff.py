@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from deepdiff import DeepDiff
 
+from gitops.compile.components import SHUTDOWN_DELAY
 from gitops.compile.desired import (
     AFTER_APPLY,
     CertificateSpec,
@@ -196,6 +197,7 @@ def _cluster_diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime)
                                     serving))
 
     actions.extend(_etcd_membership(inputs, options.health_timeout))
+    actions = _drain_api_servers(inputs, actions, keepers, options.health_timeout)
     actions, held = _hold_votes(inputs, actions)
     warnings.extend(held)
     actions, held = _hold_quorum(inputs, actions)
@@ -243,6 +245,81 @@ def _hold_votes(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Acti
     return kept, [(waiting[0], f"cluster {inputs.cluster}: etcd member {where} is unreachable, so no change that "
                                f"needs its vote is made: {len(actions) - len(kept)} action(s) on "
                                f"{', '.join(waiting)} wait until it answers")]
+
+
+#: the component that talks to its node's etcd member only (`--etcd-servers`)
+APISERVER = "kube-apiserver"
+
+
+def _drain_api_servers(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, ObservedPod],
+                       timeout: int) -> list[Action]:
+    """Each API server uses only its own node's etcd member, so before that member goes away (a running
+    member's recreate, a member's removal) the API server stops (gracefully: it leaves the ingress, and
+    no request of it meets its member shutting down), and after a recreate it starts again, ready before
+    the plan goes on. An API server change of the same plan is made by that start (node by node: etcd
+    member, then its API server)."""
+    out: list[Action] = []
+    desired = {p.node: p for p in inputs.wants}
+    restarts = {a.node: a for a in actions if a.kind == Kind.RECREATE_CONTAINER and a.component == APISERVER
+                and isinstance(a.payload, CreateContainer) and a.payload.ready is not None}
+    merged: set[str] = set()
+    for action in actions:
+        if action.kind == Kind.ETCD_MEMBER_REMOVE:
+            for pod in inputs.have.get(action.node, ()):
+                running = pod.running(APISERVER)
+                if running is not None and isinstance(action.payload, EtcdMemberChange):
+                    staying = EtcdHealth("", action.payload.client_urls, action.payload.timeout)
+                    out.append(Action(Kind.REMOVE_CONTAINER, pod.hypervisor, action.cluster, action.node,
+                                      component=APISERVER, anchor=action.kind, step=-1, target_id=running.id,
+                                      reason="its etcd member (the only one it talks to) leaves next",
+                                      details=(_healthy_first(staying), _GRACEFUL_STOP),
+                                      payload=Remove(running.id, etcd=staying)))
+        elif (action.kind == Kind.RECREATE_CONTAINER and action.component == "etcd"
+              and isinstance(action.payload, CreateContainer) and action.payload.etcd is not None):
+            steps = _around_member(action, restarts.get(action.node), desired.get(action.node),
+                                   keepers.get(action.node), timeout)
+            out.extend(steps)
+            if len(steps) > 1:
+                merged.add(action.node)
+            continue
+        out.append(action)
+    return [a for a in out if not (a.node in merged and a is restarts.get(a.node))]
+
+
+def _healthy_first(members: EtcdHealth) -> str:
+    count = len(members.peers) + bool(members.client_url)
+    return f"the {count} etcd member(s) healthy first (up to {members.timeout}s)"
+
+
+_GRACEFUL_STOP = (f"stops gracefully first: fails /readyz for {SHUTDOWN_DELAY}s while serving, so the ingress "
+                  "takes it out before it closes")
+
+
+def _around_member(etcd: Action, restart: Action | None, want: DesiredPod | None, have: ObservedPod | None,
+                   timeout: int) -> list[Action]:
+    """A running etcd member's recreate, with its node's running API server stopped before and started
+    after (`restart`: that API server's own recreate in this plan, made by this start)."""
+    running = have.running(APISERVER) if have is not None else None
+    container = next((c for c in want.containers if c.spec.name == APISERVER), None) if want else None
+    if running is None or container is None or want is None or not want.api_url:
+        return [etcd]
+    around = dict(hypervisor=etcd.hypervisor, cluster=etcd.cluster, node=etcd.node, component=APISERVER,
+                  order=etcd.order, anchor=etcd.kind)
+    target = restart.target_id if restart is not None else running.id
+    members = etcd.payload.etcd  # type: ignore[union-attr]
+    stop = Action(Kind.REMOVE_CONTAINER, **around, step=-1, target_id=target, payload=Remove(target, etcd=members),
+                  reason="its etcd member (the only one it talks to) is recreated next",
+                  details=(_healthy_first(members), _GRACEFUL_STOP))
+    if restart is not None:
+        reason, details, payload = f"{restart.reason}; starts after its etcd member", restart.details, restart.payload
+    else:
+        ready = ApiReady(f"{want.api_url}/readyz", timeout)
+        reason, details = "starts again after its etcd member, unchanged", (_ready_gate(ready),)
+        payload = CreateContainer(etcd.payload.pod, want.sandbox, container.spec,  # type: ignore[union-attr]
+                                  tuple(f for f in want.files if not f.known) if not container.known else (),
+                                  ready=ready)
+    start = Action(Kind.CREATE_CONTAINER, **around, step=1, reason=reason, details=details, payload=payload)
+    return [stop, etcd, start]
 
 
 def _leadership_order(actions: list[Action]) -> list[Action]:
@@ -357,6 +434,10 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterReco
     return actions
 
 
+def _ready_gate(ready: ApiReady) -> str:
+    return f"one at a time: waits until its /readyz answers ok (up to {ready.timeout}s)"
+
+
 def _certificates_read(pod: DesiredPod, container: DesiredContainer) -> set[str]:
     """The pod's certificates a container reads: named in its arguments or in a file they name
     (a kubeconfig pointing at its client certificate)."""
@@ -417,7 +498,7 @@ def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[Obser
                     f"healthy after (up to {etcd.timeout}s each)",)
         if ready is not None and latest.state == "running":
             payload = dataclasses.replace(payload, ready=ready)
-            gate = (f"one at a time: waits until its /readyz answers ok (up to {ready.timeout}s)",)
+            gate = (_ready_gate(ready),)
         if name == INGRESS and pod.role != CONTROLPLANE and latest.state == "running":
             payload = dataclasses.replace(payload, overlap=INGRESS_OVERLAP)
             gate = (f"started beside the running one, which soft-stops {INGRESS_OVERLAP}s later: the port "

@@ -140,6 +140,9 @@ class Remove:
     #: 10 s), the last started first: an API server leaves the ingress before it goes (stopping the
     #: sandbox kills them at once)
     stop_first: tuple[str, ...] = ()
+    #: an API server stopped because its etcd member changes next: these members (`client_url` and
+    #: `peers`) healthy first, so an unhealthy cluster stops the run before anything stops
+    etcd: EtcdHealth | None = None
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,7 @@ _NESTED: dict[tuple[type, str], Any] = {
     (FileSpec, "bundle"): ServiceAccountBundle,
     (CreateContainer, "pod"): PodRef, (CreateContainer, "sandbox"): SandboxSpec,
     (CreateContainer, "container"): ContainerSpec, (CreateContainer, "files"): (FileSpec,),
-    (CreateContainer, "etcd"): EtcdHealth, (CreateContainer, "ready"): ApiReady,
+    (CreateContainer, "etcd"): EtcdHealth, (CreateContainer, "ready"): ApiReady, (Remove, "etcd"): EtcdHealth,
     (ContainerSpec, "mounts"): (Mount,),
 }
 
