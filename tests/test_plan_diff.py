@@ -161,6 +161,25 @@ def test_spec_change_names_the_changed_fields(repo):
     assert not [a for a in actions if a.cluster == "team-a"]
 
 
+def test_a_missing_api_server_starts_after_its_etcd_member_changes(repo):
+    """A run killed between stopping an API server and its member's recreate: the next plan starts the API
+    server after the member, not before (it would meet its only member shutting down)."""
+    state, observed = settle(repo.model)
+    hv = next(h for h in observed.hypervisors.values() if any(p.node == "team-b-cp-1" for p in h.pods))
+    gone = dataclasses.replace(observed, hypervisors={**observed.hypervisors, hv.name: dataclasses.replace(
+        hv, pods=tuple(dataclasses.replace(p, containers=tuple(c for c in p.containers
+                                                                if c.component != "kube-apiserver"))
+                       if p.node == "team-b-cp-1" else p for p in hv.pods))})
+    cluster = dataclasses.replace(repo.model.clusters["team-b"], image_overrides={"etcd": "lab/etcd:next"})
+    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": cluster})
+    actions = make_plan(model, repo.repo.config, state, gone, now=NOW).plan.actions
+    assert [(a.kind, a.component) for a in actions if a.node == "team-b-cp-1"] == [
+        (Kind.RECREATE_CONTAINER, "etcd"), (Kind.CREATE_CONTAINER, "kube-apiserver")]
+    start = next(a for a in actions if a.node == "team-b-cp-1" and a.component == "kube-apiserver")
+    assert start.reason == "container is missing" and start.payload.ready is not None
+    assert actions.index(start) < next(i for i, a in enumerate(actions) if a.node == "team-b-cp-2")
+
+
 def test_an_api_server_flag_rolls_the_api_servers_only(repo):
     state, observed = settle(repo.model)
     changed = dataclasses.replace(repo.model.clusters["team-b"], api_server_args=(("event-ttl", "2h0m0s"),))

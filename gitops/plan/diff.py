@@ -257,33 +257,37 @@ def _drain_api_servers(inputs: ClusterInputs, actions: list[Action], keepers: di
     member's recreate, a member's removal) the API server stops (gracefully: it leaves the ingress, and
     no request of it meets its member shutting down), and after a recreate it starts again, ready before
     the plan goes on. An API server change of the same plan is made by that start (node by node: etcd
-    member, then its API server)."""
+    member, then its API server); a missing or exited one is started after the member, not before."""
     out: list[Action] = []
     desired = {p.node: p for p in inputs.wants}
-    restarts = {a.node: a for a in actions if a.kind == Kind.RECREATE_CONTAINER and a.component == APISERVER
-                and isinstance(a.payload, CreateContainer) and a.payload.ready is not None}
-    merged: set[str] = set()
+    own = {a.node: a for a in actions if a.component == APISERVER
+           and a.kind in (Kind.CREATE_CONTAINER, Kind.RECREATE_CONTAINER)}
+    taken: set[int] = set()
     for action in actions:
         if action.kind == Kind.ETCD_MEMBER_REMOVE:
-            for pod in inputs.have.get(action.node, ()):
-                running = pod.running(APISERVER)
-                if running is not None and isinstance(action.payload, EtcdMemberChange):
-                    staying = EtcdHealth("", action.payload.client_urls, action.payload.timeout)
-                    out.append(Action(Kind.REMOVE_CONTAINER, pod.hypervisor, action.cluster, action.node,
-                                      component=APISERVER, anchor=action.kind, step=-1, target_id=running.id,
-                                      reason="its etcd member (the only one it talks to) leaves next",
-                                      details=(_healthy_first(staying), _GRACEFUL_STOP),
-                                      payload=Remove(running.id, etcd=staying)))
+            out.extend(_before_removal(action, inputs.have.get(action.node, ())))
         elif (action.kind == Kind.RECREATE_CONTAINER and action.component == "etcd"
               and isinstance(action.payload, CreateContainer) and action.payload.etcd is not None):
-            steps = _around_member(action, restarts.get(action.node), desired.get(action.node),
-                                   keepers.get(action.node), timeout)
+            steps, used = _around_member(action, own.get(action.node), desired.get(action.node),
+                                         keepers.get(action.node), timeout)
             out.extend(steps)
-            if len(steps) > 1:
-                merged.add(action.node)
+            if used is not None:
+                taken.add(id(used))
             continue
         out.append(action)
-    return [a for a in out if not (a.node in merged and a is restarts.get(a.node))]
+    return [a for a in out if id(a) not in taken]
+
+
+def _before_removal(removal: Action, pods: list[ObservedPod]) -> list[Action]:
+    """The leaving member's running API server stopped right before the member is removed."""
+    if not isinstance(removal.payload, EtcdMemberChange):
+        return []
+    staying = EtcdHealth("", removal.payload.client_urls, removal.payload.timeout)
+    return [Action(Kind.REMOVE_CONTAINER, pod.hypervisor, removal.cluster, removal.node, component=APISERVER,
+                   anchor=removal.kind, step=-1, target_id=running.id,
+                   reason="its etcd member (the only one it talks to) leaves next",
+                   details=(_healthy_first(staying), _GRACEFUL_STOP), payload=Remove(running.id, etcd=staying))
+            for pod in pods if (running := pod.running(APISERVER)) is not None]
 
 
 def _healthy_first(members: EtcdHealth) -> str:
@@ -295,31 +299,37 @@ _GRACEFUL_STOP = (f"stops gracefully first: fails /readyz for {SHUTDOWN_DELAY}s 
                   "takes it out before it closes")
 
 
-def _around_member(etcd: Action, restart: Action | None, want: DesiredPod | None, have: ObservedPod | None,
-                   timeout: int) -> list[Action]:
-    """A running etcd member's recreate, with its node's running API server stopped before and started
-    after (`restart`: that API server's own recreate in this plan, made by this start)."""
+def _around_member(etcd: Action, change: Action | None, want: DesiredPod | None, have: ObservedPod | None,
+                   timeout: int) -> tuple[list[Action], Action | None]:
+    """A running etcd member's recreate, with its node's API server stopped before (if it runs) and
+    started after; `change`: that API server's own action in this plan (a recreate, or the start of a
+    missing one), made by the start after the member and so returned as used."""
     running = have.running(APISERVER) if have is not None else None
     container = next((c for c in want.containers if c.spec.name == APISERVER), None) if want else None
-    if running is None or container is None or want is None or not want.api_url:
-        return [etcd]
-    around = dict(hypervisor=etcd.hypervisor, cluster=etcd.cluster, node=etcd.node, component=APISERVER,
-                  order=etcd.order, anchor=etcd.kind)
-    target = restart.target_id if restart is not None else running.id
+    if container is None or want is None or not want.api_url:
+        return [etcd], None
+    place = dict(anchor=etcd.kind, order=etcd.order)
+    if running is None:  # not running: only its own change, if any, waits until after the member
+        return ([etcd, dataclasses.replace(change, **place, step=1)], change) if change is not None else ([etcd], None)
+    around = dict(hypervisor=etcd.hypervisor, cluster=etcd.cluster, node=etcd.node, component=APISERVER, **place)
+    target = change.target_id if change is not None and change.target_id else running.id
     members = etcd.payload.etcd  # type: ignore[union-attr]
     stop = Action(Kind.REMOVE_CONTAINER, **around, step=-1, target_id=target, payload=Remove(target, etcd=members),
                   reason="its etcd member (the only one it talks to) is recreated next",
                   details=(_healthy_first(members), _GRACEFUL_STOP))
-    if restart is not None:
-        reason, details, payload = f"{restart.reason}; starts after its etcd member", restart.details, restart.payload
+    ready = ApiReady(f"{want.api_url}/readyz", timeout)
+    if change is not None and isinstance(change.payload, CreateContainer):
+        payload = change.payload if change.payload.ready is not None else dataclasses.replace(change.payload,
+                                                                                                ready=ready)
+        gate = () if change.payload.ready is not None else (_ready_gate(ready),)
+        reason, details = f"{change.reason}; starts after its etcd member", (*change.details, *gate)
     else:
-        ready = ApiReady(f"{want.api_url}/readyz", timeout)
         reason, details = "starts again after its etcd member, unchanged", (_ready_gate(ready),)
         payload = CreateContainer(etcd.payload.pod, want.sandbox, container.spec,  # type: ignore[union-attr]
                                   tuple(f for f in want.files if not f.known) if not container.known else (),
                                   ready=ready)
     start = Action(Kind.CREATE_CONTAINER, **around, step=1, reason=reason, details=details, payload=payload)
-    return [stop, etcd, start]
+    return [stop, etcd, start], change
 
 
 def _leadership_order(actions: list[Action]) -> list[Action]:
