@@ -295,8 +295,8 @@ def _healthy_first(members: EtcdHealth) -> str:
     return f"the {count} etcd member(s) healthy first (up to {members.timeout}s)"
 
 
-_GRACEFUL_STOP = (f"stops gracefully first: fails /readyz for {SHUTDOWN_DELAY}s while serving, so the ingress "
-                  "takes it out before it closes")
+_GRACEFUL_STOP = (f"stops gracefully: fails /readyz for {SHUTDOWN_DELAY}s first, so the ingress takes it out "
+                  "before it closes")
 
 
 def _around_member(etcd: Action, change: Action | None, want: DesiredPod | None, have: ObservedPod | None,
