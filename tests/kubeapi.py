@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ports import free_ports
 
 from gitops.lab import kubebin
 from gitops.lab.errors import LabError
@@ -59,19 +59,6 @@ def etcd_binary() -> Path:
     if not found:
         pytest.fail("etcd not found: install Debian's etcd-server (bash scripts/install-deps.sh)", pytrace=False)
     return Path(found)
-
-
-def free_port(ip: str) -> int:
-    return free_ports(ip, 1)[0]
-
-
-def free_ports(ip: str, count: int) -> list[int]:
-    """`count` distinct ports free on `ip` now (all bound at once, then released)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind((ip, 0))
-        return [sock.getsockname()[1] for sock in socks]
 
 
 def b64(text: str) -> str:

@@ -15,7 +15,8 @@ from gitops.apipaths import CSRS
 from gitops.node import MANAGED, MANAGER, SPEC_HASH
 from gitops.observe.clusters import ClusterReader, ClusterTarget, observe_clusters
 
-from kubeapi import KubeAPI, free_port, kube_api_server
+from kubeapi import KubeAPI, kube_api_server
+from ports import free_port
 from test_cluster_api import _csr
 from test_coordination import Clock
 

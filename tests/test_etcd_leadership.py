@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from kubeapi import etcd_binary, free_ports
+from kubeapi import etcd_binary
+from ports import free_ports
 
 from gitops.apply.etcd import EtcdAdmin
 from gitops.pki import create_ca, issue_cert

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import lab_tempdir, require_root
+from ports import free_port, wait_listening
 
 from gitops.cri.client import CRIClient
 from gitops.cri.types import ContainerSpec, ContainerState, Mount, SandboxSpec
@@ -63,23 +63,6 @@ def mounts_under(path: Path) -> list[str]:
     root = str(path.resolve())
     points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     return [p for p in points if p == root or p.startswith(root + "/")]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def wait_port(host: str, port: int, timeout: float = 20) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            with socket.create_connection((host, port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"nothing listens on {host}:{port} after {timeout}s")
 
 
 def archive_image(tar: Path) -> tuple[str, dict]:
@@ -177,7 +160,7 @@ def run(request):
         daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
                                    f"--base-path={origin.parent}", "--listen=127.0.0.1", f"--port={git_port}",
                                    str(origin.parent)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_port("127.0.0.1", git_port)
+        wait_listening("127.0.0.1", git_port, timeout=20)
 
         # what the pod gets: the identity (readable by its user only) and the unix sockets of the
         # hypervisors the repo reaches locally, at the same paths; the sockets' group is the image's

@@ -3,12 +3,10 @@ the files agent, the real v1.20.2 control-plane images, the stand-ins for the Ku
 versions that cannot be built here (1.31.2, 1.30.6: not control planes), upstream-name aliases."""
 from __future__ import annotations
 
-import dataclasses
 import http.client
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -19,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
+from ports import free_port_in, wait_listening
 
 from gitops import pki
 from gitops.cri import ContainerSpec, ContainerState, CRIClient, Mount, SandboxSpec
@@ -194,17 +193,6 @@ def test_agent_image_runs_openssl(pod) -> None:  # type: ignore[no-untyped-def]
     assert time.monotonic() - t < 5  # the image's StopSignal (SIGKILL): sleep as PID 1 ignores SIGTERM
 
 
-def _free_port(ip: str, low: int) -> int:
-    for port in range(low, low + 200):
-        with socket.socket() as s:
-            try:
-                s.bind((ip, port))
-                return port
-            except OSError:
-                continue
-    raise AssertionError("no free port")
-
-
 def _write(directory: Path, files: dict[str, str]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
@@ -227,18 +215,6 @@ def _https(ip: str, port: int, path: str, ca: pki.CertKey, client_cert: pki.Cert
         conn.close()
 
 
-def _wait_port(ip: str, port: int, client: CRIClient, ctr: str, timeout: float = 10) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            with socket.create_connection((ip, port), timeout=1):
-                return
-        except OSError:
-            assert client.container_status(ctr).state == ContainerState.RUNNING, "container exited"
-            time.sleep(0.1)
-    raise AssertionError(f"{ip}:{port} not listening after {timeout}s")
-
-
 def test_apiserver_standin_requires_client_certificates(lab, pod, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     client, _, _, base = pod
     hv = lab.hypervisors[0]
@@ -248,7 +224,7 @@ def test_apiserver_standin_requires_client_certificates(lab, pod, tmp_path: Path
     stranger = pki.issue_cert(pki.create_ca("other-ca"), "admin", client=True)
     _write(base / "files", {"ca.crt": ca.cert_pem, "apiserver.crt": serving.cert_pem,
                             "apiserver.key": serving.key_pem, "sa.key": "unused"})
-    port = _free_port(hv.ip, hv.port_range.low + 500)
+    port = free_port_in(hv.ip, hv.port_range.low + 500, hv.port_range.low + 699)
     files = Mount("/etc/gitops", str(base / "files"), readonly=True)
     args = (f"--advertise-address={hv.ip}", f"--bind-address={hv.ip}", "--secure-port", str(port),
             "--client-ca-file=/etc/gitops/ca.crt", "--tls-cert-file=/etc/gitops/apiserver.crt",
@@ -258,7 +234,8 @@ def test_apiserver_standin_requires_client_certificates(lab, pod, tmp_path: Path
     # a missing file (here: the etcd client certificate) is fatal, as for the real kube-apiserver
     broken = _start(pod, "kube-apiserver-broken", "registry.k8s.io/kube-apiserver:v1.30.6", ("kube-apiserver",),
                     (*args, "--etcd-certfile=/etc/gitops/apiserver-etcd-client.crt"), (files,))
-    _wait_port(hv.ip, port, client, ctr)
+    wait_listening(hv.ip, port, gone=lambda: None if client.container_status(ctr).state == ContainerState.RUNNING
+                   else "container exited")
 
     status, body = _https(hv.ip, port, "/version", ca, admin, tmp_path)
     assert status == 200

@@ -180,6 +180,20 @@ def test_a_missing_api_server_starts_after_its_etcd_member_changes(repo):
     assert actions.index(start) < next(i for i, a in enumerate(actions) if a.node == "team-b-cp-2")
 
 
+def test_a_missing_files_agent_starts_before_the_files_it_writes(repo):
+    """A run killed between a pod's sandbox and its files agent: the next plan starts the agent before the
+    keys and files that go through it (and that cannot be checked without it)."""
+    state, observed = settle(repo.model)
+    hv = next(h for h in observed.hypervisors.values() if any(p.node == "team-b-cp-1" for p in h.pods))
+    bare = dataclasses.replace(observed, hypervisors={**observed.hypervisors, hv.name: dataclasses.replace(
+        hv, pods=tuple(dataclasses.replace(p, files=None, containers=()) if p.node == "team-b-cp-1" else p
+                       for p in hv.pods))})
+    actions = make_plan(repo.model, repo.repo.config, state, bare, now=NOW).plan.actions
+    mine = [(a.kind, a.component) for a in actions if a.node == "team-b-cp-1"]
+    assert mine[:2] == [(Kind.CREATE_CONTAINER, "files"), (Kind.WRITE_FILES, "")], mine
+    assert [c for _, c in mine[2:]] == ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
+
+
 def test_an_api_server_flag_rolls_the_api_servers_only(repo):
     state, observed = settle(repo.model)
     changed = dataclasses.replace(repo.model.clusters["team-b"], api_server_args=(("event-ttl", "2h0m0s"),))

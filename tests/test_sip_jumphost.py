@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import free_port_in, wait_listening
 
 from gitops.cri import ContainerSpec, ContainerState, CRIClient, SandboxSpec
 from gitops.lab import images as labimages
@@ -112,17 +113,6 @@ def test_image_contents() -> None:
 # ---------------------------------------------------------------------------- live, on a lab hypervisor
 
 
-def _free_port(ip: str, low: int, high: int) -> int:
-    for port in range(low, high + 1):
-        with socket.socket() as s:
-            try:
-                s.bind((ip, port))
-                return port
-            except OSError:
-                continue
-    raise AssertionError(f"no free port on {ip} in {low}-{high}")
-
-
 def _log(base: Path, name: str) -> str:
     """A container's output (CRI log lines are `<time> <stream> <tag> <text>`)."""
     path = base / "logs" / f"{name}.log"
@@ -140,16 +130,11 @@ def _start(pod: Pod, spec: ContainerSpec) -> str:
 
 def _wait_listening(pod: Pod, ctr: str, name: str, ip: str, port: int, timeout: float = 10) -> None:
     client, _, _, base = pod
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            with socket.create_connection((ip, port), timeout=1):
-                return
-        except OSError:
-            if client.container_status(ctr).state != ContainerState.RUNNING:
-                raise AssertionError(f"the jump host exited:\n{_log(base, name)}") from None
-            time.sleep(0.1)
-    raise AssertionError(f"{ip}:{port} not listening after {timeout}s:\n{_log(base, name)}")
+    try:
+        wait_listening(ip, port, timeout, gone=lambda: None if client.container_status(ctr).state
+                       == ContainerState.RUNNING else "the jump host exited")
+    except AssertionError as err:
+        raise AssertionError(f"{err}:\n{_log(base, name)}") from None
 
 
 def _wait_exit(client: CRIClient, ctr: str, timeout: float = 10) -> int:
@@ -186,7 +171,7 @@ def test_jump_host_serves_only_declared_keys(lab, pod: Pod, tmp_path: Path) -> N
     files_dir.mkdir(parents=True)
     for name, text in jumphost_files(keys).items():
         (files_dir / name).write_text(text)
-    port = _free_port(hv.ip, hv.port_range.low + 700, hv.port_range.high)
+    port = free_port_in(hv.ip, hv.port_range.low + 700, hv.port_range.high)
     spec = jumphost_container("jumphost", hv.ip, port, keys, str(files_dir))
     assert not any("PRIVATE" in a for a in spec.args) and not spec.env
     ctr = _start(pod, spec)

@@ -25,7 +25,8 @@ from gitops.pki import create_ca
 from gitops.sip import SIPError
 from gitops.sip.providers import FileProvider, KubernetesProvider, hosts_from_yaml
 from gitops.sip.selection import CLUSTER_LABEL, NODE_TYPE_LABEL, LabelChange, select_hosts
-from kubeapi import KubeAPI, free_port, kube_api_server
+from kubeapi import KubeAPI, kube_api_server
+from ports import free_port
 from test_sip_selection import demanding
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -76,9 +76,10 @@ class Action:
     prune: bool = False
     #: position of the component in its pod, for ordering
     order: int = 0
-    #: the node's etcd change this action brackets (a member removal, or a running member's recreate,
-    #: at `order`): `step` -1 runs right before it, +1 right after it. An API server talks only to its
-    #: own node's member, so it stops (leaving the ingress) before that member changes and starts after.
+    #: the node's action this one is ordered against (sorted as if of that kind, `step` -1 right before
+    #: it, +1 right after it): an API server talks only to its own node's member, so it stops (leaving
+    #: the ingress) right before that member's removal or recreate (at `order`) and starts right after;
+    #: a pod's files agent (re)starts right after where its pod is created, before its keys and files.
     anchor: Kind | None = None
     step: int = 0
     #: what apply executes (see `gitops.plan.payloads`)

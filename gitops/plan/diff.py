@@ -435,7 +435,11 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterReco
         ready = ApiReady(f"{want.api_url}/readyz", options.health_timeout) \
             if container.spec.name == "kube-apiserver" and want.api_url else None
         reads = tuple(sorted(renewed & _certificates_read(want, container))) if renewed else ()
-        actions.extend(_container_actions(want, container, mine, index, base, pod, etcd, ready, reads, serving))
+        changes = _container_actions(want, container, mine, index, base, pod, etcd, ready, reads, serving)
+        if index == 0:  # the files agent: keys and files go through it, so it (re)starts before them
+            changes = [dataclasses.replace(a, anchor=Kind.CREATE_POD, step=1) if a.kind != Kind.REMOVE_CONTAINER
+                       else a for a in changes]
+        actions.extend(changes)
     for extra in observed:
         if extra.component not in desired_names:
             actions.append(Action(Kind.REMOVE_CONTAINER, **base, component=extra.component,
