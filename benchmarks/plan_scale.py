@@ -389,9 +389,13 @@ def check_changed_plan(plan, cluster: str, image: str) -> None:
     others = sorted({a.cluster for a in plan.actions} - {cluster})
     assert not others, f"plan touches other clusters: {others[:5]}"
     etcd = [(a.kind, a.node, a.component) for a in plan.actions]
-    want = [(Kind.RECREATE_CONTAINER, f"{cluster}-cp-{n}", "etcd") for n in range(1, CONTROLPLANE_PER_CLUSTER + 1)]
+    # each member replaced with its node's API server (which talks to it only) stopped before, started after
+    want = [step for n in range(1, CONTROLPLANE_PER_CLUSTER + 1) for step in (
+        (Kind.REMOVE_CONTAINER, f"{cluster}-cp-{n}", "kube-apiserver"), (Kind.RECREATE_CONTAINER, f"{cluster}-cp-{n}", "etcd"),
+        (Kind.CREATE_CONTAINER, f"{cluster}-cp-{n}", "kube-apiserver"))]
     assert etcd == want, f"unexpected plan for {cluster}: {etcd}"
-    assert all(any(image in d for d in a.details) for a in plan.actions), [a.details for a in plan.actions]
+    rolls = [a for a in plan.actions if a.kind == Kind.RECREATE_CONTAINER]
+    assert all(any(image in d for d in a.details) for a in rolls), [a.details for a in rolls]
 
 
 def fmt_s(seconds: float) -> str:
