@@ -10,7 +10,7 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -65,11 +65,15 @@ class OnceSlots:
 
     def _once_or(self, compute: Callable[[], str]) -> str:
         """The value kept in `_once`, computed (and kept) on the first call."""
+        return self._kept("_once", compute)
+
+    def _kept(self, slot: str, compute: Callable[[], Any]) -> Any:
+        """The value kept in `slot` (one a subclass declares, or `_once`), computed on the first call."""
         try:
-            return self._once
+            return getattr(self, slot)
         except AttributeError:
             value = compute()
-            object.__setattr__(self, "_once", value)
+            object.__setattr__(self, slot, value)
             return value
 
 

@@ -86,15 +86,14 @@ class ObservedPod(_PodSlots):
 
     def running(self, component: str) -> ObservedContainer | None:
         """The newest running container of `component`."""
-        try:
-            by_component = self._by_component
-        except AttributeError:
-            by_component = {}
-            for c in sorted(self.containers, key=lambda c: -c.created_at):
-                if c.state == ContainerState.RUNNING.value:
-                    by_component.setdefault(c.component, c)
-            object.__setattr__(self, "_by_component", by_component)
-        return by_component.get(component)
+        return self._kept("_by_component", self._running_by_component).get(component)
+
+    def _running_by_component(self) -> dict[str, ObservedContainer]:
+        out: dict[str, ObservedContainer] = {}
+        for c in sorted(self.containers, key=lambda c: -c.created_at):
+            if c.state == ContainerState.RUNNING.value:
+                out.setdefault(c.component, c)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

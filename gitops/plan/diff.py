@@ -220,6 +220,14 @@ def _etcd_running(inputs: ClusterInputs) -> set[str]:
 
 
 _MEMBERSHIP = (Kind.ETCD_MEMBER_ADD, Kind.ETCD_MEMBER_PROMOTE, Kind.ETCD_MEMBER_REMOVE)
+#: the component that talks to its node's etcd member only (`--etcd-servers`)
+APISERVER = "kube-apiserver"
+
+
+def _rolls_member(action: Action) -> bool:
+    """Whether `action` replaces a running etcd member of a serving cluster (health-gated: needs quorum)."""
+    return (action.kind == Kind.RECREATE_CONTAINER and action.component == "etcd"
+            and isinstance(action.payload, CreateContainer) and action.payload.etcd is not None)
 
 
 def _hold_votes(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Action], list[tuple[str, str]]]:
@@ -234,8 +242,7 @@ def _hold_votes(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Acti
     def needs_votes(a: Action) -> bool:
         return (a.kind in _MEMBERSHIP
                 or (a.kind == Kind.REMOVE_POD and a.node in recorded)
-                or (a.kind == Kind.RECREATE_CONTAINER and a.component == "etcd"
-                    and isinstance(a.payload, CreateContainer) and a.payload.etcd is not None))
+                or _rolls_member(a))
 
     waiting = sorted({a.node for a in actions if needs_votes(a)})
     if not waiting:
@@ -245,10 +252,6 @@ def _hold_votes(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Acti
     return kept, [(waiting[0], f"cluster {inputs.cluster}: etcd member {where} is unreachable, so no change that "
                                f"needs its vote is made: {len(actions) - len(kept)} action(s) on "
                                f"{', '.join(waiting)} wait until it answers")]
-
-
-#: the component that talks to its node's etcd member only (`--etcd-servers`)
-APISERVER = "kube-apiserver"
 
 
 def _drain_api_servers(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, ObservedPod],
@@ -266,8 +269,7 @@ def _drain_api_servers(inputs: ClusterInputs, actions: list[Action], keepers: di
     for action in actions:
         if action.kind == Kind.ETCD_MEMBER_REMOVE:
             out.extend(_before_removal(action, inputs.have.get(action.node, ())))
-        elif (action.kind == Kind.RECREATE_CONTAINER and action.component == "etcd"
-              and isinstance(action.payload, CreateContainer) and action.payload.etcd is not None):
+        elif _rolls_member(action):
             steps, used = _around_member(action, own.get(action.node), desired.get(action.node),
                                          keepers.get(action.node), timeout)
             out.extend(steps)
@@ -336,8 +338,7 @@ def _leadership_order(actions: list[Action]) -> list[Action]:
     """Each running etcd member this plan replaces, if it leads when its turn comes, hands leadership to a
     member already replaced (the latest first), else to one the plan leaves alone, else to the one replaced
     last: so a roll moves leadership once, or twice when the first one replaced leads."""
-    rolls = sorted((a for a in actions if a.kind == Kind.RECREATE_CONTAINER and a.component == "etcd"
-                    and isinstance(a.payload, CreateContainer) and a.payload.etcd is not None), key=Action.sort_key)
+    rolls = sorted(filter(_rolls_member, actions), key=Action.sort_key)
     if not rolls:
         return actions
     urls = [a.payload.etcd.client_url for a in rolls]  # type: ignore[union-attr]
@@ -433,7 +434,7 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterReco
         mine = sorted((c for c in observed if c.component == container.spec.name), key=lambda c: c.created_at)
         etcd = _etcd_health(want, container, record, cluster, options) if container.spec.name == "etcd" else None
         ready = ApiReady(f"{want.api_url}/readyz", options.health_timeout) \
-            if container.spec.name == "kube-apiserver" and want.api_url else None
+            if container.spec.name == APISERVER and want.api_url else None
         reads = tuple(sorted(renewed & _certificates_read(want, container))) if renewed else ()
         changes = _container_actions(want, container, mine, index, base, pod, etcd, ready, reads, serving)
         if index == 0:  # the files agent: keys and files go through it, so it (re)starts before them
