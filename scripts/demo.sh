@@ -5,8 +5,10 @@
 # the example repo wired to it, plan and apply it: two real control planes
 # (3 etcd, 3 kube-apiserver, 3 controller-managers and schedulers each, behind an
 # haproxy ingress), then kubectl through the ingress; then a worker joins team-a
-# (real kubelet and kube-proxy, gitops signing its certificates) and runs a
-# Deployment of 2 pods behind a ClusterIP Service.
+# (a machine of its own: a network namespace joined to the host by a veth; real
+# kubelet and kube-proxy, gitops signing its certificates) and runs a Deployment
+# of 2 pods behind a ClusterIP Service. Last, a check that nothing of the lab is
+# on the host's network (no address outside 127.0.0.0/8 added, no KUBE-* chain).
 # The lab stays up afterwards so you can look around; the last lines say how
 # to inspect it and tear it down.
 set -euo pipefail
@@ -21,7 +23,7 @@ STATE=$WORK/state
 
 if [ -f "$WORK/worker/worker.json" ]; then
     echo "== the previous demo worker leaves"
-    $G leave --dir "$WORK/worker"
+    $G lab exec --dir "$LAB" lab-worker-1 -- $G leave --dir "$WORK/worker" || $G leave --dir "$WORK/worker"
 fi
 if [ -f "$LAB/lab.json" ]; then
     echo "== tearing down the previous demo lab"
@@ -70,11 +72,12 @@ k -n kube-system get leases
 k -n default create configmap gitops-demo --from-literal=hello=world
 k -n default get configmap gitops-demo -o jsonpath='{.data.hello}{"\n"}'
 
-echo "== a worker joins team-a: its own containerd in the lab (bridge CNI), the real kubelet and kube-proxy"
+echo "== a worker joins team-a: a machine of its own (network namespace, veth to the host), its own containerd"
+echo "   (bridge CNI), the real kubelet and kube-proxy; gitops lab exec runs the join on that machine"
 FLAGS=$($G lab worker --dir "$LAB")
 JOIN=$($G join-token create "$REPO" --state-dir "$STATE" --cluster team-a --ttl 1h | tail -1)
-echo "\$ ${JOIN%%--token*}--token … $FLAGS" | tr '\n' ' '; echo
-$G ${JOIN#gitops } $FLAGS --dir "$WORK/worker" --timeout 300 &
+echo "\$ gitops lab exec lab-worker-1 -- ${JOIN%%--token*}--token … $FLAGS" | tr '\n' ' '; echo
+$G lab exec --dir "$LAB" lab-worker-1 -- $G ${JOIN#gitops } $FLAGS --dir "$WORK/worker" --timeout 300 &
 JOINING=$!
 signed() {  # wait for the kubelet's certificate request, show gitops's plan for it, apply it
     for _ in $(seq 1 120); do
@@ -105,6 +108,11 @@ done
 sleep 5
 k logs client --tail=4
 
+echo "== the worker's network is its own: its address and kube-proxy's chains live in its namespace"
+$G lab exec --dir "$LAB" lab-worker-1 -- ip -br addr show dev eth0
+echo "KUBE-* chains in the worker's iptables: $($G lab exec --dir "$LAB" lab-worker-1 -- iptables-save | grep -c '^:KUBE-')"
+$G lab check-host --dir "$LAB"
+
 cat <<MSG
 
 Done. The lab is still running (plan and apply decrypt the repo's keys with
@@ -115,6 +123,6 @@ GITOPS_IDENTITY=$WORK/controller.key: export it first):
   $KUBECTL --kubeconfig $WORK/team-a.kubeconfig get --raw /readyz
 Edit $REPO (e.g. delete a Node), then plan and apply again.
 Tear it all down with:
-  $G leave --dir $WORK/worker
+  $G lab exec --dir $LAB lab-worker-1 -- $G leave --dir $WORK/worker
   $G lab down --dir $LAB
 MSG

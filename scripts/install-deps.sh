@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(containerd runc haproxy etcd-server etcd-client openssh-server openssh-client openssl git age iproute2
-    containernetworking-plugins iptables conntrack busybox-static  # worker nodes (kubelet CNI, kube-proxy, lab workload image)
+    containernetworking-plugins iptables conntrack procps busybox-static  # worker nodes (kubelet CNI, kube-proxy, lab workload image)
     buildah mmdebstrap util-linux)  # the controller image (scripts/build-image.sh: a Debian base, buildah, unshare)
 
 missing=()

@@ -4,7 +4,9 @@ The example repo's team-a cluster (real etcd, kube-apiserver, controller-manager
 scheduler v1.20.2, haproxy ingress) on 3 lab containerd hypervisors; a worker with its
 own lab containerd, Debian's bridge CNI plugins, and the real kubelet and kube-proxy
 v1.20.2 built from Debian's source package; kubectl v1.20.2 as the client; iptables from
-Debian. The tests run in file order and share one lab: bootstrap objects, refused joins,
+Debian. The worker is a machine of its own: a network namespace joined to the host by a veth
+(`gitops lab exec` runs join and leave there), so nothing of it reaches the host's interfaces or
+iptables. The tests run in file order and share one lab: bootstrap objects, refused joins,
 a join, workloads (logs, exec, a Service), then the worker leaves and nothing is left.
 """
 from __future__ import annotations
@@ -23,11 +25,13 @@ import pytest
 import yaml
 from conftest import lab_tempdir, require_root
 
-from gitops.lab import kubebin
+from gitops.lab import hostcheck, kubebin
+from gitops.lab.netns import WorkerNetwork
 from gitops.lab.workloads import manifest
 
 GITOPS = str(Path(sys.executable).parent / "gitops")
 SUBNET = "127.0.24"
+NET = WorkerNetwork.for_worker(SUBNET, 1)
 
 
 @dataclasses.dataclass
@@ -62,25 +66,36 @@ class Cluster:
         return proc
 
     def token(self, ttl: str = "1h") -> list[str]:
-        """`gitops join-token create`'s printed command, as argv."""
+        """`gitops join-token create`'s printed command, as argv run on the lab worker."""
         out = self.gitops("join-token", "create", str(self.repo), "--state-dir", str(self.state),
                           "--cluster", "team-a", "--ttl", ttl).stdout
         command = out.strip().splitlines()[-1].split()
         assert command[:2] == ["gitops", "join"], out
-        return [GITOPS, *command[1:]]
+        return self.on_worker(GITOPS, *command[1:])
+
+    def on_worker(self, *argv: str) -> list[str]:
+        """`argv` run on lab-worker-1: in its network namespace, through `gitops lab exec`."""
+        return [GITOPS, "lab", "exec", "--dir", str(self.dir / "lab"), "lab-worker-1", "--", *argv]
+
+    def worker_has(self, *argv: str) -> str:
+        return subprocess.run(self.on_worker(*argv), capture_output=True, text=True, timeout=60, check=True).stdout
 
 
-def _host_leftovers() -> dict[str, list[str]]:
-    chains = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+def _host_leftovers(base: Path) -> dict[str, list[str]]:
+    """What this lab's worker could leave on the host (another lab may run beside it)."""
     return {
-        "processes": subprocess.run(["pgrep", "-f", "kubelet --config|kube-proxy --config"], capture_output=True,
+        "processes": subprocess.run(["pgrep", "-f", f"(kubelet|kube-proxy) --config={base}/"], capture_output=True,
                                     text=True).stdout.split(),
-        "chains": sorted({line.split()[0] for line in chains.splitlines() if line.startswith(":KUBE-")}),
-        "bridges": [line for line in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True)
-                    .stdout.splitlines() if f"gitops{SUBNET.split('.')[2]}w" in line],
+        "chains": hostcheck.kube_chains(),
+        "links": [line for line in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True)
+                  .stdout.splitlines() if f" {NET.link}@" in line or f"gitops{SUBNET.split('.')[2]}w" in line],
+        # the worker's own namespace, and its pods' (containerd's cni-*): every namespace on the host
+        "netns": sorted(line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                                   text=True).stdout.splitlines()),
+        "routes": subprocess.run(["ip", "route", "show", f"{NET.node_ip}/32"], capture_output=True,
+                                 text=True).stdout.split(),
         "ip_forward": [Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()],
-        "addresses": [line for line in subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True,
-                                                      text=True).stdout.splitlines() if "10.250." in line],
+        "addresses": hostcheck.addresses(),
     }
 
 
@@ -89,8 +104,9 @@ def cluster():
     require_root()
     from gitops import lab as labmod
 
-    before = _host_leftovers()
     base = lab_tempdir("gitops-workers-")
+    before = _host_leftovers(base)
+    assert before["chains"] == [] and NET.netns not in before["netns"], before
     try:
         lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet=SUBNET)
         repo = base / "repo"
@@ -105,13 +121,14 @@ def cluster():
         yield c
     finally:
         try:
-            subprocess.run([GITOPS, "leave", "--dir", str(base / "worker")], capture_output=True, timeout=120)
+            subprocess.run([GITOPS, "lab", "exec", "--dir", str(base / "lab"), "lab-worker-1", "--", GITOPS, "leave",
+                            "--dir", str(base / "worker")], capture_output=True, timeout=120)
         finally:
             try:
                 labmod.down(base / "lab")
             finally:
                 shutil.rmtree(base, ignore_errors=True)
-    assert _host_leftovers() == before
+    assert _host_leftovers(base) == before
 
 
 def test_bootstrap_objects_are_in_the_plan_and_applied(cluster):
@@ -135,6 +152,11 @@ def test_bootstrap_objects_are_in_the_plan_and_applied(cluster):
     assert "~ update object gitops:node-proxier: spec hash edited !=" in planned, planned
     cluster.apply()
     assert cluster.plan("--detailed-exitcode", check=False).returncode == 0
+
+
+def _tail(cluster: Cluster, log: str, lines: int = 40) -> str:
+    path = cluster.worker_dir / log
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else f"(no {log})"
 
 
 def _server(cluster: Cluster) -> str:
@@ -180,7 +202,7 @@ def test_join_can_write_systemd_units_instead(cluster):
     assert "Requires=gitops-kubelet.service" in proxy and f"--config={directory}/kube-proxy.yaml" in proxy
     assert oct((directory / "bootstrap.kubeconfig").stat().st_mode & 0o777) == "0o600"  # it holds the token
     assert subprocess.run(["pgrep", "-f", f"{directory}/kubelet.yaml"]).returncode == 1  # nothing started
-    cluster.gitops("leave", "--dir", str(directory))
+    cluster.worker_has(GITOPS, "leave", "--dir", str(directory))
     assert not directory.exists()
 
 
@@ -211,7 +233,7 @@ def test_worker_joins_and_gitops_signs_its_certificates(cluster):
         if "kubelet serving certificate" in planned:
             break
         time.sleep(1)
-    assert "approve it (gitops approves kubelet serving requests)" in planned, planned
+    assert "approve it (gitops approves kubelet serving requests)" in planned, planned + _tail(cluster, "kubelet.log")
     assert "10.250.24.1" in planned
     cluster.apply()
     cluster.kubectl("wait", "--for=condition=Ready", "node/lab-worker-1", "--timeout=120s")
@@ -256,11 +278,34 @@ def test_status_shows_the_joined_worker(cluster):
     assert status["nodes"]["lab-worker-1"]["kubeletVersion"] == "v1.20.2"
 
 
+def test_the_worker_is_a_machine_of_its_own(cluster):
+    """Its address, kube-proxy's chains, ip_forward and the pod bridge are in its namespace, not the host's."""
+    assert f"{NET.node_ip}/32" in cluster.worker_has("ip", "-o", "addr", "show", "dev", "eth0")
+    assert ":KUBE-SERVICES" in cluster.worker_has("iptables-save", "-t", "nat")
+    assert cluster.worker_has("cat", "/proc/sys/net/ipv4/ip_forward").strip() == "1"
+    assert f"gitops{SUBNET.split('.')[2]}w1" in cluster.worker_has("ip", "-o", "link")
+    # the host holds none of it: no address beyond loopback added, no KUBE-* chain, no bridge
+    assert hostcheck.problems(cluster.dir / "lab") == []
+    assert not any(NET.node_ip in a for a in hostcheck.addresses())
+    host_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f"gitops{SUBNET.split('.')[2]}w1" not in host_links
+    # the host side of the veth has no address at all, IPv6 link-local included
+    assert subprocess.run(["ip", "-o", "addr", "show", "dev", NET.link], capture_output=True,
+                          text=True).stdout.strip() == ""
+    checked = cluster.gitops("lab", "check-host", "--dir", str(cluster.dir / "lab"))
+    assert "no address added outside 127.0.0.0/8" in checked.stdout
+
+
 def test_worker_leaves_and_nothing_is_left(cluster):
-    out = cluster.gitops("leave", "--dir", str(cluster.worker_dir)).stdout
+    out = cluster.worker_has(GITOPS, "leave", "--dir", str(cluster.worker_dir))
     assert "deleted Node lab-worker-1" in out
     assert "lab-worker-1" not in cluster.kubectl("get", "nodes").stdout
-    left = _host_leftovers()
-    assert left["processes"] == [] and left["chains"] == [] and left["bridges"] == []
+    left = _host_leftovers(cluster.dir)
+    assert left["processes"] == [] and left["chains"] == []
+    # inside the worker's namespace too: kube-proxy's chains and the bridge are gone, ip_forward back
+    assert ":KUBE-" not in cluster.worker_has("iptables-save")
+    assert f"gitops{SUBNET.split('.')[2]}w1" not in cluster.worker_has("ip", "-o", "link")
+    host_forward = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()  # what the namespace inherited
+    assert cluster.worker_has("cat", "/proc/sys/net/ipv4/ip_forward").strip() == host_forward
     assert not cluster.worker_dir.exists()
     assert not list(Path("/var/log/pods").glob("default_*"))  # kubelet's pod logs, outside its root dir

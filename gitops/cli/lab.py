@@ -134,9 +134,40 @@ COMMANDS: list[click.Command] = [lab]
 @click.option("--number", type=int, default=1, show_default=True, help="Which lab worker (lab-worker-N).")
 @_DIR
 def worker_cmd(number: int, lab_dir: Path | None) -> None:
-    """Start a lab worker's own containerd (bridge CNI, its own address); print the `gitops join` flags
-    for it, one per line."""
+    """Give lab-worker-N its own network namespace (node address 10.250.X.N, joined to the host by a veth)
+    and its own containerd there (bridge CNI); print the `gitops join` flags for it, one per line.
+    Run `gitops join` and `gitops leave` on it with `gitops lab exec lab-worker-N -- ...`."""
     from gitops.lab.worker import prepare
 
     for flag in prepare(number, lab_dir).join_flags():
         click.echo(flag)
+
+
+@lab.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("worker")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@_DIR
+def exec_cmd(worker: str, argv: tuple[str, ...], lab_dir: Path | None) -> None:
+    """Run a command on lab worker WORKER (e.g. lab-worker-1): in its network namespace, as on that machine.
+
+    \b
+    gitops lab exec lab-worker-1 -- gitops join https://... --token ... FLAGS...
+    gitops lab exec lab-worker-1 -- gitops leave"""
+    from gitops.lab.worker import run
+
+    run(worker, list(argv), lab_dir)
+
+
+@lab.command("check-host")
+@_DIR
+def check_host_cmd(lab_dir: Path | None) -> None:
+    """Check that the lab left nothing on the host's network: no address added to a host interface since
+    `lab up` (only 127.0.0.0/8 and ::1 are allowed), no KUBE-* chain in the host's iptables. Exit 1 if not."""
+    from gitops.lab import hostcheck
+
+    found = hostcheck.problems(labmod.info(lab_dir).dir)
+    for line in found:
+        click.echo(line)
+    if found:
+        raise SystemExit(1)
+    click.echo("host: no address added outside 127.0.0.0/8 and ::1, no KUBE-* chain in its iptables")

@@ -112,14 +112,19 @@ def _binary(name: str, given: str | None) -> str:
               help="Write systemd units here instead of starting kubelet and kube-proxy.")
 @click.option("--timeout", type=float, default=600, show_default=True,
               help="Seconds to wait for the node's client certificate.")
+@click.option("--kubelet-iptables-util-chains/--no-kubelet-iptables-util-chains", default=True, show_default=True,
+              help="kubelet's makeIPTablesUtilChains: its KUBE-FIREWALL chain drops new connections from a "
+                   "non-loopback source to 127.0.0.0/8. Off on a worker that reaches its cluster at a loopback "
+                   "address of another network namespace (the lab's workers).")
 def join(server: str, token: str, ca_cert_hash: str, node_name: str, node_ip: str | None, cri_endpoint: str,
          directory: Path, kubelet_port: int, proxy_port: int, cni_conf_dir: Path | None, pod_cidr: str,
          cluster_cidr: str, bridge: str, kubelet: str | None, kube_proxy: str | None, systemd_dir: Path | None,
-         timeout: float) -> None:
+         timeout: float, kubelet_iptables_util_chains: bool) -> None:
     """Join this machine to the cluster at SERVER as a worker (run on the worker, as root)."""
     spec = WorkerSpec(name=node_name, ip=node_ip or _default_ip(server), server=server, cri_endpoint=cri_endpoint,
                       dir=directory.resolve(), kubelet_port=kubelet_port, proxy_port=proxy_port, pod_cidr=pod_cidr,
-                      cni_conf_dir=cni_conf_dir.resolve() if cni_conf_dir else None, bridge=bridge)
+                      cni_conf_dir=cni_conf_dir.resolve() if cni_conf_dir else None, bridge=bridge,
+                      iptables_util_chains=kubelet_iptables_util_chains)
     join_worker(spec, token, ca_cert_hash, kubelet=_binary("kubelet", kubelet),
                 kube_proxy=_binary("kube-proxy", kube_proxy), cluster_cidr=cluster_cidr, systemd_dir=systemd_dir,
                 timeout=timeout, say=click.echo)

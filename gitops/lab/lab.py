@@ -35,8 +35,8 @@ import yaml
 from gitops.logs import event
 from gitops.cri import CRIClient, CRIError
 from gitops import procs
-from gitops.lab import configs, images, standins
-from gitops.lab.addresses import release
+from gitops.lab import configs, hostcheck, images, standins
+from gitops.lab.netns import RECORD, enter, release
 from gitops.lab.errors import LabError
 from gitops.lab.standins import DEFAULT_KUBERNETES_VERSIONS
 from gitops.model.resources import (
@@ -315,6 +315,7 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
             raise LabError(f"a lab is already up in {lab_dir} (gitops lab down first)")
         down(lab_dir)
     lab_dir.mkdir(parents=True, exist_ok=True)
+    hostcheck.record(lab_dir)
     try:
         return _up(lab_dir, hypervisors, public, remote, subnet, cri_port, first_port, versions, etcd_version)
     except BaseException:
@@ -379,23 +380,28 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
     return LabInfo(lab_dir, tuple(hvs), image_refs, tuple(started), aliases, kinds)
 
 
-def add_runtime(lab_dir: Path, name: str, ip: str) -> tuple[Path, procs.Proc]:
+def add_runtime(lab_dir: Path, name: str, ip: str, netns: str | None = None) -> tuple[Path, procs.Proc]:
     """One more containerd in the lab, not a hypervisor (a worker's CRI): in `lab_dir/hv-<name>`, streaming
-    on `ip`, with the lab images; recorded so `down` stops it. Returns its directory and process."""
+    on `ip`, in network namespace `netns` if given (its CNI bridge and pods then live there), with the lab
+    images; recorded so `down` stops it. Returns its directory and process."""
     lab = info(lab_dir)
     hv_dir = lab.dir / f"hv-{name}"
     for sub in ("cni/bin", "cni/conf", "logs"):
         (hv_dir / sub).mkdir(parents=True, exist_ok=True)
     config = hv_dir / "containerd.toml"
     config.write_text(configs.containerd_config(hv_dir, ip, lab.images["pause"]))
-    ctrd = procs.spawn("containerd", name, ["containerd", "--config", str(config)], hv_dir / "logs" / "containerd.log",
+    argv = ["containerd", "--config", str(config)]
+    ctrd = procs.spawn("containerd", name, enter(netns, argv) if netns else argv, hv_dir / "logs" / "containerd.log",
                        hv_dir)
     _save(lab.dir, lab.hypervisors, [*lab.processes, ctrd], lab.images, lab.aliases, lab.kubernetes)
-    _wait(f"containerd for {name}", _cri_ready(Hypervisor(name, False, ip, PortRange(1, 1),
-                                                          LocalCRIEndpoint(str(hv_dir / "containerd.sock")))),
-          READY_TIMEOUT, ctrd)
+    _wait(f"containerd for {name}", _cri_ready(_runtime(name, hv_dir, ip)), READY_TIMEOUT, ctrd)
     _ctr_import(str(hv_dir / "containerd.sock"), lab.dir / "images" / IMAGES_ARCHIVE, name)
     return hv_dir, ctrd
+
+
+def _runtime(name: str, hv_dir: Path, ip: str = "127.0.0.1") -> Hypervisor:
+    """A runtime `add_runtime` started, as a Hypervisor its CRI client can reach."""
+    return Hypervisor(name, False, ip, PortRange(1, 1), LocalCRIEndpoint(str(hv_dir / "containerd.sock")))
 
 
 def kill_containerd(lab_dir: Path, name: str) -> None:
@@ -431,17 +437,17 @@ def start_containerd(lab_dir: Path, name: str) -> procs.Proc:
     return ctrd
 
 
-def _drain(hv: LabHypervisor) -> list[str]:
-    """Stop and remove every pod sandbox on a hypervisor (best effort)."""
+def _drain(name: str, hv: Hypervisor) -> list[str]:
+    """Stop and remove every pod sandbox of a lab runtime (best effort)."""
     removed = []
     try:
-        with CRIClient(hv.local().cri_endpoint(), timeout=5, slow_timeout=30) as client:
+        with CRIClient(hv.cri_endpoint(), timeout=5, slow_timeout=30) as client:
             for sandbox in client.list_sandboxes():
                 client.stop_sandbox(sandbox.id)
                 client.remove_sandbox(sandbox.id)
-                removed.append(f"{hv.name}/sandbox/{sandbox.name}")
+                removed.append(f"{name}/sandbox/{sandbox.name}")
     except CRIError as err:
-        event(log, logging.WARNING, "cannot drain hypervisor", hypervisor=hv.name, error=str(err))
+        event(log, logging.WARNING, "cannot drain hypervisor", hypervisor=name, error=str(err))
     return removed
 
 
@@ -475,7 +481,11 @@ def down(lab_dir: Path | None = None) -> DownReport:
         alive = {(p.role, p.hypervisor) for p in state.processes if p.alive()}
         for hv in state.hypervisors:
             if ("containerd", hv.name) in alive:
-                stopped += _drain(hv)
+                stopped += _drain(hv.name, hv.local())
+        for record in sorted(lab_dir.glob(f"hv-*/{RECORD}")):  # a worker's runtime: its pods' networks go too
+            name = record.parent.name.removeprefix("hv-")
+            if ("containerd", name) in alive:
+                stopped += _drain(name, _runtime(name, record.parent))
         for role in ("haproxy", "containerd"):
             recorded = [p for p in state.processes if p.role == role and p.alive()]
             procs.terminate([(p.pid, p.start_time) for p in recorded])
@@ -498,7 +508,7 @@ def down(lab_dir: Path | None = None) -> DownReport:
     for hv_dir in sorted(lab_dir.glob("hv-*")):
         stopped += release(hv_dir)
     unmounted = procs.unmount_under(lab_dir)
-    for name in [STATE_FILE, "images", "pki"] + [p.name for p in lab_dir.glob("hv-*")]:
+    for name in [STATE_FILE, hostcheck.BASELINE, "images", "pki"] + [p.name for p in lab_dir.glob("hv-*")]:
         path = lab_dir / name
         if path.is_dir():
             shutil.rmtree(path)

@@ -1,22 +1,27 @@
-"""A worker machine in the lab: its own containerd (kubelet owns every pod of its runtime and
-kills pods it did not make, so a worker never shares a hypervisor's), with a bridge CNI.
+"""A worker machine in the lab: its own network namespace and its own containerd (kubelet owns
+every pod of its runtime and kills pods it did not make, so a worker never shares a hypervisor's),
+with a bridge CNI.
 
-kubelet 1.20 refuses a loopback node IP (127.0.0.0/8), so the worker gets its own
-address, 10.250.<lab subnet's third octet>.<n>/32, added to `lo` (the host has no
-interface to spare and nothing leaves the machine). Its containerd gets Debian's CNI
-plugins (bridge, host-local, loopback) in its CNI bin directory; `gitops join
---cni-conf-dir` writes the bridge network. `gitops lab down` stops the containerd and
-removes the address (`gitops.lab.addresses.release`).
+The worker's network is `gitops.lab.netns`: a namespace joined to the host by a veth, its node
+address (10.250.<lab subnet's third octet>.<n>; kubelet 1.20 refuses a loopback node IP) only
+inside it. Its containerd runs in the namespace, and so must `gitops join` and `gitops leave`
+(`gitops lab exec lab-worker-N -- gitops join ...`): kubelet, kube-proxy's iptables chains,
+`ip_forward` and the CNI bridge are then the namespace's, never the host's. Its containerd gets
+Debian's CNI plugins (bridge, host-local, loopback) in its CNI bin directory; `gitops join
+--cni-conf-dir` writes the bridge network. `gitops lab down` stops the containerd and removes
+the namespace and the veth (`gitops.lab.netns.release`).
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gitops.lab.addresses import RECORD, add_address
+from gitops.lab import netns
 from gitops.lab.errors import LabError
 from gitops.lab.lab import add_runtime, info
+from gitops.lab.netns import RECORD, WorkerNetwork
 
 CNI_SOURCE = Path("/usr/lib/cni")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
@@ -33,6 +38,9 @@ class LabWorker:
     pod_cidr: str
     cluster_cidr: str
     bridge: str
+    netns: str
+    link: str
+    host_ip: str
     kubelet_port: int = 10250
     proxy_port: int = 10256
 
@@ -40,31 +48,57 @@ class LabWorker:
         return [f"--node-name={self.name}", f"--node-ip={self.node_ip}", f"--cri-endpoint={self.cri_endpoint}",
                 f"--cni-conf-dir={self.cni_conf_dir}", f"--pod-cidr={self.pod_cidr}",
                 f"--cluster-cidr={self.cluster_cidr}", f"--bridge={self.bridge}",
-                f"--kubelet-port={self.kubelet_port}", f"--proxy-port={self.proxy_port}"]
+                f"--kubelet-port={self.kubelet_port}", f"--proxy-port={self.proxy_port}",
+                # the worker reaches the ingress at a host loopback address from its routed one, which
+                # kubelet's KUBE-FIREWALL rule ("block incoming localnet connections") would drop
+                "--no-kubelet-iptables-util-chains"]
 
 
 def prepare(number: int = 1, lab_dir: Path | None = None) -> LabWorker:
-    """Start worker `number`'s containerd (once) and give it its address; the flags for `gitops join`."""
+    """Give worker `number` its network namespace and start its containerd there (once); the flags for
+    `gitops join`, which runs in that namespace (`command`)."""
     if not CNI_SOURCE.is_dir():
         raise LabError(f"{CNI_SOURCE} missing: install Debian's containernetworking-plugins "
                        "(scripts/install-deps.sh does)")
     lab = info(lab_dir)
-    third = lab.hypervisors[0].ip.split(".")[2]
+    if not 1 <= number <= 250:
+        raise LabError("--number must be between 1 and 250")
+    subnet = lab.hypervisors[0].ip.rsplit(".", 1)[0]
+    net = WorkerNetwork.for_worker(subnet, number)
+    third = subnet.split(".")[2]
     name = f"lab-worker-{number}"
-    ip = f"10.250.{third}.{number}"
     hv_dir = lab.dir / f"hv-{name}"
-    worker = LabWorker(name=name, node_ip=ip, cri_endpoint=f"unix://{hv_dir / 'containerd.sock'}",
+    worker = LabWorker(name=name, node_ip=net.node_ip, cri_endpoint=f"unix://{hv_dir / 'containerd.sock'}",
                        cni_conf_dir=str(hv_dir / "cni" / "conf"), pod_cidr=f"10.{87 + number}.{third}.0/24",
                        cluster_cidr=f"10.{87 + number}.0.0/16",
-                       bridge=f"gitops{third}w{number}")
-    if any(p.role == "containerd" and p.hypervisor == name and p.alive() for p in lab.processes):
+                       bridge=f"gitops{third}w{number}", netns=net.netns, link=net.link, host_ip=net.host_ip)
+    if netns.exists(net.netns) and any(p.role == "containerd" and p.hypervisor == name and p.alive()
+                                       for p in lab.processes):
         return worker
-    add_address(ip)
     (hv_dir / "cni" / "bin").mkdir(parents=True, exist_ok=True)
-    (hv_dir / RECORD).write_text(json.dumps(asdict(worker), indent=2, sort_keys=True) + "\n")
+    (hv_dir / RECORD).write_text(json.dumps(asdict(worker), indent=2, sort_keys=True) + "\n")  # before: down finds it
+    netns.create(net)
     for plugin in CNI_PLUGINS:
         link = hv_dir / "cni" / "bin" / plugin
         if not link.exists():
             link.symlink_to(CNI_SOURCE / plugin)
-    add_runtime(lab.dir, name, ip)
+    add_runtime(lab.dir, name, net.node_ip, net.netns)
     return worker
+
+
+def command(name: str, argv: list[str], lab_dir: Path | None = None) -> list[str]:
+    """`argv` as it runs on lab worker `name` (in its network namespace)."""
+    record = info(lab_dir).dir / f"hv-{name}" / RECORD
+    try:
+        space = str(json.loads(record.read_text())["netns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise LabError(f"no lab worker {name} in this lab (`gitops lab worker` prepares it)") from None
+    if not netns.exists(space):
+        raise LabError(f"the network namespace {space} of {name} is gone (`gitops lab worker` again)")
+    return netns.enter(space, argv)
+
+
+def run(name: str, argv: list[str], lab_dir: Path | None = None) -> None:
+    """Replace this process with `argv` run on lab worker `name`."""
+    full = command(name, argv, lab_dir)
+    os.execvp(full[0], full)

@@ -24,6 +24,8 @@ class WorkerSpec:
     pod_cidr: str = "10.88.0.0/24"
     cni_conf_dir: Path | None = None
     bridge: str = "gitops0"
+    #: kubelet's makeIPTablesUtilChains (its KUBE-FIREWALL drops non-loopback sources to 127.0.0.0/8)
+    iptables_util_chains: bool = True
 
     @property
     def bootstrap_kubeconfig(self) -> Path:
@@ -87,6 +89,7 @@ def kubelet_config(spec: WorkerSpec) -> str:
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "volumePluginDir": str(spec.dir / "volume-plugins"),
+        "makeIPTablesUtilChains": spec.iptables_util_chains,
     }, sort_keys=True)
 
 
