@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gitops"
 
 RANK = {
     # bottom: no repo model, no I/O policy
-    "errors": 0, "__version__": 0, "apipaths": 0,
+    "errors": 0, "__version__": 0, "apipaths": 0, "printable": 0,
+    "safeio": 1,
     "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1, "memo": 1, "procs": 2,
     "cri": 2, "pki": 2, "state": 2, "kubeapi": 2,
     "node": 3, "model": 3, "kubeconfig": 3, "coordination": 3,
@@ -130,3 +131,14 @@ def test_no_two_modules_import_each_other():
         if name not in state:
             visit(name, [])
     assert not cycles, "\n".join(cycles)
+
+
+def test_each_command_is_found_in_the_module_the_cli_loads_for_it():
+    """`gitops CMD` imports only CMD's module (gitops.cli._Group.MODULES): the map must be right."""
+    import importlib
+
+    from gitops.cli import _Group
+
+    for module in _Group.ALL:
+        for command in importlib.import_module(f"gitops.cli.{module}").COMMANDS:
+            assert _Group.MODULES.get(command.name, module) == module, command.name

@@ -312,7 +312,7 @@ def test_repo_config_errors_and_paths(repo):
     # Only clusters/ is read now, so the node pinned to edge-1 points nowhere.
     assert errors(repo) == [
         "clusters/c1.yaml:25: Node/c1-ingress: spec.hypervisor: Hypervisor 'edge-1' does not exist (none defined)",
-        "gitops.yaml:1: GitopsConfig: spec.paths[1]: 'missing' does not exist or is not a directory",
+        "gitops.yaml:4: GitopsConfig: spec.paths[1]: 'missing' does not exist or is not a directory",
     ]
     assert validate_repo(repo).repo.config.status_branch == "ops/status"
     write(repo, "gitops.yaml", """

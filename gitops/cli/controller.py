@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gitops import logs
+from gitops.cli.secrets import read_identity
 from gitops.controller import Controller, ControllerConfig, CoordinationFlags
 from gitops.errors import GitopsError
 from gitops.metrics import serve
@@ -83,7 +84,7 @@ def build(repo: str, branch: str, workdir: Path, identity: Path | None, insecure
         repo = str(Path(repo).absolute())
     config = ControllerConfig(
         repo=repo, workdir=workdir.absolute(), branch=branch,
-        identity=identity.read_text() if identity else None,
+        identity=read_identity(identity) if identity else None,
         insecure_plaintext_secrets=insecure_plaintext_secrets, signatures=signatures,
         allow_mass_delete=allow_mass_delete, interval=interval, status_branch=status_branch,
         coordination=CoordinationFlags(

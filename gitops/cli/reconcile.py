@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.markup import escape
 
 from gitops.cli.secrets import identity_option, read_identity
 from gitops.compile import compile_desired
@@ -17,8 +16,10 @@ from gitops.errors import GitopsError
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.model.validate import InvalidRepo, validate_repo
 from gitops.plan.actions import Action, Plan
-from gitops.plan.render import COLOUR, describe, headline, render_json, render_markdown, render_text, unknown_lines
+from gitops.plan.render import (COLOUR, describe, headline, render_json, render_markdown, render_text, safe,
+                                unknown_lines)
 from gitops.plan.saved import SavedPlan, StalePlan, observed_digest, repo_digest, state_digest
+from gitops.printable import printable
 from gitops.state import LocalDirStore
 from gitops.state.records import ClusterRecord
 from gitops.status.reader import SOURCE, SourceStatus, StatusReader
@@ -30,10 +31,20 @@ STATE_ENV = "GITOPS_STATE_DIR"
 def state_store(repo: Path, state_dir: Path | None) -> LocalDirStore:
     """The state directory: --state-dir, $GITOPS_STATE_DIR, or REPO/.gitops-state (git-ignored)."""
     directory = state_dir or (Path(os.environ[STATE_ENV]) if os.environ.get(STATE_ENV) else repo / ".gitops-state")
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if directory.resolve() == repo.resolve():
+        raise GitopsError(f"{printable(str(directory))}: the state directory is the repo itself, where its CA keys "
+                          "would be committed; use a directory of its own (default REPO/.gitops-state)")
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as err:
+        raise GitopsError(f"{printable(str(directory))}: cannot use as the state directory: "
+                          f"{err.strerror or err}") from None
     ignore = directory / ".gitignore"
-    if not ignore.exists():
-        ignore.write_text("# gitops state: CA keys and allocations. Never commit this directory.\n*\n")
+    if not os.path.lexists(ignore):
+        try:
+            ignore.write_text("# gitops state: CA keys and allocations. Never commit this directory.\n*\n")
+        except OSError:
+            pass  # a read-only state directory still plans; saving state into it says why it cannot
     return LocalDirStore(directory)
 
 
@@ -46,7 +57,16 @@ def load(repo: Path, identity: Path | None = None, *, sealed_ok: bool = False):
 
 
 repo_argument = click.argument("repo", default=".", type=click.Path(file_okay=False, exists=True, path_type=Path))
-state_option = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+def _state_dir(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Path | None:
+    """An empty `--state-dir ""` is an error, not the current directory."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter("must name a directory (an empty value would be the current directory)")
+    return Path(value)
+
+
+state_option = click.option("--state-dir", type=click.Path(file_okay=False), callback=_state_dir,
                             help=f"Recorded state (CAs, placements); default ${STATE_ENV} or REPO/.gitops-state.")
 
 
@@ -139,7 +159,7 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
     A saved plan is refused (exit 4, nothing changed) when the repo, the recorded
     state or the live state moved since `gitops plan --out` made it.
     """
-    saved = SavedPlan.read(target) if target.is_file() else None
+    saved = SavedPlan.read(target) if not target.is_dir() else None
     repo = (repo_option or Path(".")) if saved is not None else target
     result = load(repo, identity)
     model, config = result.model, result.repo.config
@@ -167,7 +187,7 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
         colour = COLOUR[action.symbol]
         mark = "done" if status == "done" else "[bold red]FAILED[/bold red]"
         console.print(f"[{index + 1}/{total}] [{colour}]{action.symbol} {action.subject}[/{colour}] "
-                      f"{escape(describe(action))} ... {mark} ({took:.1f}s)")
+                      f"{safe(describe(action))} ... {mark} ({took:.1f}s)")
 
     outcome = apply_plan(the_plan, state, model, config, store, allow_mass_delete=allow_mass_delete,
                          progress=progress, planned=planned)
@@ -177,19 +197,19 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
 def report_apply(outcome: ApplyResult, console: Console) -> None:
     """Unknowns, warnings, the closing line (scripts read `Apply complete: N action(s)`), the follow-up."""
     for line in unknown_lines(outcome.plan):
-        console.print(f"[bold magenta]? {escape(line)}[/bold magenta]")
+        console.print(f"[bold magenta]? {safe(line)}[/bold magenta]")
     for warning in outcome.plan.warnings:
-        console.print(f"[bold yellow]! {escape(warning)}[/bold yellow]")
+        console.print(f"[bold yellow]! {safe(warning)}[/bold yellow]")
     for note in outcome.plan.notes:
-        console.print(f"[bold cyan]» {escape(note)}[/bold cyan]")
+        console.print(f"[bold cyan]» {safe(note)}[/bold cyan]")
     if not outcome.executed:
-        console.print(escape(headline(outcome.plan)) if outcome.plan.unknowns
+        console.print(safe(headline(outcome.plan)) if outcome.plan.unknowns
                       else "No changes. The live state matches the repo.")
     else:
         console.print(f"Apply complete: {len(outcome.executed)} action(s), exactly as planned.")
     if outcome.follow_up is not None:
         for surprise in outcome.surprises:
-            console.print(f"[bold yellow]! {escape(surprise)}[/bold yellow]")
+            console.print(f"[bold yellow]! {safe(surprise)}[/bold yellow]")
         console.print(f"[bold yellow]Follow-up plan: {len(outcome.follow_up.actions)} action(s) that could not be "
                       "known before this apply (not applied; run `gitops apply` again):[/bold yellow]")
         render_text(outcome.follow_up, console)

@@ -13,6 +13,7 @@ import click
 
 from gitops.errors import GitopsError
 from gitops.model.config import CONFIG_FILE
+from gitops.model.diagnostics import MAX_SHOWN, capped
 from gitops.model.repo import repo_files
 from gitops.model.secretfields import describe_declared
 from gitops.model.secretedit import (
@@ -20,12 +21,18 @@ from gitops.model.secretedit import (
     encrypt_fields,
     find_fields,
     parse_field,
+    read_yaml,
     rekey_fields,
     write_changes,
 )
+from gitops.model.yamledit import EditError
+from gitops.printable import printable
+from gitops.safeio import FileRefused, MiB, read_text
 from gitops.secrets import encrypt, load_identities
 
 IDENTITY_ENV = "GITOPS_IDENTITY"
+#: an age identity file is a few lines; a larger one is not one
+MAX_IDENTITY_BYTES = MiB
 
 identity_option = click.option(
     "--identity", type=click.Path(dir_okay=False, exists=True, path_type=Path), envvar=IDENTITY_ENV,
@@ -40,9 +47,9 @@ def read_identity(path: Path | None) -> str | None:
     if path is None:
         return None
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise GitopsError(f"cannot read the age identity {path}: {getattr(err, 'strerror', None) or err}") from None
+        return read_text(path, MAX_IDENTITY_BYTES)
+    except FileRefused as err:
+        raise GitopsError(f"cannot read the age identity: {err}") from None
 
 
 recipient_option = click.option(
@@ -51,11 +58,17 @@ recipient_option = click.option(
 
 
 def _repo_root_of(path: Path) -> Path | None:
-    """The nearest directory holding gitops.yaml, from `path` up."""
-    start = path.resolve() if path.is_dir() else path.resolve().parent
-    for directory in (start, *start.parents):
-        if (directory / CONFIG_FILE).is_file():
+    """The repo whose gitops.yaml applies to `path`: a directory is its own repo; a file's is the nearest
+    directory holding gitops.yaml from the file up, never above the top of its git checkout (a
+    directory holding `.git`): the gitops.yaml of an enclosing directory is another repo's."""
+    real = Path(os.path.realpath(path))
+    if real.is_dir():
+        return real if os.path.lexists(real / CONFIG_FILE) else None
+    for directory in (real.parent, *real.parent.parents):
+        if os.path.lexists(directory / CONFIG_FILE):
             return directory
+        if os.path.lexists(directory / ".git"):
+            return None
     return None
 
 
@@ -63,10 +76,11 @@ def _recipients(root: Path | None, given: tuple[str, ...]) -> tuple[str, ...]:
     if given:
         return given
     if root is None:
-        raise GitopsError(f"no {CONFIG_FILE} found above the file and no --recipient given: nothing to encrypt to")
+        raise GitopsError(f"no {CONFIG_FILE} found in the repo and no --recipient given: nothing to encrypt to "
+                          "(--repo names the repo whose gitops.yaml lists the recipients)")
     config, _, problems = repo_files(root)
     if problems:
-        raise GitopsError(f"{root / CONFIG_FILE} is invalid:\n" + "\n".join(str(p) for p in problems))
+        raise GitopsError(f"{root / CONFIG_FILE} is invalid:\n" + "\n".join(capped(problems)))
     if not config.secrets.recipients:
         raise GitopsError(f"{root / CONFIG_FILE} declares no spec.secrets.recipients (the controller's age recipient "
                           "and yours); add them, or pass --recipient")
@@ -78,17 +92,17 @@ def _files(target: Path, root: Path | None) -> list[tuple[str, Path]]:
     if target.is_dir():
         _, rels, problems = repo_files(target)
         if problems:
-            raise GitopsError("\n".join(str(p) for p in problems))
+            raise GitopsError("\n".join(capped(problems)))
         return [(rel, target / rel) for rel in rels]
-    resolved = target.resolve()
-    name = resolved.relative_to(root).as_posix() if root and resolved.is_relative_to(root) else str(target)
+    resolved = Path(os.path.realpath(target))
+    name = resolved.relative_to(root).as_posix() if root and resolved.is_relative_to(root) else printable(str(target))
     return [(name, target)]
 
 
 def _report(changes: list[FileChange], dry_run: bool = False) -> None:
     for change in changes:
         for line in change.report:
-            click.echo(line)
+            click.echo(printable(line))
     if not any(c.report for c in changes):
         click.echo("no secret fields found (secret fields: " + describe_declared() + ")")
         return
@@ -162,16 +176,22 @@ def rekey(repo: Path, identity: Path | None, recipients: tuple[str, ...], dry_ru
 def list_fields(repo: Path) -> None:
     """List every secret field of REPO (file:line: Kind/name: field: encrypted | PLAINTEXT)."""
     found = 0
+    problems: list[str] = []
     for rel, path in _files(repo, repo.resolve()):
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue  # validate reports unreadable files
-        for secret in find_fields(rel, text):
+            fields = find_fields(rel, read_yaml(rel, path))
+        except EditError as err:  # unreadable, or not YAML: said after the list, and the exit code is 1
+            problems.append(str(err))
+            continue
+        for secret in fields:
             found += 1
-            click.echo(f"{secret.where}: {'encrypted' if secret.encrypted else 'PLAINTEXT'}")
-    if not found:
+            click.echo(printable(f"{secret.where}: {'encrypted' if secret.encrypted else 'PLAINTEXT'}"))
+    if not found and not problems:
         click.echo("no secret fields in this repo")
+    for line in problems[:MAX_SHOWN] + ([f"... and {len(problems) - MAX_SHOWN} more"] if len(problems) > MAX_SHOWN else []):
+        click.echo(f"error: {printable(line)}", err=True)
+    if problems:
+        raise SystemExit(1)
 
 
 COMMANDS: list[click.Command] = [secrets]

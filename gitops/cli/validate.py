@@ -8,8 +8,11 @@ from pathlib import Path
 import click
 
 from gitops.cli.secrets import IDENTITY_ENV, identity_option, read_identity
+from gitops.errors import GitopsError
 from gitops.model import schemas
+from gitops.model.diagnostics import MAX_SHOWN, capped
 from gitops.model.validate import validate_repo
+from gitops.printable import printable
 
 
 @click.command()
@@ -35,24 +38,25 @@ def validate(repo: Path, output: str, identity: Path | None) -> None:
         payload = {
             "repo": str(repo),
             "valid": result.ok,
-            "errors": [d.to_dict() for d in result.diagnostics],
-            "warnings": [d.to_dict() for d in result.warnings],
+            "errors": [d.to_dict() for d in result.diagnostics[:MAX_SHOWN]],
+            "errorCount": len(result.diagnostics),
+            "warnings": [d.to_dict() for d in result.warnings[:MAX_SHOWN]],
             "notDecrypted": [d.to_dict() for d in result.sealed],
             "summary": summary,
         }
         click.echo(json.dumps(payload, indent=2, sort_keys=True))
         raise SystemExit(0 if result.ok else 1)
-    for warning in result.warnings:
+    for warning in capped(result.warnings, "warning"):
         click.echo(f"warning: {warning}", err=True)
     if result.sealed:
         click.echo(f"note: {len(result.sealed)} encrypted secret field(s) not decrypted (no --identity or "
                    f"${IDENTITY_ENV}): their armor was checked, not what they hold", err=True)
     if result.ok:
         counts = ", ".join(f"{n} {kind}" for kind, n in summary["kinds"].items()) or "no resources"
-        click.echo(f"ok: {repo}: {summary['documents']} documents in {summary['files']} files ({counts})")
+        click.echo(f"ok: {printable(str(repo))}: {summary['documents']} documents in {summary['files']} files ({counts})")
     else:
-        for diag in result.diagnostics:
-            click.echo(str(diag), err=True)
+        for line in capped(result.diagnostics):
+            click.echo(line, err=True)
         files = len({d.file for d in result.diagnostics})
         click.echo(f"invalid: {len(result.diagnostics)} error(s) in {files} file(s)", err=True)
     raise SystemExit(0 if result.ok else 1)
@@ -65,10 +69,14 @@ def validate(repo: Path, output: str, identity: Path | None) -> None:
 def schema(kind: str | None, write_dir: Path | None) -> None:
     """Print the JSON Schema of KIND, or write all schemas for editors (--write DIR)."""
     if write_dir is not None:
-        write_dir.mkdir(parents=True, exist_ok=True)
         for name, filename in sorted(schemas.KINDS.items()):
-            (write_dir / filename).write_text(schemas.schema_text(name), encoding="utf-8")
-            click.echo(str(write_dir / filename))
+            target = write_dir / filename
+            try:
+                write_dir.mkdir(parents=True, exist_ok=True)
+                target.write_text(schemas.schema_text(name), encoding="utf-8")
+            except OSError as err:
+                raise GitopsError(f"cannot write {printable(str(target))}: {err.strerror or err}") from None
+            click.echo(printable(str(target)))
         return
     if kind is None:
         for name, filename in sorted(schemas.KINDS.items()):

@@ -17,10 +17,16 @@ from gitops.model import schemas
 from gitops.model.config import CONFIG_FILE, RepoConfig, coordination_problems
 from gitops.model.diagnostics import Diagnostic
 from gitops.model.documents import Document, FieldPath
-from gitops.model.yamlload import RawDocument, YamlError, load_yaml_documents, yaml_error_diagnostic
+from gitops.model.yamlload import MAX_FILE_BYTES, RawDocument, YamlError, load_yaml_documents, yaml_error_diagnostic
+from gitops.safeio import FileRefused, MiB, read_bytes, within
 
 YAML_SUFFIXES = (".yaml", ".yml")
 MAX_MESSAGE = 240
+#: YAML files of a repo, and their bytes altogether: past either, the rest is not read
+MAX_FILES = 20_000
+MAX_REPO_BYTES = 64 * MiB
+#: documents of a repo (a `kind: List` counts its items)
+MAX_DOCUMENTS = 100_000
 
 
 @dataclass
@@ -41,17 +47,57 @@ def load_repo(root: str | os.PathLike[str]) -> LoadedRepo:
         raise GitopsError(f"{root}: not a directory (expected an infra repo checkout)")
     root_path = root_path.resolve()
     diagnostics: list[Diagnostic] = []
-    config = _load_config(root_path, diagnostics)
+    config, paths = _load_config(root_path, diagnostics)
     repo = LoadedRepo(root=root_path, config=config, diagnostics=diagnostics)
-    for rel in _yaml_files(root_path, config, diagnostics):
+    budget = _Budget()
+    for rel in _yaml_files(root_path, config, paths, diagnostics):
+        if not budget.file(rel, diagnostics):
+            break
         repo.files.append(rel)
-        for doc in read_documents(root_path, rel, diagnostics):
+        docs = read_documents(root_path, rel, diagnostics, budget)
+        if budget.spent or not budget.documents(rel, docs, diagnostics):
+            break
+        for doc in docs:
             repo.documents.append(doc)
             errors = schema_errors(doc)
             diagnostics.extend(errors)
             if not errors:
                 repo.valid.append(doc)
     return repo
+
+
+class _Budget:
+    """What one repo may cost: files, bytes read, documents. Past a limit: one error, and no more reading."""
+
+    def __init__(self) -> None:
+        self.files = self.bytes = self.docs = 0
+        self.spent = False
+
+    def _stop(self, rel: str, message: str, diagnostics: list[Diagnostic]) -> bool:
+        diagnostics.append(Diagnostic(rel, 1, message=message))
+        self.spent = True
+        return False
+
+    def file(self, rel: str, diagnostics: list[Diagnostic]) -> bool:
+        self.files += 1
+        if self.files > MAX_FILES:
+            return self._stop(rel, f"the repo has more than {MAX_FILES} YAML files under spec.paths; "
+                              "this one and the rest are not read", diagnostics)
+        return True
+
+    def read(self, rel: str, size: int, diagnostics: list[Diagnostic]) -> bool:
+        self.bytes += size
+        if self.bytes > MAX_REPO_BYTES:
+            return self._stop(rel, f"the repo's YAML files hold more than {MAX_REPO_BYTES // MiB} MiB "
+                              "altogether; this one and the rest are not read", diagnostics)
+        return True
+
+    def documents(self, rel: str, docs: list[Document], diagnostics: list[Diagnostic]) -> bool:
+        self.docs += len(docs)
+        if self.docs > MAX_DOCUMENTS:
+            return self._stop(rel, f"the repo holds more than {MAX_DOCUMENTS} documents; this file and the "
+                              "rest are not read", diagnostics)
+        return True
 
 
 def repo_files(root: str | os.PathLike[str]) -> tuple[RepoConfig, list[str], list[Diagnostic]]:
@@ -61,64 +107,83 @@ def repo_files(root: str | os.PathLike[str]) -> tuple[RepoConfig, list[str], lis
         raise GitopsError(f"{root}: not a directory (expected an infra repo checkout)")
     root_path = root_path.resolve()
     diagnostics: list[Diagnostic] = []
-    config = _load_config(root_path, diagnostics)
-    return config, _yaml_files(root_path, config, diagnostics), diagnostics
+    config, paths = _load_config(root_path, diagnostics)
+    return config, _yaml_files(root_path, config, paths, diagnostics), diagnostics
 
 
-def _load_config(root: Path, diagnostics: list[Diagnostic]) -> RepoConfig:
-    path = root / CONFIG_FILE
-    if not path.is_file():
-        return RepoConfig()
+#: where gitops.yaml's spec.paths are read from: the config document (for lines), or None; False when
+#: gitops.yaml exists but cannot be read (then no path is known, and no file is read)
+_Paths = Document | None | bool
+
+
+def _load_config(root: Path, diagnostics: list[Diagnostic]) -> tuple[RepoConfig, _Paths]:
+    """gitops.yaml's settings (defaults when there is none) and its document. A gitops.yaml that is
+    there but cannot be read (a directory, a FIFO, a dangling or outside link...) is an error, never
+    the defaults: they would read files that spec.paths leaves out."""
+    if not os.path.lexists(root / CONFIG_FILE):
+        return RepoConfig(), None
+    found = len(diagnostics)
     docs = read_documents(root, CONFIG_FILE, diagnostics)
     if not docs:
-        return RepoConfig()
+        return RepoConfig(), False if len(diagnostics) > found else None
     if len(docs) > 1:
         diagnostics.append(Diagnostic(CONFIG_FILE, docs[1].line, message="gitops.yaml must hold one document"))
     doc = docs[0]
     if doc.kind != "GitopsConfig":
         diagnostics.append(doc.error(("kind",), "gitops.yaml must be kind: GitopsConfig"))
-        return RepoConfig()
+        return RepoConfig(), doc
     errors = schema_errors(doc)
     diagnostics.extend(errors)
     if errors:
-        return RepoConfig()
+        return RepoConfig(), doc
     config = RepoConfig.from_spec(doc.spec)
     for name, message in coordination_problems(config.coordination):
         diagnostics.append(doc.error(("spec", "coordination", name), message))
-    return config
+    return config, doc
 
 
-def _yaml_files(root: Path, config: RepoConfig, diagnostics: list[Diagnostic]) -> list[str]:
+def _yaml_files(root: Path, config: RepoConfig, paths: _Paths, diagnostics: list[Diagnostic]) -> list[str]:
     """Repo-relative POSIX paths of the YAML files under the configured paths, sorted."""
+    if paths is False:
+        return []
     found: set[str] = set()
     for index, rel_dir in enumerate(config.paths):
-        base = (root / rel_dir).resolve()
+        base = Path(os.path.realpath(root / rel_dir))
         if not base.is_relative_to(root) or not base.is_dir():
             why = "is outside the repo" if not base.is_relative_to(root) else "does not exist or is not a directory"
-            diagnostics.append(Diagnostic(CONFIG_FILE, 1, "GitopsConfig", f"spec.paths[{index}]",
+            where = ("spec", "paths", index)
+            line = paths.line_of(where) if isinstance(paths, Document) else 1
+            diagnostics.append(Diagnostic(CONFIG_FILE, line, "GitopsConfig", f"spec.paths[{index}]",
                                           f"{rel_dir!r} {why}"))
             continue
         for dirpath, dirnames, filenames in os.walk(base):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in filenames:
+            for name in sorted(filenames):
                 if not name.endswith(YAML_SUFFIXES) or name.startswith("."):
                     continue
                 full = Path(dirpath, name)
                 rel = full.relative_to(root).as_posix()
                 if rel == CONFIG_FILE:
                     continue
-                if not full.resolve().is_relative_to(root):
+                if not within(full, root):
                     diagnostics.append(Diagnostic(rel, 1, message="symlink points outside the repo; refusing to read it"))
                     continue
                 found.add(rel)
+                if len(found) > MAX_FILES:
+                    return sorted(found)
     return sorted(found)
 
 
-def read_documents(root: Path, rel: str, diagnostics: list[Diagnostic]) -> list[Document]:
+def read_documents(root: Path, rel: str, diagnostics: list[Diagnostic],
+                   budget: _Budget | None = None) -> list[Document]:
+    """The documents of the repo file `rel` (read through `gitops.safeio`, inside `root`); every
+    problem is a diagnostic."""
     try:
-        raw = (root / rel).read_bytes()
-    except OSError as err:
-        diagnostics.append(Diagnostic(rel, 1, message=f"cannot read file: {err.strerror}"))
+        raw = read_bytes(root / rel, MAX_FILE_BYTES, inside=root, name=rel)
+    except FileRefused as err:
+        diagnostics.append(Diagnostic(rel, 1, message=err.reason))
+        return []
+    if budget is not None and not budget.read(rel, len(raw), diagnostics):
         return []
     try:
         raw_docs = load_yaml_documents(raw)

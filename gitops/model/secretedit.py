@@ -21,7 +21,8 @@ from gitops.model.diagnostics import format_path
 from gitops.model.documents import Document, FieldPath
 from gitops.model.secretfields import describe_declared, secret_values
 from gitops.model.yamledit import EditError, literal_block
-from gitops.model.yamlload import RawDocument, YamlError, load_yaml_documents
+from gitops.model.yamlload import MAX_FILE_BYTES, RawDocument, YamlError, load_yaml_documents
+from gitops.safeio import FileRefused, read_text
 from gitops.secrets import SecretsError, decrypt, encrypt, is_armored
 
 #: (index of the YAML document in its file, path prefix of a `kind: List` item)
@@ -150,7 +151,7 @@ def _transform(files: Sequence[tuple[str, Path]], pick: Callable[[list[SecretFie
                change: Callable[[SecretField], tuple[str | None, str]]) -> list[FileChange]:
     out = []
     for rel, path in files:
-        text = _read(rel, path)
+        text = read_yaml(rel, path)
         result = FileChange(rel, path)
         changes: dict[SecretField, str] = {}
         for secret in pick(find_fields(rel, text)):
@@ -239,10 +240,9 @@ def write_changes(changes: Sequence[FileChange]) -> int:
     return written
 
 
-def _read(rel: str, path: Path) -> str:
+def read_yaml(rel: str, path: Path) -> str:
+    """The text of a YAML file to edit or list (through `gitops.safeio`: regular, at most 8 MiB, UTF-8)."""
     try:
-        return path.read_bytes().decode("utf-8")
-    except OSError as err:
-        raise EditError(f"{rel}: cannot read: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise EditError(f"{rel}: not UTF-8 text, not YAML") from None
+        return read_text(path, MAX_FILE_BYTES, name=rel)
+    except FileRefused as err:
+        raise EditError(str(err)) from None

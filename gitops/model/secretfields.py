@@ -7,6 +7,8 @@ puts the plaintext in the in-memory document only; the files on disk never chang
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,8 +28,17 @@ SECRET_FIELDS: dict[str, tuple[FieldPath, ...]] = {
 
 #: both PEM keys and armored age files start with it: a cheap test before the others (repos at scale)
 PEM_MARK = "-----BEGIN"
-#: any PEM private key: PKCS#8, RSA, EC, OPENSSH, ENCRYPTED ...
-PRIVATE_KEY = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")
+#: any PEM private key (PKCS#8, RSA, EC, OPENSSH, ENCRYPTED ...) and an armored PGP private key block
+PRIVATE_KEY = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+#: an age identity (`age-keygen` output): Bech32, upper case
+AGE_SECRET_KEY = re.compile(r"AGE-SECRET-KEY-1[02-9AC-HJ-NP-Z]{20,}")
+#: "-----BEGIN" in base64 (at the start of the encoded text): a PEM key written base64-encoded
+BASE64_PEM_MARK = "LS0tLS1CRUdJTi"
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/=\s]*")
+#: how much of a base64 run is decoded to look for a key header (the header comes first), and how
+#: many runs of one value (a value made of the mark repeated costs no more than this)
+_BASE64_PEEK = 4096
+_BASE64_TRIES = 16
 
 IDENTITY_HINT = "--identity FILE or $GITOPS_IDENTITY"
 
@@ -40,16 +51,43 @@ def describe_declared() -> str:
     return "; ".join(f"{kind}: {', '.join(format_path(p) for p in paths)}" for kind, paths in SECRET_FIELDS.items())
 
 
-def strings(value: Any, path: FieldPath = ()) -> Iterator[tuple[FieldPath, str]]:
-    """Every string value under `value`, with its path."""
+def strings(value: Any, path: FieldPath = (), *, keys: bool = False) -> Iterator[tuple[FieldPath, str]]:
+    """Every string value under `value`, with its path; with `keys`, every mapping key too (at the
+    path of its value). Bounded: the loader refused documents whose expansion is large."""
     if isinstance(value, str):
         yield path, value
     elif isinstance(value, dict):
         for key, item in value.items():
-            yield from strings(item, path + (key,))
+            if keys and isinstance(key, str):
+                yield path + (key,), key
+            yield from strings(item, path + (key,), keys=keys)
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            yield from strings(item, path + (index,))
+            yield from strings(item, path + (index,), keys=keys)
+
+
+def private_key_in(text: str) -> str:
+    """What private key `text` holds in the clear ("" when none): a PEM or PGP block, an age
+    identity, or a PEM key encoded in base64 (as a Kubernetes Secret's `data` holds it)."""
+    if PEM_MARK in text and PRIVATE_KEY.search(text):
+        return "PGP private key" if "PGP PRIVATE KEY BLOCK" in text else "private key"
+    if "AGE-SECRET-KEY-1" in text and AGE_SECRET_KEY.search(text):
+        return "age identity (AGE-SECRET-KEY-1...)"
+    start = text.find(BASE64_PEM_MARK)
+    for _ in range(_BASE64_TRIES):
+        if start == -1:
+            break
+        run = _BASE64_RUN.match(text, start, start + _BASE64_PEEK).group()
+        encoded = "".join(run.split())
+        encoded = encoded[: len(encoded) - len(encoded) % 4]
+        try:
+            decoded = base64.b64decode(encoded, validate=False).decode("latin-1")
+        except (binascii.Error, ValueError):
+            decoded = ""
+        if PRIVATE_KEY.search(decoded):
+            return "base64-encoded private key"
+        start = text.find(BASE64_PEM_MARK, start + len(BASE64_PEM_MARK))
+    return ""
 
 
 def secret_values(doc: Document) -> Iterator[tuple[FieldPath, str]]:
@@ -75,8 +113,9 @@ def plaintext_findings(docs: list[Document], allow: bool) -> Iterator[Diagnostic
     """A plaintext private key anywhere in the documents' values (error, or warning when allowed)."""
     for doc in docs:
         secret = set(declared(doc.kind))
-        for path, value in strings(doc.data):
-            if PEM_MARK not in value or not PRIVATE_KEY.search(value):
+        for path, value in strings(doc.data, keys=True):
+            what = private_key_in(value)
+            if not what:
                 continue
             if path in secret:
                 how = f"encrypt it: gitops secrets encrypt {doc.file} --field {format_path(path)}"
@@ -84,9 +123,9 @@ def plaintext_findings(docs: list[Document], allow: bool) -> Iterator[Diagnostic
                 how = ("this field is not a secret field gitops decrypts, so keep the key out of the repo "
                        f"(secret fields: {describe_declared()})")
             if allow:
-                yield doc.error(path, "plaintext private key (allowed by spec.secrets.allowPlaintext in gitops.yaml)")
+                yield doc.error(path, f"plaintext {what} (allowed by spec.secrets.allowPlaintext in gitops.yaml)")
             else:
-                yield doc.error(path, f"plaintext private key in the repo; {how}, or set "
+                yield doc.error(path, f"plaintext {what} in the repo; {how}, or set "
                                       "spec.secrets.allowPlaintext: true in gitops.yaml (labs only)")
 
 

@@ -91,10 +91,15 @@ def hypervisor_addresses(docs: list[Document], _everything: list[Document]) -> I
     for hv in _of_kind(docs, "Hypervisor"):
         raw_ip = hv.spec.get("ipAddress", "")
         try:
-            ip = str(ipaddress.ip_address(raw_ip))
+            parsed = ipaddress.ip_address(raw_ip)
+            ip = str(parsed)
         except ValueError:
             yield hv.error(("spec", "ipAddress"), f"{raw_ip!r} is not an IP address")
             ip = None
+        else:
+            if parsed.version == 6:  # compiled into host:port and https://host:port without brackets
+                yield hv.error(("spec", "ipAddress"), f"{raw_ip!r} is an IPv6 address; only IPv4 is supported")
+                ip = None
         low, high = hv.get(("spec", "portRange", "low")), hv.get(("spec", "portRange", "high"))
         if low > high:
             yield hv.error(("spec", "portRange"), f"low ({low}) is greater than high ({high})")
@@ -135,20 +140,34 @@ def hypervisor_tls(docs: list[Document], _everything: list[Document]) -> Iterabl
             yield hv.error(key_path, "private key does not match clientCertificate.certificate")
 
 
+#: directories of the host's system: a data dir may not be one, nor lie under a pseudo-filesystem
+SYSTEM_DIRS = frozenset({"/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media",
+                         "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var",
+                         "/var/lib", "/var/run", "/usr/local"})
+PSEUDO_FS = ("/proc", "/sys", "/dev")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def hypervisor_data_dirs(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
-    """The data-dir annotation is an absolute, normalized path other than `/` (node directories
-    and etcd data are created and removed under it on the hypervisor)."""
+    """The data-dir annotation is an absolute, normalized path of its own: not `/`, not a system
+    directory, not under /proc, /sys or /dev, no control characters (node directories and etcd
+    data are created and removed under it on the hypervisor)."""
     path = ("metadata", "annotations", DATA_DIR_ANNOTATION)
     for hv in _of_kind(docs, "Hypervisor"):
         raw = hv.get(path)
         if raw is None:
             continue
-        if not raw.startswith("/"):
+        normal = "/" + os.path.normpath(raw).lstrip("/") if raw.startswith("/") else raw
+        if _CONTROL.search(raw):
+            yield hv.error(path, f"{raw!r} holds a control character (a newline?)")
+        elif not raw.startswith("/"):
             yield hv.error(path, f"{raw!r} is not an absolute path (e.g. /var/lib/gitops)")
-        elif raw == "/":
+        elif normal == "/":
             yield hv.error(path, "'/' is not allowed: use a directory of its own, e.g. /var/lib/gitops")
-        elif os.path.normpath(raw) != raw:
-            yield hv.error(path, f"{raw!r} is not a normalized path (write {os.path.normpath(raw)!r})")
+        elif normal != raw:
+            yield hv.error(path, f"{raw!r} is not a normalized path (write {normal!r})")
+        elif raw in SYSTEM_DIRS or any(raw.startswith(fs + "/") for fs in PSEUDO_FS):
+            yield hv.error(path, f"{raw!r} is a system directory; use a directory of its own, e.g. /var/lib/gitops")
 
 
 def _certificate(doc: Document, path: tuple[str, ...]) -> x509.Certificate | Diagnostic:
@@ -171,6 +190,27 @@ def _same_public_key(cert: x509.Certificate, key: object) -> bool:
         return False
     fmt = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return key.public_key().public_bytes(*fmt) == cert.public_key().public_bytes(*fmt)
+
+
+#: etcd members of a cluster: more make every write slower and a quorum no safer
+MAX_CONTROLPLANE_NODES = 7
+#: haproxy fronts of a cluster
+MAX_INGRESS_NODES = 7
+
+
+def node_counts(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
+    """A cluster has at most `MAX_CONTROLPLANE_NODES` controlplane Nodes (etcd members) and
+    `MAX_INGRESS_NODES` controlplane-ingress ones; each one past the bound is an error."""
+    seen: dict[tuple[str, str], int] = defaultdict(int)
+    bounds = {"controlplane": MAX_CONTROLPLANE_NODES, "controlplane-ingress": MAX_INGRESS_NODES}
+    for node in _of_kind(docs, "Node"):
+        cluster, role = node.spec.get("cluster"), node.spec.get("role")
+        if role not in bounds:
+            continue
+        seen[cluster, role] += 1
+        if seen[cluster, role] > bounds[role]:
+            yield node.error(("spec", "role"), f"Cluster {cluster!r} has more than {bounds[role]} {role} Nodes "
+                             f"(at most {bounds[role]})")
 
 
 def kubernetes_versions(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
@@ -273,6 +313,7 @@ CHECKS: tuple[Check, ...] = (
     hypervisor_addresses,
     hypervisor_tls,
     hypervisor_data_dirs,
+    node_counts,
     kubernetes_versions,
     cluster_networks,
     api_server_args,

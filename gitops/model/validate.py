@@ -9,11 +9,14 @@ from dataclasses import dataclass, field
 from gitops.errors import GitopsError
 from gitops.model.build import build_model
 from gitops.model.config import CONFIG_FILE, RepoConfig, SecretsPolicy
-from gitops.model.diagnostics import Diagnostic
+from gitops.model.diagnostics import Diagnostic, capped
 from gitops.model.repo import LoadedRepo, load_repo, read_documents, schema_errors
 from gitops.model.resources import Hypervisor, RepoModel
 from gitops.model.secretfields import IDENTITY_HINT, Opened, open_secrets
 from gitops.model.semantics import check_all
+from gitops.model.yamlload import MAX_FILE_BYTES
+from gitops.printable import printable
+from gitops.safeio import FileRefused, read_text
 from gitops.secrets import load_identities, public_recipient
 
 
@@ -80,14 +83,14 @@ class InvalidRepo(GitopsError):
 
     def __init__(self, diagnostics: list[Diagnostic]):
         self.diagnostics = diagnostics
-        lines = "\n".join(str(d) for d in diagnostics)
+        lines = "\n".join(capped(diagnostics))
         super().__init__(f"repo is invalid ({len(diagnostics)} error(s)):\n{lines}")
 
 
 def _line_of(path: Path, needle: str) -> int:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
+        lines = read_text(path, MAX_FILE_BYTES).splitlines()
+    except FileRefused:
         return 1
     return next((number for number, line in enumerate(lines, 1) if line.strip().startswith(needle)), 1)
 
@@ -107,10 +110,11 @@ def load_hypervisors(path: str | os.PathLike[str], identity: str | None = None) 
     target = Path(path)
     if target.is_dir():
         return load_model(target, identity).hypervisors
-    if not target.is_file():
-        raise GitopsError(f"{path}: no such file or directory")
+    if not os.path.lexists(target):
+        raise GitopsError(f"{printable(str(path))}: no such file or directory")
+    real = Path(os.path.realpath(target))
     diagnostics: list[Diagnostic] = []
-    docs = [d for d in read_documents(target.parent.resolve(), target.name, diagnostics)]
+    docs = [d for d in read_documents(real.parent, real.name, diagnostics)]
     for doc in docs:
         if doc.kind != "Hypervisor":
             diagnostics.append(doc.error(("kind",), "only Hypervisor documents are expected in this file"))

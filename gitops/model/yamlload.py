@@ -5,8 +5,9 @@ tree; we construct plain Python values from it ourselves so that we can:
 
 * record the line of every mapping key and sequence item (for error messages),
 * reject duplicate keys (PyYAML silently keeps the last one),
-* bound alias expansion and nesting, so a "billion laughs" document is
-  refused instead of expanded.
+* bound alias expansion (nodes and bytes, counted as expanded) and nesting, so a
+  "billion laughs" document, or many aliases of one large string, is refused instead of
+  expanded: every later pass over the documents is then bounded too.
 """
 from __future__ import annotations
 
@@ -44,8 +45,13 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
+#: nodes of a file counted as expanded: an alias counts its whole target again
 MAX_NODES_PER_FILE = 1_000_000
+#: bytes of scalars and keys of a file, counted as expanded (source text is at most MAX_FILE_BYTES)
+MAX_EXPANDED_BYTES = 16 * 1024 * 1024
 MAX_DEPTH = 64
+#: documents of one file, empty ones included (`---` lines)
+MAX_DOCUMENTS_PER_FILE = 10_000
 
 Path_ = tuple[str | int, ...]
 
@@ -93,6 +99,7 @@ class _Builder:
     def __init__(self, spans: bool = False) -> None:
         self._scalars = yaml.constructor.SafeConstructor()
         self.visited = 0
+        self.expanded_bytes = 0
         self._spans: dict[Path_, Span] | None = {} if spans else None
 
     def build(self, node: yaml.Node) -> RawDocument:
@@ -117,12 +124,19 @@ class _Builder:
             return self._mapping(node, path, pos, depth)
         if isinstance(node, yaml.SequenceNode):
             return [self._value(item, path + (i,), pos, depth + 1) for i, item in enumerate(node.value)]
+        self._count_bytes(node, line)
         if node.tag == _TIMESTAMP:  # keep dates as written; schemas speak strings
             return node.value
         try:
             return self._scalars.construct_object(node, deep=True)
         except yaml.YAMLError as err:
             raise YamlError(line, f"bad scalar: {err}", path) from None
+
+    def _count_bytes(self, node: yaml.ScalarNode, line: int) -> None:
+        self.expanded_bytes += len(node.value)
+        if self.expanded_bytes > MAX_EXPANDED_BYTES:
+            raise YamlError(line, f"document expands to more than {MAX_EXPANDED_BYTES // (1024 * 1024)} MiB of "
+                            "text (many aliases of a large value?); refusing to load it")
 
     def _mapping(self, node: yaml.MappingNode, path: Path_, pos: dict[Path_, int], depth: int) -> dict:
         out: dict[str, Any] = {}
@@ -142,6 +156,7 @@ class _Builder:
             # Keys are field names: keep them as written (`80:` is "80", `on:` is "on").
             key = str(key_node.value)
             self.visited += 1
+            self._count_bytes(key_node, key_line)
             if key in out:
                 raise YamlError(key_line, f"duplicate key {key!r} (first at line {pos[path + (key,)]})",
                                 path + (key,))
@@ -175,7 +190,11 @@ def load_yaml_documents(text: str | bytes, *, spans: bool = False) -> list[RawDo
     builder = _Builder(spans)
     docs: list[RawDocument] = []
     try:
-        for node in yaml.compose_all(text, Loader=_Loader):
+        for count, node in enumerate(yaml.compose_all(text, Loader=_Loader), 1):
+            if count > MAX_DOCUMENTS_PER_FILE:
+                line = node.start_mark.line + 1 if node is not None else 1
+                raise YamlError(line, f"more than {MAX_DOCUMENTS_PER_FILE} documents in one file; "
+                                "refusing to load it (split it)")
             if node is None:
                 continue
             if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":

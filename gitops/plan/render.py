@@ -8,8 +8,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from gitops.plan.actions import KINDS, Action, Kind, Plan, UnknownKind
+from gitops.printable import printable
 
 COLOUR = {"+": "green", "~": "yellow", "-": "red"}
+
+
+def safe(text: str) -> str:
+    """`text` for a rich console: markup escaped, control characters written as `repr` does."""
+    return escape(printable(text))
 
 
 #: kinds from this phase on act inside the cluster's own API
@@ -77,26 +83,26 @@ def _what(actions: list[Action]) -> str:
 def render_text(plan: Plan, console: Console) -> None:
     """Grouped by cluster and node, `+ ~ -` coloured when the console is a terminal."""
     source = f" (source {plan.source})" if plan.source else ""
-    console.print(f"[bold]{escape(headline(plan))}[/bold]{escape(source)}")
+    console.print(f"[bold]{safe(headline(plan))}[/bold]{safe(source)}")
     for line in unknown_lines(plan):
-        console.print(f"[bold magenta]? {escape(line)}[/bold magenta]")
+        console.print(f"[bold magenta]? {safe(line)}[/bold magenta]")
     for note in plan.notes:
-        console.print(f"[bold cyan]» {escape(note)}[/bold cyan]")
+        console.print(f"[bold cyan]» {safe(note)}[/bold cyan]")
     cluster = None
     for (cluster_name, node), actions in _groups(plan).items():
         if cluster_name != cluster:
             cluster = cluster_name
-            console.print(f"\n[bold]Cluster {escape(cluster_name)}[/bold]")
+            console.print(f"\n[bold]Cluster {safe(cluster_name)}[/bold]")
         hv = next((a.hypervisor for a in actions if a.hypervisor), "")
-        console.print(f"  {_what(actions)}" + (f" {escape(node)}" if node else "")
-                      + (f" [dim]on {escape(hv)}[/dim]" if hv else ""))
+        console.print(f"  {_what(actions)}" + (f" {safe(node)}" if node else "")
+                      + (f" [dim]on {safe(hv)}[/dim]" if hv else ""))
         for action in actions:
             colour = COLOUR[action.symbol]
-            console.print(f"    [{colour}]{action.symbol} {escape(describe(action))}[/{colour}]")
+            console.print(f"    [{colour}]{action.symbol} {safe(describe(action))}[/{colour}]")
             for detail in action.details:
-                console.print(f"        [dim]{escape(detail)}[/dim]")
+                console.print(f"        [dim]{safe(detail)}[/dim]")
     for warning in plan.warnings:
-        console.print(f"[bold yellow]! {escape(warning)}[/bold yellow]")
+        console.print(f"[bold yellow]! {safe(warning)}[/bold yellow]")
 
 
 def render_markdown(plan: Plan) -> str:
@@ -123,7 +129,7 @@ def render_markdown(plan: Plan) -> str:
         lines += ["```", ""]
     if plan.warnings:
         lines += ["**Warnings**", ""] + [f"- :warning: {w}" for w in plan.warnings] + [""]
-    return "\n".join(lines)
+    return "\n".join(map(printable, lines))
 
 
 def render_json(plan: Plan) -> str:

@@ -18,12 +18,17 @@ from typing import Any
 
 from gitops.errors import GitopsError
 from gitops.model.config import CONFIG_FILE
+from gitops.model.yamlload import MAX_FILE_BYTES
 from gitops.observe import ObservedState
 from gitops.plan.actions import Plan
+from gitops.printable import printable, shorten
+from gitops.safeio import FileRefused, MiB, read_bytes, read_text
 from gitops.state.records import State
 
 FORMAT = "gitops.infra/saved-plan"
 VERSION = 1
+#: a saved plan holds the planned state and every payload: a fleet's first apply stays well under it
+MAX_PLAN_BYTES = 512 * MiB
 
 
 class StalePlan(GitopsError):
@@ -39,7 +44,7 @@ def repo_digest(root: Path, files: list[str]) -> str:
     h = hashlib.sha256()
     for rel in [CONFIG_FILE, *sorted(files)]:
         path = root / rel
-        data = path.read_bytes() if path.is_file() else b""
+        data = read_bytes(path, MAX_FILE_BYTES, inside=root, name=rel) if os.path.lexists(path) else b""
         h.update(f"{rel}\0{len(data)}\0".encode() + data)
     return "sha256:" + h.hexdigest()
 
@@ -72,7 +77,7 @@ class SavedPlan:
     def from_json(cls, text: str, source: str) -> "SavedPlan":
         try:
             data = json.loads(text)
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:
             raise GitopsError(f"{source}: not a saved plan (not JSON: {err})") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise GitopsError(f"{source}: not a saved plan (no \"format\": \"{FORMAT}\")")
@@ -82,9 +87,9 @@ class SavedPlan:
         try:
             digests = data["digests"]
             return cls(Plan.from_dict(data["plan"]), digests["repo"], digests["state"], digests["observed"],
-                       State.from_dict(data["plannedState"]))
-        except (KeyError, TypeError, ValueError) as err:
-            raise GitopsError(f"{source}: corrupt saved plan ({type(err).__name__}: {err})") from None
+                       State.parse(data["plannedState"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise GitopsError(f"{source}: corrupt saved plan ({type(err).__name__}: {shorten(str(err), 300)})") from None
 
     def write(self, path: Path) -> None:
         """Write atomically, private (the planned state may hold new clusters' CA keys)."""
@@ -102,9 +107,10 @@ class SavedPlan:
     @classmethod
     def read(cls, path: Path) -> "SavedPlan":
         try:
-            return cls.from_json(path.read_text(encoding="utf-8"), str(path))
-        except OSError as err:
-            raise GitopsError(f"{path}: cannot read the saved plan: {err.strerror}") from None
+            text = read_text(path, MAX_PLAN_BYTES)
+        except FileRefused as err:
+            raise GitopsError(f"cannot read the saved plan: {err}") from None
+        return cls.from_json(text, printable(str(path)))
 
     def check(self, repo: str, state: str, observed: str) -> None:
         """Refuse unless the plan was made against exactly these."""

@@ -8,9 +8,13 @@ from pathlib import Path
 from typing import Protocol
 
 from gitops.errors import GitopsError
+from gitops.printable import printable, shorten
+from gitops.safeio import FileRefused, MiB, read_text
 from gitops.state.records import State
 
 STATE_FILE = "state.json"
+#: a fleet of a thousand clusters records about 20 MiB (certificates and keys)
+MAX_STATE_BYTES = 256 * MiB
 
 
 class StateStore(Protocol):
@@ -20,7 +24,7 @@ class StateStore(Protocol):
 
 
 class LocalDirStore:
-    """State as one JSON file (mode 0600) in a directory, replaced atomically."""
+    """State as one JSON file (mode 0600) in a directory, replaced atomically; read through `gitops.safeio`."""
 
     def __init__(self, directory: str | os.PathLike[str]):
         self.directory = Path(directory)
@@ -30,22 +34,25 @@ class LocalDirStore:
         return self.directory / STATE_FILE
 
     def load(self) -> State:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        if not os.path.lexists(self.path):
             return State()
-        except OSError as err:
-            raise GitopsError(f"{self.path}: cannot read state: {err.strerror}") from None
         try:
-            return State.from_dict(json.loads(text))
-        except (ValueError, TypeError, KeyError) as err:
-            raise GitopsError(f"{self.path}: corrupt state file ({err}); restore it from a backup "
-                              "or the status branch") from None
+            text = read_text(self.path, MAX_STATE_BYTES)
+        except FileRefused as err:
+            raise GitopsError(f"cannot read state: {err}") from None
+        try:
+            return State.parse(json.loads(text))
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:
+            raise GitopsError(f"{printable(str(self.path))}: corrupt state file ({shorten(str(err), 300)}); restore "
+                              "it from a backup or the status branch") from None
 
     def save(self, state: State) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         text = json.dumps(state.to_dict(), indent=2) + "\n"
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".state-", suffix=".tmp")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".state-", suffix=".tmp")
+        except OSError as err:
+            raise GitopsError(f"{printable(str(self.directory))}: cannot save state: {err.strerror or err}") from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
@@ -53,6 +60,9 @@ class LocalDirStore:
                 os.fsync(handle.fileno())
             os.chmod(tmp, 0o600)
             os.replace(tmp, self.path)
+        except OSError as err:
+            Path(tmp).unlink(missing_ok=True)
+            raise GitopsError(f"{printable(str(self.path))}: cannot save state: {err.strerror or err}") from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

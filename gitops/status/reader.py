@@ -20,7 +20,9 @@ import yaml
 
 from gitops.errors import GitopsError
 from gitops.model.config import CONFIG_FILE, DEFAULT_STATUS_BRANCH
+from gitops.model.yamlload import MAX_FILE_BYTES, YamlError, load_yaml_documents
 from gitops.observe import ObservedState
+from gitops.safeio import FileRefused, read_bytes
 from gitops.status.snapshot import CLUSTERS_DIR, HYPERVISORS, OBSERVED_DIR, load_snapshot
 
 DEFAULT_BRANCH = DEFAULT_STATUS_BRANCH
@@ -203,14 +205,13 @@ class StatusReader:
 
 def branch_of_checkout(repo: Path) -> str:
     """The status branch named by a checkout's gitops.yaml (read as is, not validated), else the default."""
-    branch = DEFAULT_BRANCH
-    config = repo / CONFIG_FILE
-    if config.is_file():
-        try:
-            branch = (yaml.safe_load(config.read_text()) or {}).get("spec", {}).get("statusBranch", branch)
-        except yaml.YAMLError:
-            pass
-    return branch
+    try:
+        docs = load_yaml_documents(read_bytes(repo / CONFIG_FILE, MAX_FILE_BYTES, inside=repo, name=CONFIG_FILE))
+    except (FileRefused, YamlError):
+        return DEFAULT_BRANCH  # none, or unreadable: validate says why
+    spec = docs[0].data.get("spec") if docs and isinstance(docs[0].data, dict) else None
+    branch = spec.get("statusBranch") if isinstance(spec, dict) else None
+    return branch if isinstance(branch, str) and branch else DEFAULT_BRANCH
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
