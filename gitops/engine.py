@@ -25,6 +25,7 @@ from gitops.observe.clusters import ClusterReader, ClusterTarget, observe_cluste
 from gitops.plan.actions import Plan, Unknown, UnknownKind, ordered
 from gitops.plan.cluster_api import cluster_api_actions
 from gitops.plan.diff import DiffOptions, diff
+from gitops.plan import recorded
 from gitops.plan.hosts import label_actions, sip_warnings
 from gitops.plan.rotation import rotation_notes, rotation_steps
 from gitops.plan.upgrades import check_versions
@@ -53,7 +54,8 @@ class Planned:
 def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: ObservedState,
               *, now: dt.datetime | None = None, source: str = "") -> Planned:
     """One planning pass (pure): everything apply will do, in order. VersionSkew when the repo skips
-    or reverts a Kubernetes minor version."""
+    or reverts a Kubernetes minor version; StateMismatch when `state` does not know the clusters that run."""
+    recorded.check(state, observed)
     learned, hosts, sip = _compile_inputs(model, config, state, observed)
     compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable,
                                hosts=relabeled(hosts or [], sip))

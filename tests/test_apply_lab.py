@@ -339,6 +339,31 @@ def test_second_apply_plans_nothing(world):
     assert "No changes." in world.apply().stdout
 
 
+def test_a_state_that_does_not_know_the_live_clusters_is_refused_and_changes_nothing(world):
+    """#26: an empty state dir (a fresh clone) or one with other CAs never plans new CAs over running clusters."""
+    from gitops.pki import create_ca
+
+    world.apply()  # converged, whatever ran before
+    before = {c: (running(world, c), file_serials(world, c)) for c in ("team-a", "team-b")}
+    empty = world.dir / "empty-state"
+    for command in ("plan", "apply"):
+        refused = world.gitops(command, str(world.repo), "--state-dir", str(empty), check=False)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stdout + refused.stderr
+        assert "cluster team-a: no certificate authority recorded for it" in refused.stderr
+        assert "cluster team-b: no certificate authority recorded for it" in refused.stderr
+        assert "gitops state pull" in refused.stderr and "Apply complete" not in refused.stdout
+        assert not (empty / "state.json").exists()
+    other = LocalDirStore(world.state).load()
+    other.clusters["team-a"].authorities["cluster"].cert_pem = create_ca("another team-a CA").cert_pem
+    LocalDirStore(world.dir / "other-state").save(other)
+    refused = world.gitops("apply", str(world.repo), "--state-dir", str(world.dir / "other-state"), check=False)
+    assert refused.returncode == 1
+    assert "cluster team-a: the cluster CA on node(s) team-a-cp-1, team-a-cp-2, team-a-cp-3" in refused.stderr
+    assert "team-b" not in refused.stderr.split("live cluster(s)")[1].split("\n")[0]
+    assert {c: (running(world, c), file_serials(world, c)) for c in ("team-a", "team-b")} == before
+    assert world.plan("--detailed-exitcode").returncode == 0
+
+
 def test_a_stale_saved_plan_is_refused_and_changes_nothing(world):
     saved = world.dir / "stale.plan.json"
     world.plan("--out", str(saved))
