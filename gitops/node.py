@@ -95,13 +95,22 @@ GENERATE_CSR = _KEY + r"""openssl req -new -key "$1.key" -subj "/CN=$1" 2>/dev/n
 """
 GENERATE_PUBLIC = _KEY + r"""openssl pkey -in "$1.key" -pubout 2>/dev/null
 """
-WRITE_FILE = r"""
+#: writes every file of a batch under a temporary name, syncs, then renames them all: a failure while
+#: writing leaves the node's old set whole (the temporary files go); args: NAME CONTENT NAME CONTENT ...
+WRITE_FILES = r"""
 set -e
 umask 022
 mkdir -p /node/files
 cd /node/files
-printf '%s' "$2" > ".$1.tmp"
-mv ".$1.tmp" "$1"
+trap 'rm -f .*.batch' EXIT
+names=""
+while [ "$#" -gt 1 ]; do
+  printf '%s' "$2" > ".$1.batch"
+  names="$names $1"
+  shift 2
+done
+sync 2>/dev/null || true
+for name in $names; do mv ".$name.batch" "$name"; done
 """
 WIPE = r"""
 rm -rf /node/files /node/etcd
@@ -136,11 +145,13 @@ def public_key(client: CRIClient, agent_id: str, name: str) -> str:
     return _run(client, agent_id, f"key {name}", GENERATE_PUBLIC, _check(name))
 
 
-def write_file(client: CRIClient, agent_id: str, name: str, content: str) -> None:
-    """Atomically replace a public file (never a private key)."""
-    if name.endswith(".key"):
-        raise AgentError(f"refusing to send private key {name} over CRI")
-    _run(client, agent_id, f"write {name}", WRITE_FILE, _check(name), content)
+def write_files(client: CRIClient, agent_id: str, files: dict[str, str]) -> None:
+    """Replace public files (never a private key) as one batch: all written, then all renamed into place."""
+    for name in files:
+        if name.endswith(".key"):
+            raise AgentError(f"refusing to send private key {name} over CRI")
+    args = [part for name, content in sorted(files.items()) for part in (_check(name), content)]
+    _run(client, agent_id, f"write {', '.join(sorted(files))}", WRITE_FILES, *args)
 
 
 def wipe(client: CRIClient, agent_id: str) -> None:

@@ -54,6 +54,8 @@ class World:
     repo: Path
     state: Path
     lab: object
+    #: the example repo has been applied in this module run (by its first test, or `_applied_first`)
+    applied: bool = False
 
     def gitops(self, *args: str, check: bool = True, timeout: float = 240) -> subprocess.CompletedProcess:
         proc = subprocess.run([GITOPS, *args], capture_output=True, text=True, timeout=timeout)
@@ -123,6 +125,15 @@ def world():
             labmod.down(base / "lab")
         finally:
             shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _applied_first(request, world):
+    """Every test but the first starts from the example repo applied, whatever ran before (or did not:
+    `pytest -k NAME` runs one test alone)."""
+    if request.node.originalname != "test_apply_creates_the_example_clusters_exactly_as_planned" and not world.applied:
+        world.apply()
+        world.applied = True
 
 
 def etcdctl(world: World, cluster: str, *args: str) -> subprocess.CompletedProcess:
@@ -316,6 +327,7 @@ def test_apply_creates_the_example_clusters_exactly_as_planned(world):
     where = {node: hv for node, [(hv, _)] in pods.items()}
     assert where["team-a-ingress"] == where["team-b-ingress"] == "lab-hv-1"  # the public one
     assert {where[f"team-a-cp-{i}"] for i in (1, 2, 3)} == {"lab-hv-2", "lab-hv-3"}  # spread
+    world.applied = True
 
 
 def test_etcd_members_form_a_healthy_cluster_over_tls(world):
@@ -343,7 +355,7 @@ def test_a_state_that_does_not_know_the_live_clusters_is_refused_and_changes_not
     """#26: an empty state dir (a fresh clone) or one with other CAs never plans new CAs over running clusters."""
     from gitops.pki import create_ca
 
-    world.apply()  # converged, whatever ran before
+    assert_converged(world)
     before = {c: (running(world, c), file_serials(world, c)) for c in ("team-a", "team-b")}
     empty = world.dir / "empty-state"
     for command in ("plan", "apply"):
@@ -384,6 +396,52 @@ def test_a_stale_saved_plan_is_refused_and_changes_nothing(world):
     # the repo is back as it was: the same file applies (nothing to do)
     again = world.gitops("apply", str(saved), "--repo", str(world.repo), "--state-dir", str(world.state))
     assert "No changes." in again.stdout
+
+
+def test_an_edited_saved_plan_is_refused_and_changes_nothing(world):
+    """#26: apply FILE re-makes the plan from its inputs: an edited payload, an added action or a replaced
+    key in the planned state is refused (exit 4), nothing is written; the untouched file applies."""
+    assert_converged(world)
+    victim = None
+    for hv in world.lab.hypervisors:  # a missing scheduler: a plan with one cheap action to edit
+        with CRIClient(hv.local().cri_endpoint()) as client:
+            found = client.list_containers({NODE: "team-b-cp-1", "gitops.infra/component": "kube-scheduler"})
+            if found:
+                victim = found[0]
+                client.stop_container(victim.id, timeout=0)
+                client.remove_container(victim.id)
+    assert victim is not None
+    saved = world.dir / "edited.plan.json"
+    world.plan("--out", str(saved))
+    original = json.loads(saved.read_text())
+    [create] = [a for a in original["plan"]["actions"] if a["kind"] == "create-container"]
+
+    def relabel(data):
+        [mine] = [a for a in data["plan"]["actions"] if a["kind"] == "create-container"]
+        mine["payload"]["container"]["labels"]["gitops.infra/node"] = "team-b-cp-2"
+
+    def add_action(data):
+        data["plan"]["actions"].append(dict(create, node="team-b-cp-2"))
+
+    def admin_key(data):
+        from gitops.pki import create_ca
+        data["plannedState"]["clusters"]["team-b"]["admin"]["key_pem"] = create_ca("attacker").key_pem
+
+    state_before = (world.state / "state.json").read_bytes()
+    for edit in (relabel, add_action, admin_key):
+        data = json.loads(json.dumps(original))
+        edit(data)
+        edited = world.dir / f"{edit.__name__}.plan.json"
+        edited.write_text(json.dumps(data))
+        refused = world.gitops("apply", str(edited), "--repo", str(world.repo), "--state-dir", str(world.state),
+                               check=False)
+        assert refused.returncode == 4, (edit.__name__, refused.stdout + refused.stderr)
+        assert "the saved plan is not what its inputs make" in refused.stderr and "Traceback" not in refused.stderr
+        assert (world.state / "state.json").read_bytes() == state_before
+        assert "Apply complete" not in refused.stdout
+    done = world.gitops("apply", str(saved), "--repo", str(world.repo), "--state-dir", str(world.state))
+    assert "Apply complete: 1 action(s), exactly as planned." in done.stdout, done.stdout
+    assert world.plan("--detailed-exitcode").returncode == 0
 
 
 def test_real_control_planes_answer_through_the_ingress(world):

@@ -193,6 +193,33 @@ def test_agent_image_runs_openssl(pod) -> None:  # type: ignore[no-untyped-def]
     assert time.monotonic() - t < 5  # the image's StopSignal (SIGKILL): sleep as PID 1 ignores SIGTERM
 
 
+def test_the_files_agent_replaces_a_batch_whole_or_not_at_all(pod) -> None:  # type: ignore[no-untyped-def]
+    """#26: write-files writes every file under a temporary name, then renames them all; a failure while
+    writing leaves the old set whole and no temporary file behind."""
+    from gitops import node as agent
+
+    client, _, _, base = pod
+    files = base / "batch" / "files"
+    ctr = _start(pod, "batch-files", DEFAULT_AGENT_IMAGE, ("sleep", "infinity"),
+                 mounts=(Mount("/node", str(base / "batch")),))
+    try:
+        agent.write_files(client, ctr, {"a.crt": "old a\n", "b.pem": "old b\n"})
+        assert {p.name: p.read_text() for p in files.iterdir()} == {"a.crt": "old a\n", "b.pem": "old b\n"}
+        (files / ".c.conf.batch").mkdir()  # c.conf cannot be written: the batch fails after a.crt's temp
+        with pytest.raises(agent.AgentError, match="write a.crt, b.pem, c.conf failed"):
+            agent.write_files(client, ctr, {"a.crt": "new a\n", "b.pem": "new b\n", "c.conf": "new c\n"})
+        (files / ".c.conf.batch").rmdir()
+        assert {p.name: p.read_text() for p in files.iterdir()} == {"a.crt": "old a\n", "b.pem": "old b\n"}
+        agent.write_files(client, ctr, {"a.crt": "new a\n", "c.conf": "new c\n"})
+        assert sorted(p.name for p in files.iterdir()) == ["a.crt", "b.pem", "c.conf"]
+        assert (files / "a.crt").read_text() == "new a\n" and (files / "b.pem").read_text() == "old b\n"
+        with pytest.raises(agent.AgentError, match="refusing to send private key"):
+            agent.write_files(client, ctr, {"x.key": "KEY"})
+    finally:
+        client.stop_container(ctr, timeout=10)
+        client.remove_container(ctr)
+
+
 def _write(directory: Path, files: dict[str, str]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():

@@ -241,3 +241,90 @@ def test_an_etcd_spec_change_rolls_one_member_at_a_time_with_health_gates(repo):
     heal = [a for a in make_plan(repo.model, repo.repo.config, state, gone, now=NOW).plan.actions]
     assert [(a.kind, a.node, a.component) for a in heal] == [(Kind.CREATE_CONTAINER, "team-b-cp-1", "etcd")]
     assert heal[0].payload.etcd is None
+
+
+def _saved_then_read(planned, state, observed, tmp_path, edit=None):
+    """`planned` saved to a file, optionally edited as JSON by `edit(data)`, and read back."""
+    path = tmp_path / "p.json"
+    SavedPlan(planned.plan, "sha256:repo", state_digest(state), observed_digest(observed), planned.state).write(path)
+    if edit is not None:
+        data = json.loads(path.read_text())
+        edit(data)
+        path.write_text(json.dumps(data))
+    return SavedPlan.read(path)
+
+
+def _verify(saved, model, config, recorded, observed):
+    fresh = make_plan(model, config, recorded, observed, now=NOW)
+    again = make_plan(model, config, saved.planned_state, observed, now=NOW)
+    saved.verify(recorded, (fresh.plan, fresh.state), (again.plan, again.state))
+
+
+def test_a_saved_plan_is_applied_only_if_its_inputs_make_exactly_it(repo, tmp_path):
+    """#26: the first plan of new clusters (their CAs generated at plan time) verifies; an edited payload,
+    an added action or a changed planned state is refused."""
+    model, config = repo.model, repo.repo.config
+    observed = nothing_observed(model)
+    planned = make_plan(model, config, State(), observed, now=NOW)
+    _verify(_saved_then_read(planned, State(), observed, tmp_path), model, config, State(), observed)
+
+    def relabel(data):
+        sandbox = next(a for a in data["plan"]["actions"] if a["kind"] == "create-pod")["payload"]["sandbox"]
+        sandbox["labels"]["gitops.infra/cluster"] = "someone-else"
+
+    def add_action(data):
+        data["plan"]["actions"].append(data["plan"]["actions"][-1])
+
+    def other_port(data):
+        node = next(iter(data["plannedState"]["nodes"].values()))
+        node["ports"] = {k: v + 1 for k, v in node["ports"].items()}
+
+    for edit, where in ((relabel, "actions differ at actions["), (add_action, "entries in the file"),
+                        (other_port, "planned state differ at nodes.")):
+        saved = _saved_then_read(planned, State(), observed, tmp_path, edit)
+        with pytest.raises(StalePlan, match="not what its inputs make") as refused:
+            _verify(saved, model, config, State(), observed)
+        assert where in str(refused.value), str(refused.value)
+
+
+def test_a_replaced_key_of_an_existing_cluster_is_refused(repo, tmp_path):
+    from gitops.pki import create_ca
+
+    model, config = repo.model, repo.repo.config
+    state, observed = settle(model)
+    planned = make_plan(model, config, state, observed, now=NOW)
+    _verify(_saved_then_read(planned, state, observed, tmp_path), model, config, state, observed)
+    other = create_ca("attacker")
+
+    def admin_key(data):
+        data["plannedState"]["clusters"]["team-a"]["admin"]["key_pem"] = other.key_pem
+
+    saved = _saved_then_read(planned, state, observed, tmp_path, admin_key)
+    with pytest.raises(StalePlan, match="planned state differ at clusters.team-a.admin.key_pem"):
+        _verify(saved, model, config, state, observed)
+
+
+def test_a_saved_plans_keys_are_sealed_to_the_identity(repo, tmp_path):
+    import subprocess
+
+    from gitops.errors import GitopsError
+    from gitops.secrets import load_identity, public_recipient
+
+    identity = subprocess.run(["age-keygen"], capture_output=True, text=True, check=True).stdout
+    model, config = repo.model, repo.repo.config
+    observed = nothing_observed(model)
+    planned = make_plan(model, config, State(), observed, now=NOW)
+    path = tmp_path / "sealed.plan"
+    SavedPlan(planned.plan, "sha256:repo", state_digest(State()), observed_digest(observed), planned.state,
+              public_recipient(load_identity(identity))).write(path)
+    text = path.read_text()
+    keys = [c.authorities["cluster"].key_pem for c in planned.state.clusters.values()]
+    assert keys and not any(k in text for k in keys) and "PRIVATE KEY" not in text
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(GitopsError, match="sealed to an age identity: pass --identity"):
+        SavedPlan.read(path)
+    other = subprocess.run(["age-keygen"], capture_output=True, text=True, check=True).stdout
+    with pytest.raises(GitopsError, match="cannot open the plan's sealed keys"):
+        SavedPlan.read(path, other)
+    back = SavedPlan.read(path, identity)
+    assert back.planned_state.to_dict() == planned.state.to_dict() and back.plan == planned.plan

@@ -217,6 +217,9 @@ class _Runner:
     def write_files(self, action: Action, p: WriteFiles) -> None:
         client = self.client(action.hypervisor)
         agent_id = self.agent_id(action, p.pod)
+        # everything is computed (contents, requests, signatures) before the first write, then written as
+        # one batch: a failure anywhere leaves the node's old files whole
+        batch = {spec.name: self.content(spec) for spec in p.files}
         for issue in p.certificates:
             spec = issue.spec
             csr = load_csr_pem(agent.certificate_request(client, agent_id, spec.name))
@@ -224,9 +227,8 @@ class _Runner:
                 self.signer(p.cluster, spec.signer), csr.public_key(), spec.common_name,
                 organizations=spec.organizations, dns_names=spec.dns_names, ip_addresses=spec.ip_addresses,
                 server=spec.server, client=spec.client, days=issue.days, now=self.now)
-            agent.write_file(client, agent_id, f"{spec.name}.crt", cert_to_pem(cert) + issue.chain)
-        for spec in p.files:
-            agent.write_file(client, agent_id, spec.name, self.content(spec))
+            batch[f"{spec.name}.crt"] = cert_to_pem(cert) + issue.chain
+        agent.write_files(client, agent_id, batch)
 
     def refused(self, action: Action) -> str | None:
         """Why this controller may no longer act on `action`'s cluster (asked by every wait), or None."""

@@ -20,6 +20,7 @@ from gitops.plan.render import (COLOUR, describe, headline, render_json, render_
                                 unknown_lines)
 from gitops.plan.saved import SavedPlan, StalePlan, observed_digest, repo_digest, state_digest
 from gitops.printable import printable
+from gitops.secrets import load_identities, public_recipient
 from gitops.state import LocalDirStore
 from gitops.state.records import ClusterRecord
 from gitops.status.reader import SOURCE, SourceStatus, StatusReader
@@ -102,10 +103,15 @@ def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exi
     planned = make_plan(model, result.repo.config, state, observed, source=source)
     show(planned.plan, fmt, output)
     if out is not None:
+        identity_text = read_identity(identity)
+        recipient = public_recipient(load_identities(identity_text)[0]) if identity_text else ""
         SavedPlan(planned.plan, repo_digest(result.repo.root, result.repo.files), state_digest(state),
-                  observed_digest(observed), planned.state).write(out)
+                  observed_digest(observed), planned.state, recipient).write(out)
         click.echo(f"Saved the plan to {out}: `gitops apply {out}` executes exactly these "
                    f"{len(planned.plan.actions)} action(s).", err=output == "json")
+        if not recipient:
+            click.echo("Its private keys (new clusters' CAs) are in plaintext: pass --identity (or "
+                       "$GITOPS_IDENTITY) to seal them to that age identity.", err=True)
     if detailed_exitcode:
         code = detailed_exit_code(planned.plan)
         if code:
@@ -159,7 +165,7 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
     A saved plan is refused (exit 4, nothing changed) when the repo, the recorded
     state or the live state moved since `gitops plan --out` made it.
     """
-    saved = SavedPlan.read(target) if not target.is_dir() else None
+    saved = SavedPlan.read(target, read_identity(identity)) if not target.is_dir() else None
     repo = (repo_option or Path(".")) if saved is not None else target
     result = load(repo, identity)
     model, config = result.model, result.repo.config
@@ -167,8 +173,12 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
     observed = observe_all(model, config, store.load())
     if saved is not None:
         try:
-            saved.check(repo_digest(result.repo.root, result.repo.files), state_digest(store.load()),
+            recorded = store.load()
+            saved.check(repo_digest(result.repo.root, result.repo.files), state_digest(recorded),
                         observed_digest(observed))
+            fresh = make_plan(model, config, recorded, observed)
+            again = make_plan(model, config, saved.planned_state, observed)
+            saved.verify(recorded, (fresh.plan, fresh.state), (again.plan, again.state))
         except StalePlan as err:
             click.echo(f"Error: {err}", err=True)
             sys.exit(EXIT_STALE)

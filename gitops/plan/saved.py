@@ -23,7 +23,9 @@ from gitops.observe import ObservedState
 from gitops.plan.actions import Plan
 from gitops.printable import printable, shorten
 from gitops.safeio import FileRefused, MiB, read_bytes, read_text
+from gitops.secrets import decrypt, encrypt, load_identities
 from gitops.state.records import State
+from gitops.state.sealing import merge, split
 
 FORMAT = "gitops.infra/saved-plan"
 VERSION = 1
@@ -65,16 +67,23 @@ class SavedPlan:
     observed: str
     #: the recorded state with the plan's decisions, saved before the first action
     planned_state: State
+    #: an age recipient (the controller's): the planned state's private keys are sealed to it in the file
+    recipient: str = ""
 
     def to_json(self) -> str:
+        planned: dict[str, Any] = {"plannedState": self.planned_state.to_dict()}
+        if self.recipient:
+            public, keys = split(self.planned_state)
+            sealed = encrypt((json.dumps(keys, sort_keys=True) + "\n").encode(), [self.recipient])
+            planned = {"plannedState": public, "plannedSecrets": sealed}
         return json.dumps({
             "format": FORMAT, "version": VERSION,
             "digests": {"repo": self.repo, "state": self.state, "observed": self.observed},
-            "plan": self.plan.to_dict(), "plannedState": self.planned_state.to_dict(),
+            "plan": self.plan.to_dict(), **planned,
         }, indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, source: str) -> "SavedPlan":
+    def from_json(cls, text: str, source: str, identity: str | None = None) -> "SavedPlan":
         try:
             data = json.loads(text)
         except (ValueError, RecursionError) as err:
@@ -84,10 +93,13 @@ class SavedPlan:
         if data.get("version") != VERSION:
             raise GitopsError(f"{source}: saved plan version {data.get('version')!r}; this gitops reads "
                               f"version {VERSION}: make the plan again")
+        planned = data.get("plannedState")
+        if "plannedSecrets" in data:
+            planned = _unseal(planned, data["plannedSecrets"], source, identity)
         try:
             digests = data["digests"]
             return cls(Plan.from_dict(data["plan"]), digests["repo"], digests["state"], digests["observed"],
-                       State.parse(data["plannedState"]))
+                       State.parse(planned))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise GitopsError(f"{source}: corrupt saved plan ({type(err).__name__}: {shorten(str(err), 300)})") from None
 
@@ -105,12 +117,13 @@ class SavedPlan:
             raise
 
     @classmethod
-    def read(cls, path: Path) -> "SavedPlan":
+    def read(cls, path: Path, identity: str | None = None) -> "SavedPlan":
+        """The saved plan in `path`; `identity` (age) opens its sealed keys."""
         try:
             text = read_text(path, MAX_PLAN_BYTES)
         except FileRefused as err:
             raise GitopsError(f"cannot read the saved plan: {err}") from None
-        return cls.from_json(text, printable(str(path)))
+        return cls.from_json(text, printable(str(path)), identity)
 
     def check(self, repo: str, state: str, observed: str) -> None:
         """Refuse unless the plan was made against exactly these."""
@@ -119,3 +132,78 @@ class SavedPlan:
         if moved:
             raise StalePlan(f"the saved plan is stale: {' and '.join(moved)} changed since it was made; nothing "
                             "was applied. Run `gitops plan --out` again and review the new plan.")
+
+    def verify(self, recorded: State, fresh: tuple[Plan, State], again: tuple[Plan, State]) -> None:
+        """Refuse (StalePlan) unless this plan is exactly what its inputs make.
+
+        `fresh`: the plan and planned state made now from the `recorded` state; `again`: made from this
+        file's planned state. Every action and payload must be `again`'s, and the planned state
+        `again`'s and `fresh`'s but for what the plan generates (new clusters' or a new rotation's
+        authorities and keys, which no two plans make alike): so an edited payload, an added action or a
+        replaced key is refused, and a generated key can only be one the recorded state does not hold.
+        """
+        found = []
+        if self.plan.to_dict() != again[0].to_dict():
+            found.append(_first_difference("actions", self.plan.to_dict(), again[0].to_dict()))
+        if self.planned_state.to_dict() != again[1].to_dict():
+            found.append("the planned state is not what planning from it decides")
+        known = set(_pems(recorded.to_dict()))
+        mine, theirs = (_generated(s.to_dict(), known) for s in (self.planned_state, fresh[1]))
+        if mine != theirs:
+            found.append(_first_difference("planned state", mine, theirs))
+        if found:
+            raise StalePlan("the saved plan is not what its inputs make (edited after `gitops plan --out`?): "
+                            + "; ".join(found) + ". Nothing was applied. Run `gitops plan --out` again and "
+                            "review the new plan.")
+
+
+def _unseal(public: Any, sealed: Any, source: str, identity: str | None) -> Any:
+    """The planned state whose private keys are age-sealed in the file, opened with `identity`."""
+    if not isinstance(public, dict) or not isinstance(sealed, str):
+        raise GitopsError(f"{source}: corrupt saved plan (plannedState / plannedSecrets)")
+    if identity is None:
+        raise GitopsError(f"{source}: the plan's keys are sealed to an age identity: pass --identity (or "
+                          "$GITOPS_IDENTITY), the one `gitops plan --out` sealed them to")
+    try:
+        keys = json.loads(decrypt(sealed, load_identities(identity)))
+        return merge(public, keys).to_dict()
+    except (GitopsError, ValueError, TypeError, AttributeError) as err:
+        raise GitopsError(f"{source}: cannot open the plan's sealed keys: {shorten(str(err), 300)}") from None
+
+
+_GENERATED = "(generated by the plan)"
+
+
+def _pems(value: Any) -> list[str]:
+    """Every PEM string in a JSON value."""
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in _pems(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in _pems(v)]
+    return [value] if isinstance(value, str) and "-----BEGIN " in value else []
+
+
+def _generated(value: Any, known: set[str]) -> Any:
+    """`value` with every PEM that is not in `known` (material the plan generated) replaced by a marker."""
+    if isinstance(value, dict):
+        return {k: _generated(v, known) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_generated(v, known) for v in value]
+    if isinstance(value, str) and "-----BEGIN " in value and value not in known:
+        return _GENERATED
+    return value
+
+
+def _first_difference(what: str, mine: Any, theirs: Any, path: str = "") -> str:
+    """Where two JSON values first differ, for the refusal message."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        for key in sorted(set(mine) | set(theirs)):
+            if mine.get(key) != theirs.get(key):
+                return _first_difference(what, mine.get(key), theirs.get(key), f"{path}.{key}" if path else key)
+    elif isinstance(mine, list) and isinstance(theirs, list):
+        if len(mine) != len(theirs):
+            return f"{what} differ at {path or 'the top'}: {len(mine)} entries in the file, {len(theirs)} planned now"
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            if a != b:
+                return _first_difference(what, a, b, f"{path}[{i}]")
+    return f"{what} differ at {printable(path) or 'the top'}"

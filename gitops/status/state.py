@@ -17,43 +17,12 @@ from typing import Any
 from gitops.errors import GitopsError
 from gitops.secrets import decrypt, encrypt, load_identity, public_recipient
 from gitops.state.records import State
+from gitops.state.sealing import merge, split
 from gitops.status.reader import PLAINTEXT, PUBLIC, SEALED
 
 
 class StateSealError(GitopsError):
     pass
-
-
-def split(state: State) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(public, secrets): every private key goes to `secrets`, nothing else does."""
-    public = state.to_dict()
-    secrets: dict[str, Any] = {"clusters": {}}
-    for name, cluster in public["clusters"].items():
-        keys: dict[str, Any] = {"authorities": {}}
-        for role, record in cluster["authorities"].items():
-            keys["authorities"][role] = record.pop("key_pem", "")
-            record["key_pem"] = ""
-        if cluster.get("admin"):
-            keys["admin"] = cluster["admin"].get("key_pem", "")
-            cluster["admin"]["key_pem"] = ""
-        for role, record in ((cluster.get("rotation") or {}).get("other") or {}).items():
-            keys.setdefault("rotation", {})[role] = record.pop("key_pem", "")
-            record["key_pem"] = ""
-        secrets["clusters"][name] = keys
-    return public, secrets
-
-
-def merge(public: dict[str, Any], secrets: dict[str, Any] | None) -> State:
-    data = json.loads(json.dumps(public))
-    for name, cluster in data.get("clusters", {}).items():
-        keys = (secrets or {}).get("clusters", {}).get(name, {})
-        for role, record in cluster.get("authorities", {}).items():
-            record["key_pem"] = keys.get("authorities", {}).get(role, "")
-        if cluster.get("admin"):
-            cluster["admin"]["key_pem"] = keys.get("admin", "")
-        for role, record in ((cluster.get("rotation") or {}).get("other") or {}).items():
-            record["key_pem"] = keys.get("rotation", {}).get(role, "")
-    return State.from_dict(data)
 
 
 class Sealer:
