@@ -376,6 +376,37 @@ def test_a_state_that_does_not_know_the_live_clusters_is_refused_and_changes_not
     assert world.plan("--detailed-exitcode").returncode == 0
 
 
+def test_the_controller_refuses_a_lab_applied_by_hand_until_its_state_is_pushed(world):
+    """#26: the controller's first reconcile finds running clusters its (empty) status branch does not
+    record: refused, nothing changed; after `gitops state push` of the hand-applied state it carries on."""
+    assert_converged(world)
+    before = {c: running(world, c) for c in ("team-a", "team-b")}
+    origin = world.dir / "handover.git"
+    shutil.copytree(world.repo, origin)
+    for argv in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["-c", "user.name=t", "-c", "user.email=t@x", "commit", "-q", "-m", "applied by hand"]):
+        subprocess.run(["git", *argv], cwd=origin, check=True, capture_output=True)
+    key = world.dir / "handover.key"
+    key.write_text(subprocess.run(["age-keygen"], capture_output=True, text=True, check=True).stdout)
+    reconcile = [GITOPS, "reconcile", "--repo", str(origin), "--workdir", str(world.dir / "handover-work"),
+                 "--identity", str(key), "--log-format", "text"]
+    try:
+        refused = subprocess.run(reconcile, capture_output=True, text=True, timeout=300)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "does not match what runs on the hypervisors" in refused.stdout + refused.stderr
+        assert "cluster team-a: no certificate authority recorded for it" in refused.stdout + refused.stderr
+        assert {c: running(world, c) for c in ("team-a", "team-b")} == before
+        pushed = world.gitops("state", "push", "--repo", str(origin), "--state-dir", str(world.state),
+                              "--identity", str(key))
+        assert "as generation 1" in pushed.stdout
+        done = subprocess.run(reconcile, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith("Applied: commit"), done.stdout
+        assert {c: running(world, c) for c in ("team-a", "team-b")} == before
+    finally:
+        shutil.rmtree(world.dir / "handover-work", ignore_errors=True)
+
+
 def test_a_stale_saved_plan_is_refused_and_changes_nothing(world):
     saved = world.dir / "stale.plan.json"
     world.plan("--out", str(saved))
