@@ -69,11 +69,11 @@ def mismatches(state: State, observed: ObservedState) -> list[Mismatch]:
             found.append(Mismatch(cluster, f"node(s) {', '.join(unplaced)} run but their placement is not recorded",
                                   nodes))
             continue
-        trusted = _certificates([record.authorities["cluster"].cert_pem]
-                                + ([record.rotation.other["cluster"].cert_pem]
-                                   if record.rotation is not None and "cluster" in record.rotation.other else []))
-        foreign = sorted(p.node for p in pods if p.files is not None and "ca" in p.files.certificates
-                         and not _certificates([p.files.certificates["ca"]]) & trusted)
+        bundle = record.trust_bundle("cluster").strip()  # what compile writes as ca.crt: the usual answer
+        differ = [p for p in pods if p.files is not None and "ca" in p.files.certificates
+                  and p.files.certificates["ca"].strip() != bundle]
+        trusted = _certificates([bundle]) if differ else set()
+        foreign = sorted(p.node for p in differ if not _certificates([p.files.certificates["ca"]]) & trusted)
         if foreign:
             found.append(Mismatch(cluster, f"the cluster CA on node(s) {', '.join(foreign)} (ca.crt) is not the "
                                   "recorded one", nodes))
