@@ -6,6 +6,13 @@ from pathlib import Path
 import git
 
 
+def as_url(repo: str) -> str:
+    """A repo given as a URL (kept) or as a local path (made absolute: clones live elsewhere)."""
+    if "://" not in repo and ":" not in repo.split("/")[0]:
+        return str(Path(repo).absolute())
+    return repo
+
+
 def open_clone(url: str, directory: Path) -> git.Repo:
     """The clone of `url` in `directory`: opened (origin re-pointed at `url`) or made without checkout.
 

@@ -17,6 +17,7 @@ from gitops import logs
 from gitops.cli.secrets import read_identity
 from gitops.controller import Controller, ControllerConfig, CoordinationFlags
 from gitops.errors import GitopsError
+from gitops.gitclone import as_url
 from gitops.metrics import serve
 from gitops.source import SignaturePolicy
 from gitops.status.reader import StatusReader, branch_of_checkout
@@ -80,8 +81,7 @@ def build(repo: str, branch: str, workdir: Path, identity: Path | None, insecure
     if insecure_plaintext_secrets:
         log.warning("INSECURE: --insecure-plaintext-secrets writes private keys to git in plaintext; labs only")
     signatures = SignaturePolicy(allowed_signers, gpg_home) if (allowed_signers or gpg_home) else None
-    if "://" not in repo and ":" not in repo.split("/")[0]:
-        repo = str(Path(repo).absolute())
+    repo = as_url(repo)
     config = ControllerConfig(
         repo=repo, workdir=workdir.absolute(), branch=branch,
         identity=read_identity(identity) if identity else None,

@@ -170,21 +170,21 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
     result = load(repo, identity)
     model, config = result.model, result.repo.config
     store = state_store(repo, state_dir)
-    observed = observe_all(model, config, store.load())
+    recorded = store.load()
+    observed = observe_all(model, config, recorded)
     if saved is not None:
         try:
-            recorded = store.load()
             saved.check(repo_digest(result.repo.root, result.repo.files), state_digest(recorded),
                         observed_digest(observed))
             fresh = make_plan(model, config, recorded, observed)
             again = make_plan(model, config, saved.planned_state, observed)
-            saved.verify(recorded, (fresh.plan, fresh.state), (again.plan, again.state))
+            saved.verify(recorded, fresh.state, (again.plan, again.state))
         except StalePlan as err:
             click.echo(f"Error: {err}", err=True)
             sys.exit(EXIT_STALE)
         the_plan, state, planned = saved.plan, saved.planned_state, None
     else:
-        planned = make_plan(model, config, store.load(), observed)
+        planned = make_plan(model, config, recorded, observed)
         the_plan, state = planned.plan, planned.state
     console = Console(highlight=False, soft_wrap=True, stderr=False)
     started: dict[int, float] = {}

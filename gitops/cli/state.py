@@ -7,9 +7,11 @@ from pathlib import Path
 import click
 
 from gitops.cli.reconcile import STATE_ENV
-from gitops.cli.secrets import read_identity
+from gitops.cli.secrets import IDENTITY_ENV, read_identity
 from gitops.errors import GitopsError
+from gitops.gitclone import as_url
 from gitops.state import LocalDirStore
+from gitops.state.store import STATE_FILE
 from gitops.status.branch import StatusBranch
 from gitops.status.handover import pull, push
 from gitops.status.reader import DEFAULT_BRANCH
@@ -29,7 +31,7 @@ def _options(f):
         click.option("--state-dir", required=True, envvar=STATE_ENV,
                      type=click.Path(file_okay=False, path_type=Path), help="The local state directory."),
         click.option("--identity", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-                     envvar="GITOPS_IDENTITY", help="The controller's age identity ($GITOPS_IDENTITY)."),
+                     envvar=IDENTITY_ENV, help=f"The controller's age identity (${IDENTITY_ENV})."),
         click.option("--insecure-plaintext-secrets", is_flag=True,
                      help="The controller runs with --insecure-plaintext-secrets (labs only)."),
         click.option("--force", is_flag=True, help="Replace a different state at the destination."),
@@ -39,9 +41,7 @@ def _options(f):
 
 
 def _branch(repo: str, status_branch: str, workdir: Path) -> StatusBranch:
-    if "://" not in repo and ":" not in repo.split("/")[0]:
-        repo = str(Path(repo).absolute())
-    return StatusBranch(repo, workdir, status_branch)
+    return StatusBranch(as_url(repo), workdir, status_branch)
 
 
 def _sealer(identity: Path | None, insecure: bool) -> Sealer:
@@ -74,8 +74,7 @@ def push_cmd(repo: str, status_branch: str, state_dir: Path, identity: Path | No
     sealer = _sealer(identity, insecure_plaintext_secrets)
     recorded = LocalDirStore(state_dir).load()
     if not recorded.clusters and not recorded.nodes:
-        raise GitopsError(f"{state_dir} holds no recorded state (no {LocalDirStore(state_dir).path.name}): nothing "
-                          "to push")
+        raise GitopsError(f"{state_dir} holds no recorded state (no {STATE_FILE}): nothing to push")
     with tempfile.TemporaryDirectory(prefix="gitops-status-") as scratch:
         generation, sha = push(_branch(repo, status_branch, Path(scratch)), sealer, recorded, force=force)
     if sha is None:

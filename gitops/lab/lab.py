@@ -437,7 +437,7 @@ def start_containerd(lab_dir: Path, name: str) -> procs.Proc:
     return ctrd
 
 
-def _drain(name: str, hv: Hypervisor) -> list[str]:
+def _drain(hv: Hypervisor) -> list[str]:
     """Stop and remove every pod sandbox of a lab runtime (best effort)."""
     removed = []
     try:
@@ -445,9 +445,9 @@ def _drain(name: str, hv: Hypervisor) -> list[str]:
             for sandbox in client.list_sandboxes():
                 client.stop_sandbox(sandbox.id)
                 client.remove_sandbox(sandbox.id)
-                removed.append(f"{name}/sandbox/{sandbox.name}")
+                removed.append(f"{hv.name}/sandbox/{sandbox.name}")
     except CRIError as err:
-        event(log, logging.WARNING, "cannot drain hypervisor", hypervisor=name, error=str(err))
+        event(log, logging.WARNING, "cannot drain hypervisor", hypervisor=hv.name, error=str(err))
     return removed
 
 
@@ -481,11 +481,11 @@ def down(lab_dir: Path | None = None) -> DownReport:
         alive = {(p.role, p.hypervisor) for p in state.processes if p.alive()}
         for hv in state.hypervisors:
             if ("containerd", hv.name) in alive:
-                stopped += _drain(hv.name, hv.local())
+                stopped += _drain(hv.local())
         for record in sorted(lab_dir.glob(f"hv-*/{RECORD}")):  # a worker's runtime: its pods' networks go too
             name = record.parent.name.removeprefix("hv-")
             if ("containerd", name) in alive:
-                stopped += _drain(name, _runtime(name, record.parent))
+                stopped += _drain(_runtime(name, record.parent))
         for role in ("haproxy", "containerd"):
             recorded = [p for p in state.processes if p.role == role and p.alive()]
             procs.terminate([(p.pid, p.start_time) for p in recorded])

@@ -108,18 +108,25 @@ def remove(net: WorkerNetwork) -> list[str]:
     return done
 
 
-def release(hv_dir: Path) -> list[str]:
-    """Remove the network of the worker recorded in `hv_dir` (if any); returns what was removed."""
+def recorded(hv_dir: Path) -> WorkerNetwork | None:
+    """The network of the worker whose record `hv_dir` holds, None without a record."""
     record = hv_dir / RECORD
     if not record.exists():
-        return []
+        return None
     try:
         raw = json.loads(record.read_text())
-        net = WorkerNetwork(raw["netns"], raw["link"], raw["node_ip"], raw["host_ip"])
+        return WorkerNetwork(raw["netns"], raw["link"], raw["node_ip"], raw["host_ip"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise LabError(f"unreadable worker record {record}: {err}") from None
+
+
+def release(hv_dir: Path) -> list[str]:
+    """Remove the network of the worker recorded in `hv_dir` (if any); returns what was removed."""
+    net = recorded(hv_dir)
+    if net is None:
+        return []
     done = remove(net)
-    record.unlink()
+    (hv_dir / RECORD).unlink()
     return done
 
 

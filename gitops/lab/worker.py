@@ -88,14 +88,12 @@ def prepare(number: int = 1, lab_dir: Path | None = None) -> LabWorker:
 
 def command(name: str, argv: list[str], lab_dir: Path | None = None) -> list[str]:
     """`argv` as it runs on lab worker `name` (in its network namespace)."""
-    record = info(lab_dir).dir / f"hv-{name}" / RECORD
-    try:
-        space = str(json.loads(record.read_text())["netns"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise LabError(f"no lab worker {name} in this lab (`gitops lab worker` prepares it)") from None
-    if not netns.exists(space):
-        raise LabError(f"the network namespace {space} of {name} is gone (`gitops lab worker` again)")
-    return netns.enter(space, argv)
+    net = netns.recorded(info(lab_dir).dir / f"hv-{name}")
+    if net is None:
+        raise LabError(f"no lab worker {name} in this lab (`gitops lab worker` prepares it)")
+    if not netns.exists(net.netns):
+        raise LabError(f"the network namespace {net.netns} of {name} is gone (`gitops lab worker` again)")
+    return netns.enter(net.netns, argv)
 
 
 def run(name: str, argv: list[str], lab_dir: Path | None = None) -> None:

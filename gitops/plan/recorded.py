@@ -11,16 +11,16 @@ way back. Replacing a cluster's CAs on purpose is the CA rotation, never a lost 
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from cryptography.hazmat.primitives import hashes
 
 from gitops.errors import GitopsError
 from gitops.model.resources import CONTROLPLANE, INGRESS
 from gitops.observe import ObservedState
+from gitops.pki import PKIError, load_certs_pem
 from gitops.state.records import State
-
-_PEM = re.compile(r"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+?-----END CERTIFICATE-----")
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,12 @@ def check(state: State, observed: ObservedState, where: str = "") -> None:
         raise StateMismatch(found, where)
 
 
-def _certificates(pems: Iterable[str]) -> set[str]:
-    """The certificates in PEM bundles, whitespace-normalised."""
-    return {"".join(block.split()) for pem in pems for block in _PEM.findall(pem)}
+def _certificates(pems: Iterable[str]) -> set[bytes]:
+    """The SHA-256 fingerprints of the certificates in PEM bundles (none for one that does not parse)."""
+    out: set[bytes] = set()
+    for pem in pems:
+        try:
+            out.update(c.fingerprint(hashes.SHA256()) for c in load_certs_pem(pem))
+        except PKIError:
+            pass
+    return out

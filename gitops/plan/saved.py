@@ -133,22 +133,23 @@ class SavedPlan:
             raise StalePlan(f"the saved plan is stale: {' and '.join(moved)} changed since it was made; nothing "
                             "was applied. Run `gitops plan --out` again and review the new plan.")
 
-    def verify(self, recorded: State, fresh: tuple[Plan, State], again: tuple[Plan, State]) -> None:
+    def verify(self, recorded: State, fresh: State, again: tuple[Plan, State]) -> None:
         """Refuse (StalePlan) unless this plan is exactly what its inputs make.
 
-        `fresh`: the plan and planned state made now from the `recorded` state; `again`: made from this
+        `fresh`: the planned state made now from the `recorded` state; `again`: the plan and state made from this
         file's planned state. Every action and payload must be `again`'s, and the planned state
         `again`'s and `fresh`'s but for what the plan generates (new clusters' or a new rotation's
         authorities and keys, which no two plans make alike): so an edited payload, an added action or a
         replaced key is refused, and a generated key can only be one the recorded state does not hold.
         """
         found = []
-        if self.plan.to_dict() != again[0].to_dict():
-            found.append(_first_difference("actions", self.plan.to_dict(), again[0].to_dict()))
-        if self.planned_state.to_dict() != again[1].to_dict():
+        actions, planned = self.plan.to_dict(), self.planned_state.to_dict()
+        if actions != (made := again[0].to_dict()):
+            found.append(_first_difference("actions", actions, made))
+        if planned != again[1].to_dict():
             found.append("the planned state is not what planning from it decides")
         known = set(_pems(recorded.to_dict()))
-        mine, theirs = (_generated(s.to_dict(), known) for s in (self.planned_state, fresh[1]))
+        mine, theirs = _generated(planned, known), _generated(fresh.to_dict(), known)
         if mine != theirs:
             found.append(_first_difference("planned state", mine, theirs))
         if found:
