@@ -20,6 +20,7 @@ annotations, or in a CRI request; node keys never even reach the controller's me
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from dataclasses import dataclass, field
@@ -42,6 +43,10 @@ COMPONENT = f"{LABEL}/component"
 SPEC_HASH = f"{LABEL}/spec-hash"
 #: annotation holding the container's spec (JSON, no secrets) so a diff can name changed fields
 SPEC_ANNOTATION = f"{LABEL}/spec"
+#: annotation holding the digests of the certificates a component read when it started (JSON
+#: {name: digest of name.crt}): a certificate written since (a crash before its readers restarted)
+#: is found by the next plan. Public files need none: their digests are in the spec hash.
+CERTIFICATES_ANNOTATION = f"{LABEL}/certificates"
 MANAGER = "gitops"
 
 #: the files agent: its component name, where it sees the node's directory, where components read it
@@ -157,6 +162,11 @@ def write_files(client: CRIClient, agent_id: str, files: dict[str, str]) -> None
 def wipe(client: CRIClient, agent_id: str) -> None:
     """Delete the node's files and etcd data (the node left this hypervisor)."""
     _run(client, agent_id, "wipe", WIPE)
+
+
+def file_digest(content: str) -> str:
+    """The digest the files agent reports for a file (`OBSERVE_FILES_SCRIPT`: sha256, 12 hex digits)."""
+    return hashlib.sha256(content.encode()).hexdigest()[:12]
 
 
 def parse_files_listing(text: str) -> NodeFiles:

@@ -700,6 +700,63 @@ def test_container_removed_by_hand_is_healed(world):
     assert world.plan("--detailed-exitcode").returncode == 0
 
 
+def test_a_dead_files_agent_is_started_again_and_nothing_restarts(world):
+    """A running pod's files agent killed: the plan starts it again and checks the node's files once it
+    runs (known after apply); no certificate is re-issued and no component restarts."""
+    before = running(world, "team-a")
+    hv = world.hypervisors()[LocalDirStore(world.state).load().nodes["team-a-cp-2"].hypervisor]
+    with CRIClient(hv.cri_endpoint()) as client:
+        [agent] = client.list_containers({NODE: "team-a-cp-2", "gitops.infra/component": "files"})
+        client.stop_container(agent.id, timeout=0)
+    plan = world.plan("--detailed-exitcode", check=False)
+    assert plan.returncode == 3, plan.stdout  # incomplete: the node's files could not be read
+    assert "~ recreate container files: container is exited" in plan.stdout, plan.stdout
+    assert "files of team-a-cp-2: (known after apply)" in plan.stdout, plan.stdout
+    assert "Incomplete: the files of 1 node could not be observed." in plan.stdout, plan.stdout
+    assert "write files" not in plan.stdout and plan.stdout.count("recreate container") == 1, plan.stdout
+    out = world.apply().stdout
+    assert "Apply complete: 1 action(s)" in out and "Follow-up plan" not in out, out  # checked after: fine
+    after = running(world, "team-a")
+    assert after[("team-a-cp-2", "files")] != agent.id
+    assert {k: v for k, v in after.items() if k != ("team-a-cp-2", "files")} == {
+        k: v for k, v in before.items() if k != ("team-a-cp-2", "files")}
+    assert world.plan("--detailed-exitcode").returncode == 0
+
+
+def test_a_run_killed_after_writing_certificates_restarts_their_readers_next_time(world):
+    """SIGKILL right after a node's re-issued certificates are written, before its readers restart: they
+    recorded the digests of the certificates they started with, so the next plan restarts exactly those
+    that still run on an old one, gated as usual, and then nothing is left."""
+    original = edit(world, "clusters/team-a/cluster.yaml", "    validityDays: 365\n    renewBeforeDays: 30\n",
+                    "    validityDays: 400\n    renewBeforeDays: 366\n")
+    try:
+        proc = subprocess.Popen([GITOPS, "apply", str(world.repo), "--state-dir", str(world.state)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        seen, node = [], ""
+        for line in proc.stdout:
+            seen.append(line)
+            if "write files" in line and "done" in line:
+                proc.send_signal(signal.SIGKILL)
+                node = line.split()[2].split("/")[1]
+                break
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGKILL and node, "".join(seen)
+    finally:
+        (world.repo / "clusters/team-a/cluster.yaml").write_text(original)
+    plan = world.plan().stdout  # back to 365/30: the new leaves are outside the window, nothing re-issued
+    assert "re-issued" not in plan and "write files" not in plan, plan
+    stale, where = set(), ""
+    for line in plan.splitlines():
+        where = line.split()[1] if line.startswith("  Node ") else where
+        if "written since it started: restarts to read it" in line:
+            stale.add((where, line.split()[3].rstrip(":")))
+    assert stale and {n for n, _ in stale} == {node}, plan  # only the node whose files were written
+    assert ("etcd" not in {c for _, c in stale}) or "one member at a time" in plan, plan  # gated as usual
+    world.apply()
+    assert_converged(world)
+
+
 def test_sigkill_in_the_middle_then_rerun_converges_without_duplicates(world):
     text = (world.repo / "clusters/team-a/nodes.yaml").read_text().replace("team-a", "team-c")
     (world.repo / "clusters/team-c").mkdir()
@@ -1031,8 +1088,10 @@ def test_containerd_killed_during_apply_loses_nothing_on_its_hypervisor(world):
         (world.repo / "clusters/team-a/cluster.yaml").write_text(original)
         if not restarted:
             labmod.start_containerd(world.lab.dir, victim)
-    world.apply()  # back to the default references; the victim's components too
-    assert {n: [s.id for _, s in p] for n, p in world.sandboxes().items()} == before
+    back = world.apply().stdout  # back to the default references; the victim's components too
+    log = Path(world.lab.get(victim).dir, "logs", "containerd.log").read_text(errors="replace")
+    assert {n: [s.id for _, s in p] for n, p in world.sandboxes().items()} == before, back + "\n".join(
+        line for line in log.splitlines() if "level=error" in line or "level=warn" in line)
     assert_converged(world)
 
 

@@ -22,14 +22,14 @@ from gitops.compile.desired import DesiredState
 from gitops.engine import MassDeleteRefused, apply_repo, make_plan
 from gitops.model.config import BareMetalSource, RepoConfig
 from gitops.model.validate import validate_repo
-from gitops.node import NodeFiles
+from gitops.node import NodeFiles, file_digest
 from gitops.observe import ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
 from gitops.compile.bootstrap import bootstrap_objects
 from gitops.observe.clusters import ObservedCluster
 from gitops.pki import cert_to_pem, generate_key, sign_public_key
 from gitops.plan.actions import Kind, Plan, Unknown, UnknownKind
 from gitops.pki.facts import CERTIFICATE_FACTS
-from gitops.plan.diff import CLUSTER_DIFFS
+from gitops.plan.diff import CLUSTER_DIFFS, certificates_read
 from gitops.plan.render import headline, render_json, render_markdown, render_text
 from gitops.state import LocalDirStore, State
 
@@ -65,12 +65,15 @@ def converged(desired: DesiredState, state: State, model, now=NOW) -> ObservedSt
                                    ip_addresses=spec.ip_addresses, server=spec.server, client=spec.client,
                                    days=365, now=now)
             certs[spec.name] = cert_to_pem(cert) + dict(pod.chains).get(spec.name, "")
-        files = NodeFiles(digests={f.name: f.digest for f in pod.files}, certificates=certs,
+        digests = {**{f.name: f.digest for f in pod.files}, **{f"{n}.crt": file_digest(c) for n, c in certs.items()}}
+        files = NodeFiles(digests=digests, certificates=certs,
                           keys=tuple(sorted([*certs, *(k.name for k in pod.keys)])),
                           public_keys={"sa": SA_KEY} if pod.keys else {})
-        containers = tuple(ObservedContainer(f"c-{pod.node}-{c.spec.name}", c.spec.name, "running", c.spec_hash,
-                                             i, json.loads(c.spec.annotations["gitops.infra/spec"]))
-                           for c in pod.containers)
+        containers = tuple(ObservedContainer(
+            f"c-{pod.node}-{c.spec.name}", c.spec.name, "running", c.spec_hash, i,
+            json.loads(c.spec.annotations["gitops.infra/spec"]),
+            json.dumps({n: digests[f"{n}.crt"] for n in sorted(certificates_read(pod, c))}))
+            for c in pod.containers)
         pods[pod.hypervisor].append(ObservedPod(f"s-{pod.node}", pod.node, pod.cluster, pod.role, pod.hypervisor,
                                                 True, pod.sandbox.labels["gitops.infra/spec-hash"], i,
                                                 containers, files))
@@ -626,3 +629,62 @@ def test_no_change_needing_an_unreachable_members_vote(repo):
                       now=NOW).plan
     assert [a.node for a in later.actions if a.cluster == "team-a" and a.component == "etcd"] == \
         ["team-a-cp-1", "team-a-cp-2", "team-a-cp-3"]
+
+
+def _with_pod(observed: ObservedState, node: str, change) -> ObservedState:
+    """`observed` with the pod of `node` replaced by `change(pod)`."""
+    hv = next(h for h in observed.hypervisors.values() if any(p.node == node for p in h.pods))
+    pods = tuple(change(p) if p.node == node else p for p in hv.pods)
+    return dataclasses.replace(observed, hypervisors={**observed.hypervisors, hv.name: dataclasses.replace(hv, pods=pods)})
+
+
+def test_a_certificate_written_since_its_reader_started_restarts_it(repo):
+    """A run stopped after writing a re-issued certificate and before restarting its readers: the next plan
+    finds the file's digest differs from the one the running container recorded, and restarts it, gated."""
+    state, observed = settle(repo.model)
+    planned = make_plan(repo.model, repo.repo.config, state, observed, now=NOW)
+    pod = next(p for p in planned.compiled.desired.pods.values() if p.node == "team-b-cp-1")
+    readers = {c.spec.name: certificates_read(pod, c) for c in pod.containers}
+    [name] = sorted(readers["etcd"] - set().union(*(r for c, r in readers.items() if c != "etcd")))[:1]
+    later = _with_pod(observed, "team-b-cp-1", lambda p: dataclasses.replace(p, files=dataclasses.replace(
+        p.files, digests={**p.files.digests, f"{name}.crt": "0123456789ab"})))
+    actions = make_plan(repo.model, repo.repo.config, state, later, now=NOW).plan.actions
+    mine = [a for a in actions if a.node == "team-b-cp-1"]
+    # etcd restarts (its API server bracketed around it, as for any etcd restart); nothing is written
+    assert {a.component for a in mine} == {"etcd", "kube-apiserver"} and Kind.WRITE_FILES not in {
+        a.kind for a in mine}, mine
+    [restart] = [a for a in mine if a.component == "etcd"]
+    assert restart.reason == f"certificate {name} written since it started: restarts to read it"
+    assert restart.payload.etcd is not None  # one member at a time, health-gated like any etcd restart
+    assert dict(restart.payload.certificates)[name] == "0123456789ab"  # recorded when it starts again
+    assert all(a.node == "team-b-cp-1" for a in actions)
+
+
+def test_new_containers_record_their_certificates_known_after_apply(repo):
+    """Certificates issued by the plan itself have digests known only after apply; the payload says so."""
+    planned = make_plan(repo.model, repo.repo.config, State(), nothing_observed(repo.model), now=NOW)
+    etcd = next(a for a in planned.plan.actions if a.node == "team-a-cp-1" and a.component == "etcd")
+    assert etcd.payload.certificates and {d for _, d in etcd.payload.certificates} == {"(known after apply)"}
+    assert etcd.payload.certificates_after_apply == tuple(n for n, _ in etcd.payload.certificates)
+
+
+def test_a_dead_files_agent_is_restarted_without_reissuing_or_restarting(repo):
+    """A running pod whose files agent died: the plan starts the agent again and checks the node's files
+    once it runs (an unknown, known after apply); nothing is re-issued, no component restarts."""
+    state, observed = settle(repo.model)
+    dead = _with_pod(observed, "team-b-cp-1", lambda p: dataclasses.replace(p, files=None, containers=tuple(
+        dataclasses.replace(c, state="exited") if c.component == "files" else c for c in p.containers)))
+    plan = make_plan(repo.model, repo.repo.config, state, dead, now=NOW).plan
+    assert [(a.kind, a.component, a.reason) for a in plan.actions] == [
+        (Kind.RECREATE_CONTAINER, "files", "container is exited")]
+    assert [(u.kind, u.nodes) for u in plan.unknowns] == [(UnknownKind.NODE_FILES, ("team-b-cp-1",))]
+    assert headline(plan) == "Plan: 0 to add, 1 to change, 0 to remove. Incomplete: the files of 1 node could not " \
+        "be observed."
+    out = io.StringIO()
+    render_text(plan, Console(file=out, highlight=False, soft_wrap=True, color_system=None))
+    assert "files of team-b-cp-1: (known after apply)" in out.getvalue(), out.getvalue()
+    # with no component running there is nothing to keep: the files are written whole, as for a new pod
+    bare = _with_pod(observed, "team-b-cp-1", lambda p: dataclasses.replace(p, files=None, containers=tuple(
+        dataclasses.replace(c, state="exited") for c in p.containers)))
+    plan = make_plan(repo.model, repo.repo.config, state, bare, now=NOW).plan
+    assert Kind.WRITE_FILES in [a.kind for a in plan.actions] and not plan.unknowns

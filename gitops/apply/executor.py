@@ -28,7 +28,7 @@ from gitops.cri.errors import CRIError, Reason
 from gitops.cri.types import ContainerState
 from gitops.errors import GitopsError
 from gitops.kubeapi import Credentials, KubeAPI
-from gitops.node import AGENT
+from gitops.node import AGENT, CERTIFICATES_ANNOTATION
 from gitops.pki import CertKey, load_csr_pem, sign_public_key
 from gitops.pki.x509 import cert_to_pem
 from gitops.plan.actions import Action, Plan
@@ -111,6 +111,8 @@ class _Runner:
         self.provider: BMHProvider | None = None
         #: pods created by this run: node -> (sandbox id, agent id)
         self.pods: dict[str, PodRef] = {}
+        #: digests of the files this run wrote: node -> file name -> digest
+        self.written: dict[str, dict[str, str]] = {}
         self.outcome = Execution()
         self.now = dt.datetime.now(dt.timezone.utc)
         self.fence: Fence | None = None
@@ -229,6 +231,24 @@ class _Runner:
                 server=spec.server, client=spec.client, days=issue.days, now=self.now)
             batch[f"{spec.name}.crt"] = cert_to_pem(cert) + issue.chain
         agent.write_files(client, agent_id, batch)
+        self.written.setdefault(action.node, {}).update({n: agent.file_digest(c) for n, c in batch.items()})
+
+    def read_certificates(self, action: Action, p: CreateContainer) -> str:
+        """The certificates annotation of a container starting now: the digests the plan knew, the ones
+        known after apply from what this run wrote, else as the files agent reads them now."""
+        digests = dict(p.certificates)
+        unknown = p.certificates_after_apply
+        if unknown:
+            written = self.written.get(action.node, {})
+            listed = None
+            if any(f"{n}.crt" not in written for n in unknown):
+                listed = agent.read_node_files(self.client(action.hypervisor), self.agent_id(action, p.pod))
+            for name in unknown:
+                found = written.get(f"{name}.crt") or (listed.digests.get(f"{name}.crt") if listed else None)
+                if found is None:
+                    raise ApplyError(f"certificate {name} of Node {action.node} is not on its hypervisor")
+                digests[name] = found
+        return json.dumps(digests, sort_keys=True, separators=(",", ":"))
 
     def refused(self, action: Action) -> str | None:
         """Why this controller may no longer act on `action`'s cluster (asked by every wait), or None."""
@@ -280,6 +300,9 @@ class _Runner:
     def _create_container(self, action: Action, p: CreateContainer, attempt: int = 0) -> str:
         client = self.client(action.hypervisor)
         spec = p.resolved({f.name: self.content(f) for f in p.files})
+        if p.certificates:
+            spec = dataclasses.replace(spec, annotations={**spec.annotations,
+                                                          CERTIFICATES_ANNOTATION: self.read_certificates(action, p)})
         client.pull_image(spec.image)
         ref = self.pod(action, p.pod)
         if attempt:  # beside a container of the same name: the runtime's name of it must differ

@@ -16,7 +16,7 @@ from typing import Any
 
 from gitops.cri.types import ContainerSpec, SandboxSpec
 from gitops.memo import ContentDigested, OnceSlots
-from gitops.node import COMPONENT, SPEC_ANNOTATION, SPEC_HASH
+from gitops.node import COMPONENT, SPEC_ANNOTATION, SPEC_HASH, file_digest
 
 #: what a plan shows for a value that exists only once earlier actions of the same plan ran
 AFTER_APPLY = "(known after apply)"
@@ -87,11 +87,6 @@ class FileSpec(OnceSlots):
         """Computed once per FileSpec: compiled pods are reused from plan to plan."""
         # interned: the same string as the observed digest of the node's file
         return self._once_or(lambda: sys.intern(file_digest(self.content)) if self.bundle is None else AFTER_APPLY)
-
-
-def file_digest(content: str) -> str:
-    """The digest the files agent reports for a file (sha256, 12 hex digits)."""
-    return hashlib.sha256(content.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True, slots=True)

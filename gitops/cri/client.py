@@ -171,7 +171,9 @@ class CRIClient:
         code: grpc.StatusCode = err.code()  # type: ignore[attr-defined]
         details: str = err.details() or code.name  # type: ignore[attr-defined]
         if code == grpc.StatusCode.UNAVAILABLE:
-            if "Handshake read failed" in details:  # TCP connected, but no TLS answer
+            if "Handshake read failed" in details or "Handshake write failed" in details:
+                # TCP connected, then closed with no TLS answer: nothing (or a front with its backend
+                # down, such as an haproxy before a stopped containerd) serves there
                 reason = Reason.UNREACHABLE
                 details = f"the endpoint never completed a TLS handshake ({details})"
             elif _TLS_HINTS.search(details):

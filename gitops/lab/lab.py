@@ -324,8 +324,28 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
         raise
 
 
+def listening_in(subnet: str) -> list[str]:
+    """`ip:port` of every TCP socket listening on an address of `subnet` (three octets) in this network
+    namespace, from /proc/net/tcp: another lab on the same subnet would take over its addresses."""
+    prefix = [int(part) for part in subnet.split(".")]
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 4 or fields[3] != "0A":  # 0A: LISTEN
+            continue
+        address, port = fields[1].split(":")
+        octets = list(socket.inet_ntoa(int(address, 16).to_bytes(4, "little")).split("."))
+        if [int(o) for o in octets[:3]] == prefix:
+            found.add(f"{'.'.join(octets)}:{int(port, 16)}")
+    return sorted(found)
+
+
 def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port: int,
         first_port: int, versions: tuple[str, ...], etcd_version: str) -> LabInfo:
+    busy = listening_in(subnet)
+    if busy:
+        raise LabError(f"subnet {subnet}.0/24 is in use ({', '.join(busy[:3])}{' ...' if len(busy) > 3 else ''} "
+                       "listen there): another lab runs on it; choose another subnet or stop that lab first")
     recipes = standins.lab_recipes(versions)
     kinds = standins.kinds(versions)
     aliases = standins.upstream_aliases(recipes, versions, etcd_version)

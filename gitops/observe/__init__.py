@@ -23,6 +23,7 @@ from gitops.model.resources import BareMetalHost, Hypervisor
 from gitops.observe.clusters import ObservedCluster
 from gitops.node import (
     AGENT,
+    CERTIFICATES_ANNOTATION,
     CLUSTER,
     COMPONENT,
     MANAGED,
@@ -48,6 +49,9 @@ class ObservedContainer:
     #: the inputs the container was created from: its spec annotation as compact JSON text (a dict given
     #: is stored so), decoded by `inputs` only when a diff shows what changed
     spec: str | None = None
+    #: the digests of the certificates it read when it started (its certificates annotation, JSON text);
+    #: None for a container started without one
+    certificates: str | None = None
 
     def __post_init__(self) -> None:
         if self.spec is not None and not isinstance(self.spec, str):
@@ -62,6 +66,17 @@ class ObservedContainer:
             return json.loads(self.spec) if self.spec is not None else None
         except ValueError:
             return None
+
+    @property
+    def read_certificates(self) -> dict[str, str] | None:
+        """Certificate name -> digest of its file when the container started (None: not recorded)."""
+        try:
+            value = json.loads(self.certificates) if self.certificates is not None else None
+        except ValueError:
+            return None
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            return None
+        return value
 
 
 class _PodSlots(ContentDigested):
@@ -160,7 +175,8 @@ def observe_hypervisor(client: CRIClient, reuse: FilesReuse | None = None) -> Ob
         spec = c.annotations.get(SPEC_ANNOTATION) or None
         by_sandbox.setdefault(c.sandbox_id, []).append(ObservedContainer(
             id=c.id, component=c.labels.get(COMPONENT, c.name), state=c.state.value,
-            spec_hash=c.labels.get(SPEC_HASH, ""), created_at=c.created_at, spec=spec))
+            spec_hash=c.labels.get(SPEC_HASH, ""), created_at=c.created_at, spec=spec,
+            certificates=c.annotations.get(CERTIFICATES_ANNOTATION)))
     pods = []
     for s in sandboxes:
         owned = tuple(sorted(by_sandbox.get(s.id, []), key=lambda c: (c.component, c.created_at, c.id)))

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from gitops.compile.desired import AFTER_APPLY
 from gitops.plan.payloads import Payload, payload_from_dict, payload_to_dict
 
 
@@ -136,6 +137,9 @@ class UnknownKind(str, Enum):
     BARE_METAL_HOSTS = "bare-metal-hosts"
     #: a cluster's API server runs but did not answer (its objects and certificate requests not checked)
     CLUSTER_API = "cluster-api"
+    #: running pods whose files agent is not running: it starts again in the plan, their files are
+    #: checked once it runs (known after apply)
+    NODE_FILES = "node-files"
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,9 @@ class Unknown:
             if self.nodes:
                 text += f"; its {len(self.nodes)} node(s) were not checked: {', '.join(self.nodes)}"
             return text
+        if self.kind == UnknownKind.NODE_FILES:
+            return (f"files of {', '.join(self.nodes)}: {AFTER_APPLY}: the files agent is not running; it starts "
+                    "again in this plan and the files are checked once it runs (nothing is re-issued before)")
         if self.kind == UnknownKind.CLUSTER_API:
             return (f"the API of cluster {self.name} did not answer{why}; its worker bootstrap objects and "
                     "certificate requests were not checked")

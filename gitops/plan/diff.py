@@ -69,12 +69,16 @@ def diff(desired: DesiredState, observed: ObservedState, state: State, options: 
     actions: list[Action] = []
     warnings: list[tuple[str, str]] = []
     settings = repr(options)
+    unchecked: list[str] = []
     for inputs in cluster_inputs(desired, observed, state, down):
         part = CLUSTER_DIFFS.get(inputs.key(settings), lambda: _cluster_diff(inputs, options, now),
                                  fresh=lambda part: part.fresh_at(now))
         actions.extend(part.actions)
         warnings.extend(part.warnings)
+        unchecked.extend(part.unchecked)
     warnings.sort(key=lambda item: item[0])  # by node, as the pods were walked
+    if unchecked:
+        unknowns += (Unknown(UnknownKind.NODE_FILES, "files agent", nodes=tuple(sorted(unchecked))),)
     return Plan(actions=ordered(actions), warnings=tuple(text for _, text in warnings), unknowns=unknowns)
 
 
@@ -147,6 +151,8 @@ class ClusterDiff:
     warnings: tuple[tuple[str, str], ...]
     since: dt.datetime
     until: dt.datetime | None
+    #: nodes whose files were not checked: their files agent starts again in this plan
+    unchecked: tuple[str, ...] = ()
 
     def fresh_at(self, now: dt.datetime) -> bool:
         return self.since <= now and (self.until is None or now < self.until)
@@ -160,6 +166,7 @@ def _cluster_diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime)
     actions: list[Action] = []
     warnings: list[tuple[str, str]] = []
     deadlines: list[dt.datetime] = []
+    unchecked: list[str] = []
     desired = {p.node: p for p in inputs.wants}
 
     # Pods whose node left the repo, moved, or are duplicates.
@@ -194,7 +201,7 @@ def _cluster_diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime)
         if want.hypervisor in inputs.down:
             continue
         actions.extend(_pod_actions(want, keepers.get(node), inputs.record, inputs.want, now, options, deadlines,
-                                    serving))
+                                    unchecked, serving))
 
     actions.extend(_etcd_membership(inputs, options.health_timeout))
     actions = _drain_api_servers(inputs, actions, keepers, options.health_timeout)
@@ -203,7 +210,7 @@ def _cluster_diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime)
     actions, held = _hold_quorum(inputs, actions)
     warnings.extend(held)
     actions = _leadership_order(actions)
-    return ClusterDiff(tuple(actions), tuple(warnings), now, min(deadlines, default=None))
+    return ClusterDiff(tuple(actions), tuple(warnings), now, min(deadlines, default=None), tuple(unchecked))
 
 
 def _has_quorum(inputs: ClusterInputs) -> bool:
@@ -400,7 +407,8 @@ def _remove_pod(pod: ObservedPod, reason: str, prune: bool = False, wipe: bool =
 
 def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterRecord | None,
                  cluster: DesiredCluster | None, now: dt.datetime, options: DiffOptions,
-                 deadlines: list[dt.datetime], serving: bool = False) -> list[Action]:
+                 deadlines: list[dt.datetime], unchecked: list[str], serving: bool = False) -> list[Action]:
+    """`unchecked` gets the node when its files could not be read (its running pod's files agent is not)."""
     base = dict(hypervisor=want.hypervisor, cluster=want.cluster, node=want.node)
     actions: list[Action] = []
     fresh = have is None or not have.ready or have.spec_hash != want.sandbox.labels.get(SPEC_HASH)
@@ -422,11 +430,16 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterReco
         observed = list(have.containers)
         agent = have.running(AGENT)
         pod = PodRef(have.sandbox_id, agent.id if agent else "")
-    file_actions = _file_actions(want, files, record, now, base, pod, deadlines)
+    if files is None and any(c.state == "running" and c.component != AGENT for c in observed):
+        # components run on files its agent cannot read now: the agent starts again, the files wait for it
+        unchecked.append(want.node)
+        file_actions = []
+    else:
+        file_actions = _file_actions(want, files, record, now, base, pod, deadlines)
     actions.extend(file_actions)
+    issued = {i.spec.name for a in file_actions if isinstance(a.payload, WriteFiles) for i in a.payload.certificates}
     # certificates re-issued on a running pod: every component that reads one restarts (rolling, gated)
-    renewed = set() if fresh else {i.spec.name for a in file_actions if isinstance(a.payload, WriteFiles)
-                                   for i in a.payload.certificates}
+    renewed = set() if fresh else issued
     desired_names = {c.spec.name for c in want.containers}
     for index, container in enumerate(want.containers):
         if fresh and index == 0:
@@ -435,8 +448,12 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterReco
         etcd = _etcd_health(want, container, record, cluster, options) if container.spec.name == "etcd" else None
         ready = ApiReady(f"{want.api_url}/readyz", options.health_timeout) \
             if container.spec.name == APISERVER and want.api_url else None
-        reads = tuple(sorted(renewed & _certificates_read(want, container))) if renewed else ()
-        changes = _container_actions(want, container, mine, index, base, pod, etcd, ready, reads, serving)
+        certificates = certificates_read(want, container)
+        digests = tuple(sorted((name, _digest_at_start(name, files, issued)) for name in certificates))
+        reads = tuple(sorted(renewed & certificates))
+        stale = _changed_since_start(mine, digests) if files is not None and not fresh else ()
+        changes = _container_actions(want, container, mine, index, base, pod, etcd, ready, reads, serving,
+                                     digests, stale)
         if index == 0:  # the files agent: keys and files go through it, so it (re)starts before them
             changes = [dataclasses.replace(a, anchor=Kind.CREATE_POD, step=1) if a.kind != Kind.REMOVE_CONTAINER
                        else a for a in changes]
@@ -449,11 +466,29 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterReco
     return actions
 
 
+def _digest_at_start(name: str, files: NodeFiles | None, issued: set[str]) -> str:
+    """The digest certificate `name`'s file will have when a container starting in this plan reads it:
+    the observed one, or AFTER_APPLY when this plan issues it (or the files could not be read)."""
+    if files is None or name in issued:
+        return AFTER_APPLY
+    return files.digests.get(f"{name}.crt", AFTER_APPLY)
+
+
+def _changed_since_start(mine: list[ObservedContainer], digests: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """The certificates whose files changed since the running container started (a run stopped between
+    writing them and restarting their readers). A container that recorded none is not judged."""
+    running = [c for c in mine if c.state == "running"]
+    recorded = running[-1].read_certificates if running else None
+    if not recorded:
+        return ()
+    return tuple(name for name, now in digests if now != AFTER_APPLY and recorded.get(name, now) != now)
+
+
 def _ready_gate(ready: ApiReady) -> str:
     return f"one at a time: waits until its /readyz answers ok (up to {ready.timeout}s)"
 
 
-def _certificates_read(pod: DesiredPod, container: DesiredContainer) -> set[str]:
+def certificates_read(pod: DesiredPod, container: DesiredContainer) -> set[str]:
     """The pod's certificates a container reads: named in its arguments or in a file they name
     (a kubeconfig pointing at its client certificate)."""
     text = " ".join(container.spec.args)
@@ -485,16 +520,18 @@ def _etcd_health(pod: DesiredPod, container: DesiredContainer, record: ClusterRe
 def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[ObservedContainer], index: int,
                        base: dict, ref: PodRef, etcd: EtcdHealth | None = None,
                        ready: ApiReady | None = None, renewed: tuple[str, ...] = (),
-                       serving: bool = False) -> list[Action]:
+                       serving: bool = False, certificates: tuple[tuple[str, str], ...] = (),
+                       stale: tuple[str, ...] = ()) -> list[Action]:
     """`etcd`: the member's health gate, used when a running etcd is replaced (a deliberate disruption);
     `ready`: the same for a running API server, which must be ready again before the next one goes,
     and for a new one while the cluster `serving`, ready before the ingress is given it.
     A missing or exited etcd is started without one: it is down already, and waiting for quorum
     before starting it could wait for members that only start later in the plan. A running ingress
-    haproxy is replaced by one started beside it (`CreateContainer.overlap`)."""
+    haproxy is replaced by one started beside it (`CreateContainer.overlap`). `renewed`: certificates it
+    reads that this plan re-issues; `stale`: ones written since it started; either restarts it."""
     name = want.spec.name
     pending = tuple(f for f in pod.files if not f.known) if not want.known else ()
-    payload = CreateContainer(ref, pod.sandbox, want.spec, pending)
+    payload = CreateContainer(ref, pod.sandbox, want.spec, pending, certificates=certificates)
     if not have:
         details: tuple[str, ...] = (want.spec.image,)
         if ready is not None and serving:
@@ -505,7 +542,7 @@ def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[Obser
     latest = have[-1]
     out = [Action(Kind.REMOVE_CONTAINER, **base, component=name, order=index, target_id=old.id,
                   reason="superseded container", payload=Remove(old.id)) for old in have[:-1]]
-    if latest.spec_hash != want.spec_hash or (renewed and latest.state == "running"):
+    if latest.spec_hash != want.spec_hash or ((renewed or stale) and latest.state == "running"):
         gate: tuple[str, ...] = ()
         if etcd is not None and latest.state == "running":
             payload = dataclasses.replace(payload, etcd=etcd)
@@ -520,8 +557,11 @@ def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[Obser
                     "never closes",)
         if latest.spec_hash != want.spec_hash:
             reason, what = "spec changed", changed_fields(latest.inputs, want.summary)
-        else:
+        elif renewed:
             reason, what = f"certificate {', '.join(renewed)} re-issued: restarts to read it", []
+        else:
+            reason, what = (f"certificate {', '.join(stale)} written since it started: restarts to read it",
+                            [])
         out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
                           reason=reason, details=(*what, *gate), payload=payload))
     elif latest.state != "running":

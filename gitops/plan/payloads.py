@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Union
 
-from gitops.compile.desired import CertificateSpec, FileSpec, KeySpec, ServiceAccountBundle, resolve_container
+from gitops.compile.desired import AFTER_APPLY, CertificateSpec, FileSpec, KeySpec, ServiceAccountBundle, resolve_container
 from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
 
 
@@ -120,6 +120,14 @@ class CreateContainer:
     #: first). The ingress's haproxy binds its port with SO_REUSEPORT, so the port never closes, and the
     #: old one soft-stops (its image's stop signal, SIGUSR1): connections in flight finish.
     overlap: int = 0
+    #: the certificates it reads, each with the digest of its file (AFTER_APPLY for one issued by this
+    #: plan): recorded on the container when it starts, so a later plan sees one written since
+    certificates: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def certificates_after_apply(self) -> tuple[str, ...]:
+        """The certificates whose digests the plan could not know (issued by it, or not readable then)."""
+        return tuple(name for name, digest in self.certificates if digest == AFTER_APPLY)
 
     def resolved(self, contents: dict[str, str]) -> ContainerSpec:
         """The container with its spec hash filled in from what `files` hold (`contents` by name) at

@@ -40,12 +40,20 @@ def _counts(plan: Plan) -> str:
 
 
 def _unknown_count(plan: Plan) -> str:
-    """`1 hypervisor`, `2 hypervisors and the BareMetalHosts`."""
-    hypervisors = sum(u.kind == UnknownKind.HYPERVISOR for u in plan.unknowns)
+    """`1 hypervisor`, `2 hypervisors, the API of 1 cluster and the BareMetalHosts`."""
+    def count(kind: UnknownKind) -> int:
+        return sum(len(u.nodes) if kind == UnknownKind.NODE_FILES else 1 for u in plan.unknowns if u.kind == kind)
+
+    hypervisors, apis, nodes = (count(k) for k in (UnknownKind.HYPERVISOR, UnknownKind.CLUSTER_API,
+                                                   UnknownKind.NODE_FILES))
     parts = [f"{hypervisors} hypervisor{'s' if hypervisors != 1 else ''}"] if hypervisors else []
+    if apis:
+        parts.append(f"the API of {apis} cluster{'s' if apis != 1 else ''}")
+    if nodes:
+        parts.append(f"the files of {nodes} node{'s' if nodes != 1 else ''}")
     if any(u.kind == UnknownKind.BARE_METAL_HOSTS for u in plan.unknowns):
         parts.append("the BareMetalHosts")
-    return " and ".join(parts)
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
 
 
 def unknown_lines(plan: Plan) -> list[str]:

@@ -96,7 +96,8 @@ def pod_from_dict(data: dict[str, Any]) -> ObservedPod:
         **{k: intern(v) if isinstance(v, str) and k != "sandbox_id" else v
            for k, v in data.items() if k not in ("containers", "files")},
         containers=tuple(ObservedContainer(c["id"], intern(c["component"]), intern(c["state"]),
-                                           intern(c["spec_hash"]), c["created_at"], c.get("spec"))
+                                           intern(c["spec_hash"]), c["created_at"], c.get("spec"),
+                                           c.get("certificates"))
                          for c in data.get("containers", [])),
         files=None if files is None else NodeFiles(
             _interned(files["digests"]), {intern(k): v for k, v in files["certificates"].items()},
