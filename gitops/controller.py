@@ -1,68 +1,52 @@
 """The controller: poll the infra repo, reconcile one commit at a time, report on the status branch.
 
-One reconcile, as named stages: fetch the branch tip (a `Revision`, the
-artifact later stages read); verify its signature (when required) and validate
-it: a commit that fails either is refused as a whole, and the last good commit
-stays the `Target` (it keeps being reconciled, so drift still heals). Then apply
-under the apply lease (plan, execute, plan the follow-up: an `Applied`, failures
-included, as data), and report: status, the executed plan, the observed
-snapshot, encrypted kubeconfigs and the controller state in one commit on the
-status branch, or none when nothing changed.
+One reconcile, as named stages: fetch the branch tip and check it out (a
+`Revision`, the artifact later stages read; `Commits`); verify its signature
+(when required) and validate it: a commit that fails either is refused as a
+whole, and the last good commit stays the `Target` (it keeps being reconciled,
+so drift still heals). Then apply under the apply lease (plan, execute, plan
+the follow-up: an `Applied`, failures included, as data), and report: status,
+the executed plan, the observed snapshot, encrypted kubeconfigs and the
+controller state in one commit on the status branch, or none when nothing
+changed. This module is the loop; the documents it writes are built in
+`gitops.status` (`commit.py`, `report.py`), and several controllers' Leases and
+share of the branch are `gitops.status.replica`.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import fcntl
 import logging
-import os
-import socket
-import uuid
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gitops.apply import ApplyError
-from gitops.compile.sip_services import service_cluster
-from gitops.coordination.lease import LeaseAPI, Timing
 from gitops.coordination.member import Member
-from gitops.coordination.scope import PlacementRaced, Scope, file_owner
-from gitops.coordination.shards import LEADER, shard_leases
+from gitops.coordination.scope import PlacementRaced, Scope
+from gitops.engine import ApplyResult, Planned, apply_repo, desired_for, observe_all
 from gitops.errors import GitopsError
-from gitops.kubeapi import KubeAPI
-from gitops.kubeconfig import admin_kubeconfig
 from gitops.metrics import Metrics
-from gitops.model.validate import Validation, validate_repo
-from gitops.engine import Planned, apply_repo, desired_for, observe_all
-from gitops.model.config import Coordination, RepoConfig, coordination_problems
+from gitops.model.config import Coordination, RepoConfig
 from gitops.model.resources import RepoModel
+from gitops.model.validate import Validation, validate_repo
 from gitops.observe import ObservedState
 from gitops.observe.clusters import ClusterReader
-from gitops.plan.actions import Plan
-from gitops.state.records import State
+from gitops.plan.actions import Action, Plan
 from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
-from gitops.status.branch import StatusBranch
-from gitops.status.lease import ApplyLease
-from gitops.status.reader import APPLY, DEFAULT_BRANCH, MANAGED, PUBLIC, SOURCE, kubeconfig_path, resource_path
-from gitops.status.report import (
-    Outcome,
-    Result,
-    apply_document,
-    dump,
-    resource_documents,
-    sip_documents,
-    source_document,
-)
+from gitops.status.branch import StatusBranch, in_force_branch, record_in_force_branch
+from gitops.status.commit import commit_documents, kubeconfig_files, placements_of
+from gitops.status.lease import ApplyLease, holder_id, lock_workdir
 from gitops.status.poll import NodeFilesCache, live_fingerprint
-from gitops.status.snapshot import snapshot_files
+from gitops.status.reader import MANAGED, PUBLIC, SOURCE
+from gitops.status.replica import Replica, WriteAhead
+from gitops.status.report import Outcome, Result, apply_document, source_document
 from gitops.status.state import ControllerStateStore, Sealer
 
 log = logging.getLogger("gitops.controller")
-
-#: In the workdir: the statusBranch of the commit in force, for reporting a refused commit there.
-IN_FORCE_BRANCH = "status-branch"
 
 
 @dataclass(frozen=True)
@@ -87,6 +71,8 @@ class CoordinationFlags:
 
 @dataclass
 class ControllerConfig:
+    """What `gitops reconcile` and `gitops watch` run with."""
+
     repo: str
     workdir: Path
     branch: str = "main"
@@ -151,14 +137,49 @@ class Applied:
     fenced: str = ""
 
 
+class Commits:
+    """The infra repo's fetched commits as the loop takes them: checked out, verified and validated."""
+
+    def __init__(self, source: GitSource, identity: str | None):
+        self.source = source
+        self.identity = identity  # age identity text: secret fields are decrypted in memory
+
+    def checkout(self, sha: str) -> Revision:
+        """The fetched tip, checked out: the artifact every later stage reads."""
+        revision = self.source.checkout(sha)
+        log.info("reconcile", extra={"sha": sha, "subject": revision.subject})
+        return revision
+
+    def check(self, revision: Revision) -> tuple[list[str], Validation | None]:
+        """(why the commit is refused, its validation): a bad signature or a bad repo refuses it whole."""
+        try:
+            signer = self.source.verify(revision.sha)
+            if signer:
+                log.info("signature verified", extra={"sha": revision.sha, "signer": signer})
+        except SignatureError as err:
+            return [str(err)], None
+        validation = validate_repo(revision.path, self.identity)  # decrypts secret fields in memory
+        return [str(d) for d in validation.diagnostics], validation
+
+    def last_good(self, sha: str) -> Validation:
+        """The validation of the commit in force, checked out again (a refused commit keeps it applied)."""
+        validation = validate_repo(self.source.checkout(sha).path, self.identity)
+        if validation.model is None:
+            raise GitopsError(f"the last good commit {sha[:12]} no longer validates")
+        return validation
+
+
 class Controller:
+    """The loop: reconcile every `interval` (or when triggered) until stopped; one reconcile at a time."""
+
     def __init__(self, config: ControllerConfig, metrics: Metrics | None = None):
         self.config = config
         self.source = GitSource(config.repo, config.workdir, config.branch, config.signatures)
+        self.commits = Commits(self.source, config.identity)
         self.sealer = Sealer(config.identity, config.insecure_plaintext_secrets)
         self.store = ControllerStateStore(self.sealer, config.workdir / "state-cache")
-        self._workdir_lock = _lock_workdir(config.workdir)
-        self.holder = _holder_id(config.workdir)
+        self._workdir_lock = lock_workdir(config.workdir)
+        self.holder = holder_id(config.workdir)
         self.stop = threading.Event()
         self.metrics = metrics or Metrics()
         self._status: dict[str, StatusBranch] = {}
@@ -166,13 +187,16 @@ class Controller:
         self.files = NodeFilesCache(RepoConfig().node_files_interval)
         self.clusters = ClusterReader(RepoConfig().cluster_objects_interval)
         self._quiet: Quiet | None = None
-        #: several controllers (spec.coordination): this replica's Leases, and the settings they run with
-        self.identity = config.coordination.replica_id or self.holder
-        self.member: Member | None = None
-        self._coordination = Coordination()
-        self._repo_coordination = Coordination()
         #: set to reconcile at once (the Leases held changed)
         self.trigger = threading.Event()
+        #: several controllers (spec.coordination): this replica's Leases, and the settings they run with
+        self.identity = config.coordination.replica_id or self.holder
+        self.replica = Replica(self.identity, config.coordination.over, lambda: self.trigger.set())
+
+    @property
+    def member(self) -> Member | None:
+        """This replica's Leases (None: no spec.coordination, the git lock serializes controllers)."""
+        return self.replica.member
 
     def status_branch(self, name: str) -> StatusBranch:
         name = self.config.status_branch or name
@@ -197,32 +221,15 @@ class Controller:
         """fetch → (nothing changed since the last converged reconcile: stop) → verify and validate →
         choose what is in force → (several controllers: which shards this one holds) → apply → report."""
         now = dt.datetime.now(dt.timezone.utc)
-        quiet, self._quiet = self._quiet, None
-        live = None
-        if quiet is not None and quiet.held == self._held():
-            with ThreadPoolExecutor(max_workers=1) as pool:  # git fetch while the live state is read
-                fetching = pool.submit(self.source.fetch)
-                live = scoped_observed(observe_all(scoped_model(quiet.target.model, quiet.scope), quiet.target.config,
-                                                   self.store.load(), reuse=self.files.reuse, clusters=self.clusters),
-                                       quiet.scope)
-                sha = fetching.result()
-            if sha != quiet.target.sha:
-                live = None  # a new commit: its own model is observed
-            elif live_fingerprint(live, self.files.files_digest) == quiet.fingerprint:
-                self.files.remember(live)
-                self._quiet = quiet
-                log.info("nothing changed", extra={"sha": sha, "node_files_reused": self.files.reused})
-                return quiet.outcome
-            else:
-                log.info("the live state changed", extra={"sha": sha})
-        else:
-            sha = self.source.fetch()
-        revision = self._checkout(sha)
-        refusal, validation = self._check(revision)
+        sha, live, unchanged = self._fetch()
+        if unchanged is not None:
+            return unchanged
+        revision = self.commits.checkout(sha)
+        refusal, validation = self.commits.check(revision)
         ok = validation is not None and validation.ok
-        branch_name = validation.repo.config.status_branch if ok else self._last_status_branch()
-        self._coordinate(validation.repo.config if ok else None)
-        scope = self._scope(validation.model if ok else None)
+        branch_name = validation.repo.config.status_branch if ok else in_force_branch(self.config.workdir)
+        self.replica.coordinate(validation.repo.config if ok else None)
+        scope = self.replica.scope(validation.model if ok else None)
         if scope is not None and not scope.held:
             log.info("standing by: this replica holds no Lease", extra={"sha": sha, "identity": self.identity})
             return Outcome(sha=sha, result=Result.STANDING_BY, message="standing by: this replica holds no Lease")
@@ -236,8 +243,8 @@ class Controller:
             refused = self._refuse(revision.sha, refusal, applied_before, status, now, scope)
             if not applied_before:
                 return refused
-            target = Target(applied_before, self._last_good(applied_before))  # keeps healing drift
-            scope = self._scope(target.model)
+            target = Target(applied_before, self.commits.last_good(applied_before))  # keeps healing drift
+            scope = self.replica.scope(target.model)
         else:
             assert validation is not None
             target = Target(revision.sha, validation)
@@ -245,6 +252,28 @@ class Controller:
         outcome = self._report(target, applied, refused, applied_before, status, now, scope)
         self._remember(target, applied, outcome, refused, scope)
         return outcome
+
+    def _fetch(self) -> tuple[str, ObservedState | None, Outcome | None]:
+        """(the branch tip, the live state observed meanwhile for the commit in force, the last outcome
+        when the commit and the live state are as the last converged reconcile left them: stop there)."""
+        quiet, self._quiet = self._quiet, None
+        if quiet is None or quiet.held != self.replica.held():
+            return self.source.fetch(), None, None
+        with ThreadPoolExecutor(max_workers=1) as pool:  # git fetch while the live state is read
+            fetching = pool.submit(self.source.fetch)
+            live = scoped_observed(observe_all(scoped_model(quiet.target.model, quiet.scope), quiet.target.config,
+                                               self.store.load(), reuse=self.files.reuse, clusters=self.clusters),
+                                   quiet.scope)
+            sha = fetching.result()
+        if sha != quiet.target.sha:
+            return sha, None, None  # a new commit: its own model is observed
+        if live_fingerprint(live, self.files.files_digest) == quiet.fingerprint:
+            self.files.remember(live)
+            self._quiet = quiet
+            log.info("nothing changed", extra={"sha": sha, "node_files_reused": self.files.reused})
+            return sha, live, quiet.outcome
+        log.info("the live state changed", extra={"sha": sha})
+        return sha, live, None
 
     def _remember(self, target: Target, applied: Applied, outcome: Outcome, refused: Outcome | None,
                   scope: Scope | None = None) -> None:
@@ -265,23 +294,6 @@ class Controller:
 
     # ------------------------------------------------------------------ stages
 
-    def _checkout(self, sha: str) -> Revision:
-        """The fetched tip, checked out: the artifact every later stage reads."""
-        revision = self.source.checkout(sha)
-        log.info("reconcile", extra={"sha": sha, "subject": revision.subject})
-        return revision
-
-    def _check(self, revision: Revision) -> tuple[list[str], Validation | None]:
-        """(why the commit is refused, its validation): a bad signature or a bad repo refuses it whole."""
-        try:
-            signer = self.source.verify(revision.sha)
-            if signer:
-                log.info("signature verified", extra={"sha": revision.sha, "signer": signer})
-        except SignatureError as err:
-            return [str(err)], None
-        validation = validate_repo(revision.path, self.config.identity)  # decrypts secret fields in memory
-        return [str(d) for d in validation.diagnostics], validation
-
     def _refuse(self, sha: str, refusal: list[str], applied_before: str, status: StatusBranch,
                 now: dt.datetime, scope: Scope | None = None) -> Outcome:
         log.warning("commit refused", extra={"sha": sha, "errors": len(refusal)})
@@ -293,12 +305,6 @@ class Controller:
             status.publish(lambda s: s.write_tree({SOURCE: source_document(outcome, s.read, now)}, (SOURCE,)),
                            f"refuse {sha[:12]}: {len(refusal)} error(s)")
         return outcome
-
-    def _last_good(self, sha: str) -> Validation:
-        validation = validate_repo(self.source.checkout(sha).path, self.config.identity)
-        if validation.model is None:
-            raise GitopsError(f"the last good commit {sha[:12]} no longer validates")
-        return validation
 
     def _apply(self, target: Target, status: StatusBranch, live: ObservedState | None = None,
                scope: Scope | None = None) -> Applied:
@@ -316,8 +322,9 @@ class Controller:
 
         store, restrict, fence = self.store, None, None
         if scope is not None:
-            store = _WriteAhead(self.store, scope, lambda: self._publish_state(status, scope))
-            restrict, fence = (lambda planned: _restricted(planned, scope)), self._fence(scope)
+            share = self.replica.share(self.store, scope)
+            store = WriteAhead(self.store, scope, lambda: share.publish_state(status))
+            restrict, fence = (lambda planned: _restricted(planned, scope)), self.replica.fence(scope)
             assert self.member is not None
             self.member.busy = set(scope.held)  # not given up for fair share while this runs
         try:
@@ -337,29 +344,7 @@ class Controller:
         finally:
             if self.member is not None:
                 self.member.busy = set()
-        message = f"commit {sha[:12]} applied"
-        if result.fenced:
-            return Applied(Result.FAILED, f"stopped before the plan was done: {result.fenced}",
-                           len(result.executed), result.plan, stopped=True, fenced=result.fenced)
-        if result.stopped:
-            return Applied(Result.FAILED, "stopped on request before the plan was done", len(result.executed),
-                           result.plan, stopped=True)
-        if result.follow_up is not None:
-            message += (f"; follow-up plan: {len(result.follow_up.actions)} action(s) not known before this "
-                        "apply, applied on the next poll")
-        return Applied(Result.APPLIED, message, len(result.executed), result.plan, follow_up=result.follow_up,
-                       surprises=tuple(result.surprises), after=result.after)
-
-    def _fence(self, scope: Scope):
-        member = self.member
-        assert member is not None
-
-        def fence(action) -> str | None:
-            lease = scope.lease_of(action.cluster)
-            if member.fresh(lease):
-                return None
-            return f"Lease {lease} (cluster {action.cluster or '-'}) is no longer held fresh by {self.identity}"
-        return fence
+        return _applied(sha, result)
 
     def _report(self, target: Target, applied: Applied, refused: Outcome | None, applied_before: str,
                 status: StatusBranch, now: dt.datetime, scope: Scope | None = None) -> Outcome:
@@ -369,13 +354,8 @@ class Controller:
         model, config, sha = scoped_model(target.model, scope), target.config, target.sha
         in_force = sha if applied.result == Result.APPLIED else applied_before
         if in_force == sha:
-            self._record_status_branch(config.status_branch)
-        if refused is not None:
-            report = Outcome(sha=refused.sha, result=Result.REFUSED, message=refused.message, errors=refused.errors,
-                             applied_sha=in_force, actions=applied.actions)
-        else:
-            report = Outcome(sha=sha, result=applied.result, message=applied.message, applied_sha=in_force,
-                             actions=applied.actions)
+            record_in_force_branch(self.config.workdir, config.status_branch)
+        report = _reported(sha, applied, refused, in_force)
         record = None
         if applied.plan is not None and (applied.actions or applied.error or applied.follow_up is not None):
             record = apply_document(sha, applied.plan, applied.actions, applied.error, applied.stopped,
@@ -386,26 +366,19 @@ class Controller:
         else:
             observed = scoped_observed(observe_all(model, config, self.store.load()), scope)
             compiled, sip = desired_for(model, config, self.store.load(), observed)
-        placements = {n: (r.hypervisor, dict(r.ports)) for n, r in self.store.state.nodes.items()}
+        placements = placements_of(self.store.state)
+        share = self.replica.share(self.store, scope) if scope is not None else None
 
         def write(branch: StatusBranch) -> None:
-            files = {SOURCE: source_document(report, branch.read, now), **snapshot_files(observed)}
-            previous = branch.read(APPLY)
-            if record is not None or previous is not None:
-                files[APPLY] = record if record is not None else previous
-            files.update(resource_documents(model, compiled.desired, observed, report, branch.read, now, placements))
-            files.update(sip_documents(model, sip, report, branch.read, now, compiled.desired, placements))
-            files.update(self._kubeconfigs(compiled.desired, config.kubeconfig_recipients, branch))
-            if scope is None:
-                files.update(self.store.files({rel: branch.read(rel) for rel in (PUBLIC, self.sealer.path)}))
-                branch.write_tree(files, MANAGED + (SOURCE,))
+            files = commit_documents(report, record, model, compiled.desired, observed, sip, placements,
+                                     branch.read, now)
+            files.update(kubeconfig_files(compiled.desired, self.store.state, self.sealer,
+                                          config.kubeconfig_recipients, branch.read))
+            if share is not None:
+                share.write(branch, files, model, compiled.desired, report)
                 return
-            files.update(self._state_files(branch, scope))
-            files.update(self._shard_files(scope, model, report))
-            mine = self._mine(scope, model, compiled.desired)
-            keep = {rel: data for rel, data in files.items() if mine(rel)}
-            managed = {rel for rel in branch.tracked() if _under(rel, MANAGED + (SOURCE,)) and mine(rel)}
-            branch.write_tree(keep, tuple(sorted(managed | keep.keys())))
+            files.update(self.store.files({rel: branch.read(rel) for rel in (PUBLIC, self.sealer.path)}))
+            branch.write_tree(files, MANAGED + (SOURCE,))
 
         summary = f"{report.result.value.lower()} {sha[:12]}: {applied.actions} action(s)"
         if scope is not None:
@@ -414,131 +387,6 @@ class Controller:
         log.info("reconciled", extra={"sha": sha, "result": report.result.value, "actions": applied.actions,
                                       "status_commit": committed or ""})
         return report
-
-    # ------------------------------------------------------------------ several controllers
-
-    def _held(self) -> frozenset[str]:
-        return frozenset(self.member.held()) if self.member is not None else frozenset()
-
-    def _coordinate(self, config: RepoConfig | None) -> None:
-        """Run this replica's Leases with the settings in force (gitops.yaml's, the flags over them);
-        none configured: stop them, the git lock serializes controllers as before."""
-        if config is not None:
-            self._repo_coordination = config.coordination
-        wanted = self.config.coordination.over(self._repo_coordination)
-        if wanted == self._coordination and (self.member is not None or not wanted.mode):
-            return
-        if self.member is not None:
-            self.member.stop()
-            self.member = None
-        self._coordination = wanted
-        if not wanted.mode:
-            return
-        problems = coordination_problems(wanted)
-        if problems:
-            raise GitopsError("coordination: " + "; ".join(f"{f}: {m}" for f, m in problems))
-        if not wanted.kubeconfig:
-            raise GitopsError("coordination: no kubeconfig (spec.coordination.kubeconfig or "
-                              "--coordination-kubeconfig)")
-        timing = Timing(wanted.lease_duration, wanted.renew_deadline, wanted.retry_period)
-        api = KubeAPI.from_kubeconfig(wanted.kubeconfig, timeout=max(1.0, min(5.0, timing.renew_deadline / 2)))
-        work = (LEADER,) if wanted.mode == "leader" else shard_leases(wanted.shards)
-        self.member = Member(LeaseAPI(api, wanted.namespace), self.identity, work, timing,
-                             on_change=self.trigger.set)
-        self.member.tick()
-        self.member.start()
-        log.info("coordination started", extra={"mode": wanted.mode, "leases": len(work),
-                                                "identity": self.identity, "held": ",".join(self.member.held())})
-
-    def _scope(self, model: RepoModel | None) -> Scope | None:
-        if self.member is None:
-            return None
-        sips = model.sip_clusters if model is not None else {}
-        names = frozenset(sips) | frozenset(service_cluster(n) for n in sips)
-        return Scope(self._coordination.mode, self._coordination.shards, self._held(), names)
-
-    def _state_files(self, branch: StatusBranch, scope: Scope, refuse_clashes: bool = False) -> dict[str, bytes]:
-        """The state files: the branch's records, with ours for what this replica owns. `refuse_clashes`
-        (before a plan's actions run): PlacementRaced when a node we placed takes a port another
-        replica's node took on the branch since we planned."""
-        paths = (PUBLIC, self.sealer.path)
-        found = self.store.read(branch.read)
-        generation, theirs = found if found is not None else (0, State())
-        clashes = scope.clashes(theirs, self.store.state) if refuse_clashes else []
-        if clashes:
-            raise PlacementRaced("another replica placed a node on the same ports first: " + "; ".join(clashes)
-                                 + "; nothing was done, the next poll plans again from its records")
-        merged = scope.merge(theirs, self.store.state)
-        if found is not None and merged.to_dict() == theirs.to_dict():
-            self.store.adopt(theirs, generation)
-            return {rel: data for rel in paths if (data := branch.read(rel)) is not None}
-        self.store.adopt(merged, max(generation, self.store.generation) + 1)
-        return self.store.files({rel: branch.read(rel) for rel in paths})
-
-    def _publish_state(self, status: StatusBranch, scope: Scope) -> None:
-        """Write-ahead: the decisions of a plan are on the branch before its actions run, so a replica
-        taking the shard over after a crash starts from them."""
-        paths = (PUBLIC, self.sealer.path)
-        status.publish(lambda b: b.write_tree(self._state_files(b, scope, refuse_clashes=True), paths),
-                       f"state [{self.identity}: {', '.join(sorted(scope.held))}]")
-
-    def _shard_files(self, scope: Scope, model: RepoModel, report: Outcome) -> dict[str, bytes]:
-        out = {}
-        for lease in sorted(scope.held):
-            clusters = sorted(c for c in model.clusters if scope.lease_of(c) == lease)
-            out[resource_path("Shard", lease)] = dump({
-                "apiVersion": "gitops.infra/v1alpha1", "kind": "ShardStatus", "metadata": {"name": lease},
-                "status": {"holder": self.identity, "clusters": clusters, "observedSourceSHA": report.sha,
-                           "result": report.result.value, "actions": report.actions}})
-        return out
-
-    def _mine(self, scope: Scope, model: RepoModel, desired):
-        """Whether a status-branch file is this replica's to write (or remove)."""
-        work = set(self.member.work) if self.member is not None else set()
-        state_files = {PUBLIC, self.sealer.path}
-
-        def node_cluster(node: str) -> str | None:
-            if node in model.nodes:
-                return model.nodes[node].cluster
-            if node in desired.pods:
-                return desired.pods[node].cluster
-            record = self.store.state.nodes.get(node)
-            return record.cluster if record is not None else None
-
-        def mine(rel: str) -> bool:
-            if rel in state_files:
-                return True
-            if rel.startswith(resource_path("Shard", "")[:-len(".yaml")]):
-                lease = rel.rsplit("/", 1)[-1].removesuffix(".yaml")
-                return lease in scope.held or (lease not in work and scope.owns_global)
-            owner = file_owner(rel, node_cluster)
-            return scope.owns_global if owner is None else scope.owns(owner)
-        return mine
-
-    def _kubeconfigs(self, desired, recipients: tuple[str, ...], branch: StatusBranch) -> dict[str, bytes]:
-        out = {}
-        for name, cluster in sorted(desired.clusters.items()):
-            record = self.store.state.clusters.get(name)
-            if cluster.api_endpoint is None or record is None or record.admin is None:
-                continue
-            rel = kubeconfig_path(name)
-            text = admin_kubeconfig(name, record, cluster.api_endpoint).encode()
-            out[rel] = self.sealer.seal(text, branch.read(rel), tuple(recipients))
-        return out
-
-    def _last_status_branch(self) -> str:
-        """The statusBranch of the commit in force (the last one applied), as recorded in the workdir."""
-        path = self.config.workdir / IN_FORCE_BRANCH
-        recorded = path.read_text().strip() if path.is_file() else ""
-        return recorded or DEFAULT_BRANCH
-
-    def _record_status_branch(self, name: str) -> None:
-        path = self.config.workdir / IN_FORCE_BRANCH
-        if path.is_file() and path.read_text().strip() == name:
-            return
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(name + "\n")
-        os.replace(tmp, path)
 
     # ------------------------------------------------------------------ the loop
 
@@ -563,47 +411,51 @@ class Controller:
         clients of the clusters' APIs."""
         self.clusters.close()
         if self.member is not None:
-            self.member.stop()
-            self.member = None
+            self.replica.stop()
             return
         for branch in self._status.values():
             ApplyLease(branch.repo).release(self.holder)
 
 
-def _lock_workdir(workdir: Path):
-    """One process per workdir (the kernel drops the lock if the process dies)."""
-    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    handle = open(workdir / ".lock", "a+")  # noqa: SIM115 - held for the controller's lifetime
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise GitopsError(f"another gitops process is using {workdir}") from None
-    return handle
+def _applied(sha: str, result: ApplyResult) -> Applied:
+    """What an apply that ran to its end (or was stopped or fenced on the way) did."""
+    message = f"commit {sha[:12]} applied"
+    if result.fenced:
+        return Applied(Result.FAILED, f"stopped before the plan was done: {result.fenced}",
+                       len(result.executed), result.plan, stopped=True, fenced=result.fenced)
+    if result.stopped:
+        return Applied(Result.FAILED, "stopped on request before the plan was done", len(result.executed),
+                       result.plan, stopped=True)
+    if result.follow_up is not None:
+        message += (f"; follow-up plan: {len(result.follow_up.actions)} action(s) not known before this "
+                    "apply, applied on the next poll")
+    return Applied(Result.APPLIED, message, len(result.executed), result.plan, follow_up=result.follow_up,
+                   surprises=tuple(result.surprises), after=result.after)
 
 
-def _holder_id(workdir: Path) -> str:
-    """The apply-lease holder: stable per workdir, so a restarted controller takes its own lease back."""
-    path = workdir / "controller-id"
-    if not path.is_file():
-        path.write_text(f"{socket.gethostname()}/{uuid.uuid4().hex[:12]}\n")
-    return path.read_text().strip()
+def _reported(sha: str, applied: Applied, refused: Outcome | None, in_force: str) -> Outcome:
+    """The outcome a status commit reports: the refused commit's, else the applied one's."""
+    if refused is not None:
+        return Outcome(sha=refused.sha, result=Result.REFUSED, message=refused.message, errors=refused.errors,
+                       applied_sha=in_force, actions=applied.actions)
+    return Outcome(sha=sha, result=applied.result, message=applied.message, applied_sha=in_force,
+                   actions=applied.actions)
 
 
-def _log_progress(index: int, total: int, action, status: str) -> None:
+def _log_progress(index: int, total: int, action: Action, status: str) -> None:
     if status != "start":
         log.info("action " + status, extra={"index": index + 1, "total": total, "kind": action.kind.value,
                                              "subject": action.subject, "reason": action.reason})
 
 
-def _log_every_step(index: int, total: int, action, status: str) -> None:
+def _log_every_step(index: int, total: int, action: Action, status: str) -> None:
     """Several controllers: each action's start too, with its cluster, so overlaps show in the logs."""
     log.info("action " + status, extra={"index": index + 1, "total": total, "kind": action.kind.value,
                                          "subject": action.subject, "cluster": action.cluster,
                                          "reason": action.reason})
 
 
-def _progress(scope: Scope | None):
+def _progress(scope: Scope | None) -> Callable[[int, int, Action, str], None]:
     return _log_progress if scope is None else _log_every_step
 
 
@@ -637,31 +489,3 @@ def _restricted(planned: Planned, scope: Scope) -> Planned:
     if len(actions) == len(plan.actions):
         return planned
     return dataclasses.replace(planned, plan=dataclasses.replace(plan, actions=actions))
-
-
-def _under(rel: str, prefixes: tuple[str, ...]) -> bool:
-    return any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in prefixes)
-
-
-class _WriteAhead:
-    """One replica's StateStore (several controllers): loads the state narrowed to its shards, and
-    publishes every saved state to the status branch, merged with the other replicas' records."""
-
-    def __init__(self, inner: ControllerStateStore, scope: Scope, publish):
-        self.inner = inner
-        self.scope = scope
-        self.publish = publish
-
-    def load(self) -> State:
-        return self.scope.narrow_state(self.inner.load())
-
-    def save(self, state: State) -> None:
-        if state.to_dict() == self.load().to_dict():
-            return
-        before, generation = self.inner.state, self.inner.generation
-        self.inner.save(self.scope.merge(self.inner.state, state))
-        try:
-            self.publish()
-        except PlacementRaced:
-            self.inner.adopt(before, generation)  # the refused decisions are not reported either
-            raise

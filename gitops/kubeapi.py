@@ -46,6 +46,32 @@ class KubeAPIError(GitopsError):
         self.details = details
 
 
+class MemoryFiles:
+    """Key material for libraries that read it only from file paths (the client's TLS layer, Python's
+    `ssl`): anonymous in-memory files (`memfd_create`), open until `close`, so no key touches the disk."""
+
+    def __init__(self) -> None:
+        self._fds: list[int] = []
+
+    def add(self, name: str, text: str) -> str:
+        """A path this process reads `text` at (`name` labels the file in /proc)."""
+        fd = os.memfd_create(f"gitops-{name}", os.MFD_CLOEXEC)
+        self._fds.append(fd)
+        os.write(fd, text.encode())
+        return f"/proc/{os.getpid()}/fd/{fd}"
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+    def __enter__(self) -> "MemoryFiles":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 @dataclass(frozen=True)
 class Credentials:
     """Who talks to the API: a client certificate, a bearer token, or nobody (anonymous)."""
@@ -67,16 +93,16 @@ class KubeAPI:
         with _IMPORT:  # ~0.3 s, only when an API is used; threads importing it at once deadlock
             from kubernetes.client import Configuration
 
-        self._fds: list[int] = []
+        self._files = MemoryFiles()
         config = Configuration()
         config.host = server
         if ca_pem:
-            config.ssl_ca_cert = self._memfile("ca", ca_pem)
+            config.ssl_ca_cert = self._files.add("ca", ca_pem)
         else:
             config.verify_ssl = False
         if credentials.cert_pem:
-            config.cert_file = self._memfile("cert", credentials.cert_pem)
-            config.key_file = self._memfile("key", credentials.key_pem)
+            config.cert_file = self._files.add("cert", credentials.cert_pem)
+            config.key_file = self._files.add("key", credentials.key_pem)
         if credentials.token:
             config.api_key = {"BearerToken": f"Bearer {credentials.token}"}
         self._open(config, timeout)
@@ -92,7 +118,7 @@ class KubeAPI:
         line, naming `path`) when it is unusable.
         """
         api = cls.__new__(cls)
-        api._fds = []
+        api._files = MemoryFiles()
         api._open(load_kubeconfig(path, context), timeout)
         return api
 
@@ -109,25 +135,14 @@ class KubeAPI:
         try:
             self._client = ApiClient(config)
         except Exception:
-            self._close_files()
+            self._files.close()
             raise
-
-    def _memfile(self, name: str, text: str) -> str:
-        fd = os.memfd_create(f"gitops-{name}", os.MFD_CLOEXEC)
-        os.write(fd, text.encode())
-        self._fds.append(fd)
-        return f"/proc/{os.getpid()}/fd/{fd}"
-
-    def _close_files(self) -> None:
-        for fd in self._fds:
-            os.close(fd)
-        self._fds = []
 
     def close(self) -> None:
         try:
             self._client.close()
         finally:
-            self._close_files()
+            self._files.close()
 
     def __enter__(self) -> "KubeAPI":
         return self

@@ -32,7 +32,7 @@ from tests.kubeapi import kube_api_server
 
 GITOPS = str(Path(sys.executable).parent / "gitops")
 GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
-SUBNET, API_IP = "127.0.30", "127.0.30.250"
+SUBNET, API_IP = "127.0.30", "127.0.36.250"  # the API server apart: lab up refuses a busy subnet
 SHARDS, CLUSTERS, REPLICAS = 4, ("team-a", "team-b"), ("r1", "r2", "r3")
 LEASE, RENEW, RETRY, POLL = 4, 3, 1, 2
 NODES = """\

@@ -1,24 +1,24 @@
 """etcd membership changes through etcd's v3 JSON gateway, over mutual TLS.
 
 The controller holds the etcd CA, so it issues itself a short-lived client
-certificate for these calls; the key lives in a private temp dir only for the
-duration of the call (Python's ssl module loads keys from files).
+certificate for these calls; Python's ssl module loads a key only from a file, so
+the key is handed to it as an anonymous in-memory file (`MemoryFiles`, as the
+Kubernetes client's keys are) and never touches the disk.
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
 import ssl
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gitops.errors import GitopsError
+from gitops.kubeapi import MemoryFiles
 from gitops.pki import CertKey, issue_cert
 
 TIMEOUT = 10.0
@@ -61,19 +61,13 @@ class EtcdAdmin:
         self._fenced = fenced
         cert = issue_cert(ca, "gitops-controller", client=True, days=1,
                           now=dt.datetime.now(dt.timezone.utc))
-        self._dir = tempfile.TemporaryDirectory(prefix="gitops-etcd-")
-        base = Path(self._dir.name)
-        (base / "ca.crt").write_text(trust or ca.cert_pem)
-        (base / "client.crt").write_text(cert.cert_pem)
-        key = base / "client.key"
-        key.touch(mode=0o600)
-        key.write_text(cert.key_pem)
-        self._ctx = ssl.create_default_context(cafile=str(base / "ca.crt"))
-        self._ctx.load_cert_chain(str(base / "client.crt"), str(key))
-        key.unlink()
+        self._ctx = ssl.create_default_context(cadata=trust or ca.cert_pem)
+        with MemoryFiles() as files:  # read once: the context keeps them
+            self._ctx.load_cert_chain(files.add("etcd-client-cert", cert.cert_pem),
+                                      files.add("etcd-client-key", cert.key_pem))
 
     def close(self) -> None:
-        self._dir.cleanup()
+        """Nothing to clean up (no file was written); kept for `with EtcdAdmin(...)`."""
 
     def __enter__(self) -> "EtcdAdmin":
         return self

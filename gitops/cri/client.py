@@ -56,8 +56,14 @@ _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.enable_retries", 0),  # retries are ours, and only for reads
+    ("grpc.enable_retries", 0),  # retries are ours: reads, and writes that never reached the runtime
+    # a channel of its own: one closed by an observation does not hand a shutting-down connection to
+    # the next client of the same endpoint (gRPC shares subchannels between channels by default)
+    ("grpc.use_local_subchannel_pool", 1),
 ]
+#: gRPC's words for a call that failed before it was sent (no connection could be picked): a write
+#: that failed so never reached the runtime, and is retried like a read
+_NEVER_SENT = "failed to connect to all addresses"
 _TLS_HINTS = re.compile(r"ssl|tls|handshake|certificate|alpn|tsi_", re.IGNORECASE)
 _RETRYABLE = (Reason.UNREACHABLE,)
 _TLS_EXPLAINED = [  # (substring of gRPC's message, what it means)
@@ -193,7 +199,8 @@ class CRIClient:
 
     def _call(self, call: str, method: Callable[..., Any], request: Any, *,
               read: bool, timeout: float | None = None) -> Any:
-        """Invoke one RPC with a deadline; reads are retried while the deadline allows."""
+        """Invoke one RPC with a deadline; reads, and writes that never left (no connection), are retried
+        while the deadline allows."""
         budget = timeout or self.timeout
         deadline = time.monotonic() + budget
         attempt = 0
@@ -207,9 +214,10 @@ class CRIClient:
                 return response
             except grpc.RpcError as err:
                 error = self._error(call, err, budget)
+                unsent = _NEVER_SENT in (err.details() or "")  # type: ignore[attr-defined]
             attempt += 1
             pause = self.backoff * 2 ** (attempt - 1)
-            if not read or error.reason not in _RETRYABLE or time.monotonic() + pause >= deadline:
+            if not (read or unsent) or error.reason not in _RETRYABLE or time.monotonic() + pause >= deadline:
                 event(log, logging.INFO, "cri call failed", hypervisor=self.name, call=call,
                       reason=error.reason.value, attempts=attempt)
                 raise error

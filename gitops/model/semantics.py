@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterable
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from gitops.model import versions
 from gitops.model.diagnostics import Diagnostic
 from gitops.model.documents import Document
 from gitops.model.networkdata import NetworkDataError, first_ipv4, network_data_from_secret
 from gitops.model.resources import API_SERVER_FLAGS, DATA_DIR_ANNOTATION
+from gitops.pki import key_matches_cert
 from gitops.secrets import is_armored
 
 HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$")
@@ -136,7 +136,7 @@ def hypervisor_tls(docs: list[Document], _everything: list[Document]) -> Iterabl
         except (ValueError, TypeError):
             yield hv.error(key_path, "not a PEM private key (unencrypted PKCS#8, PKCS#1 or SEC1)")
             continue
-        if not isinstance(cert, Diagnostic) and not _same_public_key(cert, key):
+        if not isinstance(cert, Diagnostic) and not key_matches_cert(key, cert):
             yield hv.error(key_path, "private key does not match clientCertificate.certificate")
 
 
@@ -183,13 +183,6 @@ def _is_ca(cert: x509.Certificate) -> bool:
         return cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     except x509.ExtensionNotFound:
         return False
-
-
-def _same_public_key(cert: x509.Certificate, key: object) -> bool:
-    if not isinstance(key, (rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey)):
-        return False
-    fmt = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return key.public_key().public_bytes(*fmt) == cert.public_key().public_bytes(*fmt)
 
 
 #: etcd members of a cluster: more make every write slower and a quorum no safer

@@ -240,8 +240,12 @@ def load_key_pem(pem: str | bytes) -> PrivateKey:
     return key
 
 
-def key_matches_cert(key: PrivateKey, cert: x509.Certificate) -> bool:
-    """Whether `key` is the private half of `cert`'s public key."""
+def key_matches_cert(key: object, cert: x509.Certificate) -> bool:
+    """Whether `key` is the private half of `cert`'s public key (never for a key of a kind gitops does not
+    use: ECDSA, RSA and Ed25519 only). The one check of a key against its certificate: PEM pairs, the
+    repo's Hypervisor client certificates, a CRI endpoint's."""
+    if not isinstance(key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey)):
+        return False
     pub = serialization.PublicFormat.SubjectPublicKeyInfo
     enc = serialization.Encoding.DER
     return key.public_key().public_bytes(enc, pub) == cert.public_key().public_bytes(enc, pub)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import random
 import shutil
 import time
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 AUTHOR = git.Actor("gitops", "gitops@localhost")
 PUSH_ATTEMPTS = 8
+#: In a controller's workdir: the statusBranch of the commit in force, for reporting a refused commit there.
+IN_FORCE_BRANCH = "status-branch"
 
 
 class StatusError(GitopsError):
@@ -99,7 +102,7 @@ class StatusBranch:
         Called after `sync`, when the worktree is the tip: the index's blob ids say which files already
         hold their content, so only what changed is written (or removed) and nothing is read back."""
         tracked = self._tracked()
-        gone = [rel for rel in tracked if rel not in files and _under(rel, managed)]
+        gone = [rel for rel in tracked if rel not in files and under(rel, managed)]
         for rel in gone:
             (self.dir / rel).unlink(missing_ok=True)
         for folder in sorted({str(Path(rel).parent) for rel in gone}, key=len, reverse=True):
@@ -157,6 +160,23 @@ class StatusBranch:
         raise StatusError(f"cannot push {self.branch}: still racing other writers after {PUSH_ATTEMPTS} attempts")
 
 
+def in_force_branch(workdir: Path) -> str:
+    """The statusBranch of the commit in force (the last one applied), as recorded in the workdir."""
+    path = workdir / IN_FORCE_BRANCH
+    recorded = path.read_text().strip() if path.is_file() else ""
+    return recorded or DEFAULT_BRANCH
+
+
+def record_in_force_branch(workdir: Path, name: str) -> None:
+    """Record `name` as the statusBranch of the commit in force (atomically; untouched when it already is)."""
+    path = workdir / IN_FORCE_BRANCH
+    if path.is_file() and path.read_text().strip() == name:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(name + "\n")
+    os.replace(tmp, path)
+
+
 def blob_id(data: bytes) -> str:
     """The id git gives a blob of `data`."""
     digest = hashlib.sha1(b"blob %d\0" % len(data), usedforsecurity=False)
@@ -164,7 +184,8 @@ def blob_id(data: bytes) -> str:
     return digest.hexdigest()
 
 
-def _under(rel: str, prefixes: tuple[str, ...]) -> bool:
+def under(rel: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether the path `rel` is one of `prefixes` or lies inside one of them."""
     return any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in prefixes)
 
 

@@ -3,18 +3,27 @@
 The lease is a commit holding `lock.json` (holder, expiry) on its own ref of the infra
 repo's remote, `refs/gitops/lock`, moved with `--force-with-lease` so that two controllers
 racing for it cannot both win. A holder renews it while in use; a crashed holder's lease
-simply expires, and a restarted controller with the same holder id takes its own back.
+simply expires, and a restarted controller with the same holder id takes its own back
+(`holder_id`: one per workdir, which `lock_workdir` keeps to one process).
 """
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
+import io
 import json
 import logging
-import subprocess
+import socket
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
 
 import git
+from git.objects.fun import tree_to_stream
+from gitdb import IStream
 
+from gitops.errors import GitopsError
 from gitops.status.branch import StatusError, git_message
 
 log = logging.getLogger(__name__)
@@ -61,9 +70,9 @@ class ApplyLease:
         new = Lease(holder, now + ttl)
         body = json.dumps({"holder": new.holder, "expires": new.expires.isoformat()}, sort_keys=True) + "\n"
         repo = self.repo
-        blob = self._git_input(body, "hash-object", "-w", "--stdin")
-        tree = self._git_input(f"100644 blob {blob}\tlock.json\n", "mktree")
-        commit = repo.git.commit_tree(tree, "-m", f"lock: {holder}")
+        tree = io.BytesIO()
+        tree_to_stream([(self._store("blob", body.encode()), 0o100644, "lock.json")], tree.write)
+        commit = repo.git.commit_tree(self._store("tree", tree.getvalue()).hex(), "-m", f"lock: {holder}")
         lease_arg = f"--force-with-lease={LOCK_REF}:{old_sha or ''}"
         try:
             repo.git.push("origin", lease_arg, f"{commit}:{LOCK_REF}")
@@ -81,9 +90,26 @@ class ApplyLease:
         except git.GitCommandError as err:
             log.warning("could not release the apply lock: %s", git_message(err))
 
-    def _git_input(self, text: str, *args: str) -> str:
-        proc = subprocess.run(["git", *args], cwd=self.repo.working_dir, input=text, capture_output=True, text=True,
-                              timeout=60)
-        if proc.returncode != 0:
-            raise StatusError(f"git {args[0]} failed: {proc.stderr.strip()}")
-        return proc.stdout.strip()
+    def _store(self, kind: str, data: bytes) -> bytes:
+        """Write a `kind` object of `data` into the clone's object database; its binary id."""
+        return self.repo.odb.store(IStream(kind, len(data), io.BytesIO(data))).binsha
+
+
+def lock_workdir(workdir: Path) -> IO[str]:
+    """One process per workdir (the kernel drops the lock if the process dies); hold the returned file."""
+    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    handle = open(workdir / ".lock", "a+")  # noqa: SIM115 - held for the controller's lifetime
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise GitopsError(f"another gitops process is using {workdir}") from None
+    return handle
+
+
+def holder_id(workdir: Path) -> str:
+    """The apply-lease holder: stable per workdir, so a restarted controller takes its own lease back."""
+    path = workdir / "controller-id"
+    if not path.is_file():
+        path.write_text(f"{socket.gethostname()}/{uuid.uuid4().hex[:12]}\n")
+    return path.read_text().strip()

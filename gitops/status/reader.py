@@ -2,16 +2,15 @@
 
 Which branch (`statusBranch` in gitops.yaml, default `gitops/status`), which paths hold
 what, and what was applied: the controller reads its own worktree of the branch with it,
-`gitops status` and `gitops plan --against-status` read a ref of a clone with it. The
-documents themselves are written by `report.py` (status) and `state.py` (state files),
-and pushed by `branch.py`.
+`gitops status` and `gitops plan --against-status` read a ref of a clone with it (through
+GitPython: one `git cat-file --batch` answers every file). The documents themselves are
+built by `report.py` (status; `commit.py` gathers one commit's) and `state.py` (state
+files), and pushed by `branch.py`.
 """
 from __future__ import annotations
 
 import json
-import subprocess
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,13 +79,11 @@ class SourceStatus:
 class StatusReader:
     """Reads one status tree: a worktree of the branch (`in_dir`) or a ref of a clone (`at_ref`)."""
 
-    def __init__(self, where: str, get: Callable[[str], bytes], names: Callable[[str], list[str]], ref: str = "",
-                 repo: Path | None = None):
+    def __init__(self, where: str, get: Callable[[str], bytes], names: Callable[[str], list[str]], ref: str = ""):
         self.where = where
         self.ref = ref  # the git ref read, for `at_ref` readers
         self._get = get  # raises FileNotFoundError(why) when the path is not there
         self._names = names  # file names in a folder, [] when there is none
-        self._repo = repo  # the clone, for `at_ref` readers (many files are read through one git process)
 
     @classmethod
     def in_dir(cls, root: Path) -> "StatusReader":
@@ -104,25 +101,41 @@ class StatusReader:
 
     @classmethod
     def at_ref(cls, repo: Path, ref: str) -> "StatusReader":
+        """The tree at `ref` of the clone `repo`, read through one `git cat-file --batch` (GitPython's)."""
+        import git  # here: only readers of a ref pay GitPython's import (~0.1 s of a cold `gitops plan`)
+
+        try:
+            clone = git.Repo(repo)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            clone = None
+
         def get(rel: str) -> bytes:
-            proc = _git(repo, "show", f"{ref}:{rel}")
-            if proc.returncode != 0:
-                raise FileNotFoundError(proc.stderr.decode(errors="replace").strip() or "git show failed")
-            return proc.stdout
+            if clone is None:
+                raise FileNotFoundError(f"{repo} is not a git repository")
+            try:
+                _sha, kind, _size, data = clone.git.get_object_data(f"{ref}:{rel}")
+            except ValueError:  # "<name> missing"
+                raise FileNotFoundError(f"no {rel} at {ref}") from None
+            if kind != b"blob":
+                raise FileNotFoundError(f"{rel} at {ref} is a {kind.decode()}, not a file")
+            return data
 
         def names(folder: str) -> list[str]:
-            proc = _git(repo, "ls-tree", "--name-only", f"{ref}:{folder}")
-            return sorted(proc.stdout.decode().split()) if proc.returncode == 0 else []
+            if clone is None:
+                return []
+            try:
+                return sorted(clone.git.ls_tree("--name-only", f"{ref}:{folder}").split())
+            except git.GitCommandError:
+                return []
 
-        return cls(f"{ref} in {repo}", get, names, ref, repo)
+        return cls(f"{ref} in {repo}", get, names, ref)
 
     @classmethod
     def for_clone(cls, repo: Path, ref: str | None = None) -> "StatusReader":
         """`ref`, else the clone's status branch: origin/<statusBranch>, else <statusBranch>."""
         if ref is None:
             branch = branch_of_checkout(repo)
-            ref = next((c for c in (f"origin/{branch}", branch)
-                        if _git(repo, "rev-parse", "--verify", "--quiet", c).returncode == 0), None)
+            ref = next((c for c in (f"origin/{branch}", branch) if _resolves(repo, c)), None)
             if ref is None:
                 raise GitopsError(f"no status branch {branch!r} in {repo} (fetch it, or pass --ref)")
         return cls.at_ref(repo, ref)
@@ -156,36 +169,7 @@ class StatusReader:
             return ObservedState.from_dict(yaml.safe_load(self.require(OBSERVED)) or {})
         if self.read(HYPERVISORS) is None:
             raise GitopsError(f"cannot read {HYPERVISORS} at {self.where}: there is no observed snapshot")
-        with self.many() as read:
-            return load_snapshot(read, self._names(CLUSTERS_DIR))
-
-    @contextmanager
-    def many(self) -> Iterator[Callable[[str], bytes | None]]:
-        """A `read` for many files: at a ref, one `git cat-file --batch` answers them all."""
-        if self._repo is None:
-            yield self.read
-            return
-        proc = subprocess.Popen(["git", "cat-file", "--batch"], cwd=self._repo, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        assert proc.stdin is not None and proc.stdout is not None
-        stdin, stdout = proc.stdin, proc.stdout
-
-        def read(rel: str) -> bytes | None:
-            stdin.write(f"{self.ref}:{rel}\n".encode())
-            stdin.flush()
-            header = stdout.readline().split()
-            if len(header) != 3:  # "<name> missing"
-                return None
-            data = stdout.read(int(header[2]))
-            stdout.read(1)
-            return data if header[1] == b"blob" else None
-
-        try:
-            yield read
-        finally:
-            stdin.close()
-            stdout.close()
-            proc.wait(timeout=60)
+        return load_snapshot(self.read, self._names(CLUSTERS_DIR))
 
     def public_state(self) -> dict[str, Any]:
         """`state/public.json` without its generation counter (required); no private key is in it."""
@@ -214,5 +198,12 @@ def branch_of_checkout(repo: Path) -> str:
     return branch if isinstance(branch, str) and branch else DEFAULT_BRANCH
 
 
-def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, timeout=60)
+def _resolves(repo: Path, ref: str) -> bool:
+    """Whether `ref` names a commit in the clone `repo`."""
+    import git
+
+    try:
+        git.Repo(repo).git.rev_parse("--verify", "--quiet", ref)
+    except (git.GitCommandError, git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return False
+    return True

@@ -3,12 +3,13 @@
 `status/source.yaml` says which commit is in force and how the last one went;
 `status/<Kind>/<name>.yaml` gives each resource's phase, conditions (with a
 lastTransitionTime kept from the previous commit while nothing changes),
-endpoints and per-component state; `observed.yaml` is the live snapshot.
+endpoints and per-component state; `status/Shard/<lease>.yaml` (several
+controllers) which replica holds a shard and how its last reconcile went.
 """
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import yaml
 
 from gitops.compile.desired import DesiredPod, DesiredState
+from gitops.coordination.scope import Scope
 from gitops.model.resources import RepoModel
 from gitops.observe import ObservedPod, ObservedState
 from gitops.plan.actions import Action, Plan
@@ -337,4 +339,18 @@ def _service_endpoints(model: RepoModel, name: str, desired: DesiredState | None
     if sip.auth is not None:
         out["auth"] = {"oidcIssuerURL": sip.auth.oidc_issuer_url,
                        "note": "no OIDC server runs for it: none is installable here (see README)"}
+    return out
+
+
+def shard_documents(scope: Scope, clusters: Iterable[str], holder: str, outcome: Outcome) -> dict[str, bytes]:
+    """status/Shard/<lease>.yaml for each Lease `holder` holds: the clusters of the repo in it, and how
+    this reconcile of them went."""
+    names = sorted(clusters)
+    out = {}
+    for lease in sorted(scope.held):
+        out[resource_path("Shard", lease)] = dump({
+            "apiVersion": API_VERSION, "kind": "ShardStatus", "metadata": {"name": lease},
+            "status": {"holder": holder, "clusters": [c for c in names if scope.lease_of(c) == lease],
+                       "observedSourceSHA": outcome.sha, "result": outcome.result.value,
+                       "actions": outcome.actions}})
     return out

@@ -1,0 +1,59 @@
+"""The files of one status commit, from what a reconcile did (pure but for sealing).
+
+`commit_documents` gives what people read (source, the executed plan, every
+resource's status, the live snapshot); `kubeconfig_files` the admin kubeconfigs,
+sealed to the controller and the repo's kubeconfig recipients. The state files
+are `state.py`'s; one of several replicas keeps only its share (`replica.py`).
+"""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+
+from gitops.compile.desired import DesiredState
+from gitops.kubeconfig import admin_kubeconfig
+from gitops.model.resources import RepoModel
+from gitops.observe import ObservedState
+from gitops.sip.selection import SIPPlan
+from gitops.state.records import State
+from gitops.status.reader import APPLY, SOURCE, kubeconfig_path
+from gitops.status.report import Outcome, resource_documents, sip_documents, source_document
+from gitops.status.snapshot import snapshot_files
+from gitops.status.state import Sealer
+
+#: node name -> (hypervisor, ports), as recorded
+Placements = dict[str, tuple[str, dict[str, int]]]
+
+
+def placements_of(state: State) -> Placements:
+    """Where each recorded node is placed, and on which ports."""
+    return {n: (r.hypervisor, dict(r.ports)) for n, r in state.nodes.items()}
+
+
+def commit_documents(outcome: Outcome, record: bytes | None, model: RepoModel, desired: DesiredState,
+                     observed: ObservedState, sip: SIPPlan, placements: Placements,
+                     previous: Callable[[str], bytes | None], now: dt.datetime) -> dict[str, bytes]:
+    """Source status, the live snapshot, the apply record (`record`, else the branch's previous one, kept),
+    and the status of every resource; `previous` reads the branch's files as they are."""
+    files = {SOURCE: source_document(outcome, previous, now), **snapshot_files(observed)}
+    kept = previous(APPLY)
+    if record is not None or kept is not None:
+        files[APPLY] = record if record is not None else kept
+    files.update(resource_documents(model, desired, observed, outcome, previous, now, placements))
+    files.update(sip_documents(model, sip, outcome, previous, now, desired, placements))
+    return files
+
+
+def kubeconfig_files(desired: DesiredState, state: State, sealer: Sealer, recipients: tuple[str, ...],
+                     previous: Callable[[str], bytes | None]) -> dict[str, bytes]:
+    """kubeconfig/<cluster>.yaml of every cluster with an endpoint and an admin credential, sealed (the
+    branch's ciphertext kept while the plaintext is the same)."""
+    out = {}
+    for name, cluster in sorted(desired.clusters.items()):
+        record = state.clusters.get(name)
+        if cluster.api_endpoint is None or record is None or record.admin is None:
+            continue
+        rel = kubeconfig_path(name)
+        text = admin_kubeconfig(name, record, cluster.api_endpoint).encode()
+        out[rel] = sealer.seal(text, previous(rel), tuple(recipients))
+    return out
