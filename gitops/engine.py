@@ -22,11 +22,12 @@ from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
 from gitops.observe import FilesReuse, ObservedState, observe
 from gitops.observe.clusters import ClusterReader, ClusterTarget, observe_clusters
-from gitops.plan.actions import Plan, Unknown, UnknownKind, ordered
+from gitops.plan.actions import Plan, Unknown, UnknownKind
 from gitops.plan.cluster_api import cluster_api_actions
-from gitops.plan.diff import DiffOptions, diff
+from gitops.plan.diff import DiffOptions
 from gitops.plan import recorded
 from gitops.plan.hosts import label_actions, sip_warnings
+from gitops.plan.rollout import ordered, plan_nodes
 from gitops.plan.rotation import rotation_notes, rotation_steps
 from gitops.plan.upgrades import check_versions
 from gitops.sip.reconcile import file_hosts, provider_for
@@ -60,7 +61,7 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable,
                                hosts=relabeled(hosts or [], sip))
     options = DiffOptions(prune=config.prune.enabled, health_timeout=config.health_timeout)
-    found = diff(compiled.desired, observed, compiled.state, options, now=now)
+    found = plan_nodes(compiled.desired, observed, compiled.state, options, now=now)
     inside, inside_warnings, inside_unknowns = cluster_api_actions(compiled.desired, observed, config.health_timeout)
     check_versions(model, observed)
     warnings: list[str] = []

@@ -133,6 +133,72 @@ def test_no_two_modules_import_each_other():
     assert not cycles, "\n".join(cycles)
 
 
+def _graph() -> tuple[dict[str, Path], dict[str, set[str]]]:
+    """Every gitops module's path, and the gitops modules each imports (with the packages above it,
+    whose `__init__` runs first)."""
+    paths = {_module(p): p for p in PACKAGE.rglob("*.py") if "pb" not in p.relative_to(PACKAGE).parts}
+    graph = {}
+    for name, path in paths.items():
+        parents = {".".join(name.split(".")[:i]) for i in range(2, name.count(".") + 1)}
+        graph[name] = (_module_imports(path, set(paths)) | parents) & set(paths) - {name}
+    return paths, graph
+
+
+def _definition(paths: dict[str, Path], module: str, name: str) -> tuple[str, ast.stmt | None]:
+    """Where `name` of `module` is defined (following re-exports inside gitops): (module, its statement)."""
+    tree = ast.parse(paths[module].read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return module, node
+        if isinstance(node, ast.ImportFrom) and node.module in paths and any(
+                (a.asname or a.name) == name for a in node.names):
+            original = next(a.name for a in node.names if (a.asname or a.name) == name)
+            return _definition(paths, node.module, original)
+    return module, None  # a constant (or a name from outside gitops)
+
+
+def _compile_code(paths: dict[str, Path], module: str, name: str) -> str:
+    """Why taking `name` from compile's `module` takes compile code ("" when it is data only): it is a
+    function, a module, or a class whose body uses a function of its module."""
+    if f"{module}.{name}" in paths:
+        return f"the module {module}.{name}"
+    where, node = _definition(paths, module, name)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and where.startswith("gitops.compile"):
+        return f"the function {where}.{name}"
+    if isinstance(node, ast.ClassDef):
+        used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        for other in sorted(used - {name}):
+            home, code = _definition(paths, where, other)
+            if isinstance(code, (ast.FunctionDef, ast.AsyncFunctionDef)) and home.startswith("gitops.compile"):
+                return f"{where}.{name}, whose methods call {home}.{other}"
+    return ""
+
+
+def test_apply_reaches_no_compile_code_and_no_planning():
+    """What apply can reach (its modules and, transitively, every gitops module they import, payloads
+    included) takes only data from compile (classes and constants, never a function or a method calling
+    one), and reaches no diff, rollout, learning or engine: apply computes nothing a plan can know."""
+    paths, graph = _graph()
+    reached = {m for m in paths if m.startswith("gitops.apply")}
+    todo = list(reached)
+    while todo:
+        for target in graph[todo.pop()]:
+            if target not in reached and not target.startswith("gitops.compile"):
+                reached.add(target)
+                todo.append(target)
+    planning = {"gitops.plan.diff", "gitops.plan.rollout", "gitops.learn", "gitops.engine"}
+    wrong = [f"apply reaches {m}" for m in sorted(reached & planning)]
+    for module in sorted(reached):
+        for node in ast.walk(ast.parse(paths[module].read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                wrong += [f"{module} imports {a.name}" for a in node.names if a.name.startswith("gitops.compile")]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gitops.compile"):
+                for alias in node.names:
+                    why = _compile_code(paths, node.module, alias.name)
+                    wrong += [f"{module} takes {why}"] if why else []
+    assert not wrong, "\n".join(wrong)
+
+
 def test_each_command_is_found_in_the_module_the_cli_loads_for_it():
     """`gitops CMD` imports only CMD's module (gitops.cli._Group.MODULES): the map must be right."""
     import importlib

@@ -2,12 +2,14 @@
 
 Apply decides nothing. Each action carries its payload (`gitops.plan.payloads`):
 the sandbox and container specs, the certificates to issue, the etcd URLs, the
-labels. The only values apply produces are the ones a plan shows as
-`(known after apply)`: ids of the pods it creates, public keys generated on a
-node (and the service-account bundle made of them), certificates signed from a
-node's request. The first failure stops the run with a message naming the
-action; every action is safe to repeat, so a re-run after a crash (even
-SIGKILL) observes what exists and plans only what is missing.
+labels, the approval condition. The only values apply produces are the ones a
+plan shows as `(known after apply)`: ids of the pods it creates, public keys
+generated on a node (and the service-account bundle made of them), certificates
+signed from a node's request, and those files' digests in the spec hash and
+annotations of the containers reading them (`CreateContainer.resolved`). The
+first failure stops the run with a message naming the action; every action is
+safe to repeat, so a re-run after a crash (even SIGKILL) observes what exists
+and plans only what is missing.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from gitops.cri.errors import CRIError, Reason
 from gitops.cri.types import ContainerState
 from gitops.errors import GitopsError
 from gitops.kubeapi import Credentials, KubeAPI
-from gitops.node import AGENT, CERTIFICATES_ANNOTATION
+from gitops.node import AGENT
 from gitops.pki import CertKey, load_csr_pem, sign_public_key
 from gitops.pki.x509 import cert_to_pem
 from gitops.plan.actions import Action, Plan
@@ -233,11 +235,11 @@ class _Runner:
         agent.write_files(client, agent_id, batch)
         self.written.setdefault(action.node, {}).update({n: agent.file_digest(c) for n, c in batch.items()})
 
-    def read_certificates(self, action: Action, p: CreateContainer) -> str:
-        """The certificates annotation of a container starting now: the digests the plan knew, the ones
-        known after apply from what this run wrote, else as the files agent reads them now."""
-        digests = dict(p.certificates)
+    def certificate_digests(self, action: Action, p: CreateContainer) -> dict[str, str]:
+        """The digests of the certificates a container starting now reads that the plan could not know:
+        from what this run wrote, else as the files agent reads them now."""
         unknown = p.certificates_after_apply
+        digests: dict[str, str] = {}
         if unknown:
             written = self.written.get(action.node, {})
             listed = None
@@ -248,7 +250,7 @@ class _Runner:
                 if found is None:
                     raise ApplyError(f"certificate {name} of Node {action.node} is not on its hypervisor")
                 digests[name] = found
-        return json.dumps(digests, sort_keys=True, separators=(",", ":"))
+        return digests
 
     def refused(self, action: Action) -> str | None:
         """Why this controller may no longer act on `action`'s cluster (asked by every wait), or None."""
@@ -299,10 +301,7 @@ class _Runner:
 
     def _create_container(self, action: Action, p: CreateContainer, attempt: int = 0) -> str:
         client = self.client(action.hypervisor)
-        spec = p.resolved({f.name: self.content(f) for f in p.files})
-        if p.certificates:
-            spec = dataclasses.replace(spec, annotations={**spec.annotations,
-                                                          CERTIFICATES_ANNOTATION: self.read_certificates(action, p)})
+        spec = p.resolved({f.name: self.content(f) for f in p.files}, self.certificate_digests(action, p))
         client.pull_image(spec.image)
         ref = self.pod(action, p.pod)
         if attempt:  # beside a container of the same name: the runtime's name of it must differ
@@ -451,9 +450,8 @@ class _Runner:
                 raise ApplyError(f"certificate request {p.name} is gone or was replaced since the plan")
             if p.approve:
                 conditions = list((current.get("status") or {}).get("conditions") or [])
-                if not any(c.get("type") == "Approved" for c in conditions):
-                    conditions.append({"type": "Approved", "status": "True", "reason": "GitopsApproved",
-                                       "message": "the request matches its node (gitops)"})
+                if not any(c.get("type") == p.approval.type for c in conditions):
+                    conditions.append(dataclasses.asdict(p.approval))
                     current = api.request("PUT", f"{path}/approval", {**current, "status": {
                         **(current.get("status") or {}), "conditions": conditions}})
             request = load_csr_pem(p.request)

@@ -129,7 +129,9 @@ def identify(spec: ContainerSpec, pod_labels: dict[str, str], inputs: dict[str, 
 
 
 def resolve_container(spec: ContainerSpec, contents: dict[str, str]) -> ContainerSpec:
-    """Fill in a container whose hash was known after apply, from the files' final `contents` (apply time)."""
+    """A container whose hash was known after apply, as compile makes it once the files' final `contents`
+    are known. Apply never calls it: its fill-in, `gitops.plan.payloads.CreateContainer.resolved`, must give
+    the same spec."""
     if spec.labels.get(SPEC_HASH) != AFTER_APPLY:
         return spec
     inputs = json.loads(spec.annotations[SPEC_ANNOTATION])

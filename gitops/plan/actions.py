@@ -1,4 +1,5 @@
-"""The plan: an ordered list of typed actions, each with a human reason."""
+"""The plan: an ordered list of typed actions, each with a human reason (the data; `gitops.plan.rollout`
+decides the anchors, steps and gates that place them)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -99,6 +100,7 @@ class Action:
         return "/".join(p for p in (self.cluster, self.node, self.component) if p)
 
     def sort_key(self) -> tuple:
+        """Where the action goes in the plan, from its own fields only (`gitops.plan.rollout.ordered`)."""
         kind = self.anchor or self.kind
         phase = KINDS[kind].phase
         if kind == Kind.RECREATE_CONTAINER:
@@ -234,7 +236,3 @@ class Plan:
                    warnings=tuple(data.get("warnings", ())), source=data.get("source", ""),
                    unknowns=tuple(Unknown.from_dict(u) for u in data.get("unknown", ())),
                    notes=tuple(data.get("notes", ())))
-
-
-def ordered(actions: list[Action]) -> tuple[Action, ...]:
-    return tuple(sorted(actions, key=Action.sort_key))

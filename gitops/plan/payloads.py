@@ -6,14 +6,22 @@ named, not guessed: a sandbox or agent id left empty is the one the plan's own
 `create-pod` action makes, a file with a `ServiceAccountBundle` is filled from
 the keys its `generate-keys` actions return. Every payload round-trips through
 JSON (`to_dict` / `payload_from_dict`) for saved plans.
+
+Known after apply, the fill-in: what apply computes is only what depends on
+such values, from data the payload names, with nothing of `gitops.compile`:
+a bundle's content (the keys recorded by then, `gitops.apply.executor`), and a
+container's spec hash and read certificates (`CreateContainer.resolved`, the
+files agent's digest of its spec annotation once the digests it names are in).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import json
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Union
 
-from gitops.compile.desired import AFTER_APPLY, CertificateSpec, FileSpec, KeySpec, ServiceAccountBundle, resolve_container
+from gitops.compile.desired import AFTER_APPLY, CertificateSpec, FileSpec, KeySpec, ServiceAccountBundle
 from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
+from gitops.node import CERTIFICATES_ANNOTATION, COMPONENT, SPEC_ANNOTATION, SPEC_HASH, file_digest
 
 
 @dataclass(frozen=True)
@@ -104,7 +112,7 @@ class CreateContainer:
     """Create and start `container` in the pod (after removing `replaces`, for a recreate).
 
     A container whose spec hash reads files known after apply names them in
-    `files`: apply fills in the hash from what those files end up holding.
+    `files`: apply fills in the hash from what those files end up holding (`resolved`).
     """
 
     pod: PodRef
@@ -129,10 +137,23 @@ class CreateContainer:
         """The certificates whose digests the plan could not know (issued by it, or not readable then)."""
         return tuple(name for name, digest in self.certificates if digest == AFTER_APPLY)
 
-    def resolved(self, contents: dict[str, str]) -> ContainerSpec:
-        """The container with its spec hash filled in from what `files` hold (`contents` by name) at
-        apply time: the value the plan showed as known after apply."""
-        return resolve_container(self.container, contents)
+    def resolved(self, contents: dict[str, str], certificates: dict[str, str]) -> ContainerSpec:
+        """The container as it starts, its values known after apply filled in: the digests of the files
+        its spec hash covers (`contents`: what `files` hold by then, by name) and of the certificates it
+        reads (`certificates`: the digests of `certificates_after_apply`, by name)."""
+        spec = self.container
+        if spec.labels.get(SPEC_HASH) == AFTER_APPLY:
+            inputs = json.loads(spec.annotations[SPEC_ANNOTATION])
+            inputs["files"].update({n: file_digest(contents[n]) for n, d in inputs["files"].items()
+                                    if d == AFTER_APPLY})
+            text = json.dumps(inputs, sort_keys=True, separators=(",", ":"))  # as compile wrote it
+            labels = {k: v for k, v in spec.labels.items() if k not in (COMPONENT, SPEC_HASH)}
+            spec = replace(spec, labels={**labels, COMPONENT: spec.name, SPEC_HASH: file_digest(text)},
+                           annotations={**spec.annotations, SPEC_ANNOTATION: text})
+        if self.certificates:
+            read = json.dumps({**dict(self.certificates), **certificates}, sort_keys=True, separators=(",", ":"))
+            spec = replace(spec, annotations={**spec.annotations, CERTIFICATES_ANNOTATION: read})
+        return spec
 
 
 @dataclass(frozen=True)
@@ -174,9 +195,24 @@ class PutObject:
 
 
 @dataclass(frozen=True)
+class Condition:
+    """A status condition apply adds to an object (a certificate request's approval)."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+#: how gitops approves a certificate request it signs
+APPROVED = Condition("Approved", "True", "GitopsApproved", "the request matches its node (gitops)")
+
+
+@dataclass(frozen=True)
 class SignRequest:
     """Answer the certificate request `name` (uid `uid`, PEM `request`) with a certificate signed by the
-    cluster CA for exactly this subject, names and usage; approve it first when `approve`."""
+    cluster CA for exactly this subject, names and usage; approve it first when `approve` (adding the
+    condition `approval`, unless a condition of its type is there already)."""
 
     cluster: str
     server: str
@@ -191,6 +227,7 @@ class SignRequest:
     client_auth: bool = False
     days: int = 365
     approve: bool = False
+    approval: Condition = APPROVED
 
 
 @dataclass(frozen=True)
@@ -238,6 +275,7 @@ _NESTED: dict[tuple[type, str], Any] = {
     (CreateContainer, "pod"): PodRef, (CreateContainer, "sandbox"): SandboxSpec,
     (CreateContainer, "container"): ContainerSpec, (CreateContainer, "files"): (FileSpec,),
     (CreateContainer, "etcd"): EtcdHealth, (CreateContainer, "ready"): ApiReady, (Remove, "etcd"): EtcdHealth,
+    (SignRequest, "approval"): Condition,
     (ContainerSpec, "mounts"): (Mount,),
 }
 

@@ -1,0 +1,406 @@
+"""Rollout: the order and the health gates of each cluster's actions (pure).
+
+`gitops.plan.diff` says what differs, as raw actions; this module decides how they roll out (as
+gitops-engine's `pkg/sync` orders what its `pkg/diff` finds): the health gate each container change
+gets, etcd members joining (as learners) and leaving one at a time, each API server stopped around its
+own etcd member, the changes that wait for a vote or a quorum, where etcd leadership goes, and the
+plan's order. Each cluster is compared and rolled out once per content of its inputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gitops.compile.components import SHUTDOWN_DELAY
+from gitops.compile.desired import DesiredPod, DesiredState
+from gitops.memo import Memo
+from gitops.model.resources import CONTROLPLANE
+from gitops.node import AGENT
+from gitops.observe import ObservedPod, ObservedState
+from gitops.plan.actions import Action, Kind, Plan, Unknown, UnknownKind
+from gitops.plan.diff import ClusterInputs, DiffOptions, cluster_inputs, compare, unreachable
+from gitops.plan.payloads import ApiReady, CreateContainer, EtcdHealth, EtcdMemberChange, Remove
+from gitops.state.records import State
+
+#: the component that talks to its node's etcd member only (`--etcd-servers`)
+APISERVER = "kube-apiserver"
+#: the ingress component, and how long a new one runs beside the one it replaces
+INGRESS = "haproxy"
+INGRESS_OVERLAP = 2
+_MEMBERSHIP = (Kind.ETCD_MEMBER_ADD, Kind.ETCD_MEMBER_PROMOTE, Kind.ETCD_MEMBER_REMOVE)
+_GRACEFUL_STOP = (f"stops gracefully: fails /readyz for {SHUTDOWN_DELAY}s first, so the ingress takes it out "
+                  "before it closes")
+
+
+def ordered(actions: Iterable[Action]) -> tuple[Action, ...]:
+    """The plan's order (`Action.sort_key`: phase by kind, then the anchors and steps set here)."""
+    return tuple(sorted(actions, key=Action.sort_key))
+
+
+def plan_nodes(desired: DesiredState, observed: ObservedState, state: State, options: DiffOptions,
+               now: dt.datetime | None = None) -> Plan:
+    """Every cluster's actions on its hypervisors (its pods, files, containers and etcd membership),
+    compared then rolled out once per content of its inputs (see `ClusterInputs`), plus what is unknown."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    down = set(observed.unreachable)
+    unknowns = tuple(unreachable(name, observed, desired, state) for name in sorted(down))
+    actions: list[Action] = []
+    warnings: list[tuple[str, str]] = []
+    settings = repr(options)
+    unchecked: list[str] = []
+    for inputs in cluster_inputs(desired, observed, state, down):
+        part = CLUSTER_DIFFS.get(inputs.key(settings), lambda: _cluster_plan(inputs, options, now),
+                                 fresh=lambda part: part.fresh_at(now))
+        actions.extend(part.actions)
+        warnings.extend(part.warnings)
+        unchecked.extend(part.unchecked)
+    warnings.sort(key=lambda item: item[0])  # by node, as the pods were walked
+    if unchecked:
+        unknowns += (Unknown(UnknownKind.NODE_FILES, "files agent", nodes=tuple(sorted(unchecked))),)
+    return Plan(actions=ordered(actions), warnings=tuple(text for _, text in warnings), unknowns=unknowns)
+
+
+@dataclass(frozen=True)
+class ClusterDiff:
+    """One cluster's actions and (node, warning)s, valid from `since` until `until` (the first moment a
+    certificate found fine enters its renewal window; None: no certificate involved)."""
+
+    actions: tuple[Action, ...]
+    warnings: tuple[tuple[str, str], ...]
+    since: dt.datetime
+    until: dt.datetime | None
+    #: nodes whose files were not checked: their files agent starts again in this plan
+    unchecked: tuple[str, ...] = ()
+
+    def fresh_at(self, now: dt.datetime) -> bool:
+        return self.since <= now and (self.until is None or now < self.until)
+
+
+#: per-cluster diffs by a digest of their inputs: a plan diffs again only the clusters that changed
+CLUSTER_DIFFS: Memo[bytes, ClusterDiff] = Memo(maxsize=1 << 16)
+
+
+def _cluster_plan(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
+    found = compare(inputs, options, now)
+    actions, held = roll_out(inputs, found.actions, found.keepers, options.health_timeout)
+    return ClusterDiff(tuple(actions), (*found.warnings, *held), now, found.until, found.unchecked)
+
+
+def roll_out(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, ObservedPod],
+             timeout: int) -> tuple[list[Action], list[tuple[str, str]]]:
+    """One cluster's raw actions gated and placed, with the etcd membership changes they need, less the
+    ones that must wait (with a (node, warning) each)."""
+    actions = _agents_first(gate(inputs, actions, keepers, timeout))
+    actions += etcd_membership(inputs, timeout)
+    actions = drain_api_servers(inputs, actions, keepers, timeout)
+    actions, votes = hold_votes(inputs, actions)
+    actions, quorum = hold_quorum(inputs, actions)
+    return leadership_order(actions), [*votes, *quorum]
+
+
+# ------------------------------------------------------------------------------ gates
+
+
+def gate(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, ObservedPod],
+         timeout: int) -> list[Action]:
+    """Each container change with the gate it needs, in its payload and its details. A running etcd
+    replaced (a deliberate disruption): the other members healthy before, it after. A running API
+    server replaced: ready again before the next one goes; a new one while the cluster serves: ready
+    before the ingress is given it. A running ingress haproxy: started beside the one it replaces.
+    A missing or exited etcd starts without a gate: it is down already, and waiting for quorum could
+    wait for members that only start later in the plan."""
+    running = {c.id for pod in keepers.values() for c in pod.containers if c.state == "running"}
+    serving = _has_quorum(inputs)
+    pods = {p.node: p for p in inputs.wants}
+    out = []
+    for action in actions:
+        pod = pods.get(action.node)
+        if pod is not None and isinstance(action.payload, CreateContainer):
+            if action.kind == Kind.CREATE_CONTAINER and serving:
+                action = _gate_start(action, pod, timeout)
+            elif action.kind == Kind.RECREATE_CONTAINER and action.target_id in running:
+                action = _gate_replacement(action, pod, inputs, timeout)
+        out.append(action)
+    return out
+
+
+def _gate_start(action: Action, pod: DesiredPod, timeout: int) -> Action:
+    ready = _api_ready(pod, action.component, timeout)
+    if ready is None:
+        return action
+    return dataclasses.replace(action, payload=dataclasses.replace(action.payload, ready=ready), details=(
+        *action.details, f"the cluster serves: waits until its /readyz answers ok (up to {ready.timeout}s)"))
+
+
+def _gate_replacement(action: Action, pod: DesiredPod, inputs: ClusterInputs, timeout: int) -> Action:
+    payload, name = action.payload, action.component
+    assert isinstance(payload, CreateContainer)
+    etcd = _etcd_health(pod, inputs, timeout) if name == "etcd" else None
+    ready = _api_ready(pod, name, timeout)
+    if etcd is not None:
+        payload = dataclasses.replace(payload, etcd=etcd)
+        gate = (f"one member at a time: the {len(etcd.peers)} other member(s) healthy before, this one healthy "
+                f"after (up to {etcd.timeout}s each)")
+    elif ready is not None:
+        payload, gate = dataclasses.replace(payload, ready=ready), _ready_gate(ready)
+    elif name == INGRESS and pod.role != CONTROLPLANE:
+        payload = dataclasses.replace(payload, overlap=INGRESS_OVERLAP)
+        gate = f"started beside the running one, which soft-stops {INGRESS_OVERLAP}s later: the port never closes"
+    else:
+        return action
+    return dataclasses.replace(action, details=(*action.details, gate), payload=payload)
+
+
+def _api_ready(pod: DesiredPod, component: str, timeout: int) -> ApiReady | None:
+    """The gate of a controlplane node's own API server: its /readyz."""
+    return ApiReady(f"{pod.api_url}/readyz", timeout) if component == APISERVER and pod.api_url else None
+
+
+def _ready_gate(ready: ApiReady) -> str:
+    return f"one at a time: waits until its /readyz answers ok (up to {ready.timeout}s)"
+
+
+def _etcd_health(pod: DesiredPod, inputs: ClusterInputs, timeout: int) -> EtcdHealth | None:
+    """A running cluster's etcd member: the others must be healthy before its container changes, and it
+    after. None while the cluster bootstraps (its members start together) or for a joining learner
+    (its promotion waits for it)."""
+    record, cluster = inputs.record, inputs.want
+    if record is None or cluster is None or pod.node not in record.etcd_members:
+        return None
+    members = {m.node: m for m in cluster.etcd_members}
+    if pod.node not in members:
+        return None
+    peers = tuple(m.client_url for n, m in sorted(members.items()) if n in record.etcd_members and n != pod.node)
+    return EtcdHealth(members[pod.node].client_url, peers, timeout)
+
+
+def _has_quorum(inputs: ClusterInputs) -> bool:
+    """Whether more than half of the recorded etcd members run: the cluster serves, so a new API server
+    must be ready before anything routes to it (while it bootstraps or restarts from nothing, its API
+    servers become ready only once the members later in the plan run)."""
+    members = set(inputs.record.etcd_members) if inputs.record else set()
+    return bool(members) and len(_etcd_running(inputs) & members) * 2 > len(members)
+
+
+def _etcd_running(inputs: ClusterInputs) -> set[str]:
+    """The nodes of the cluster with an etcd container running (as observed)."""
+    return {node for node, pods in inputs.have.items() if any(p.running("etcd") is not None for p in pods)}
+
+
+def _agents_first(actions: list[Action]) -> list[Action]:
+    """A pod's files agent (re)starts right after where its pod is created: keys and files go through it."""
+    return [dataclasses.replace(a, anchor=Kind.CREATE_POD, step=1)
+            if a.component == AGENT and a.kind in (Kind.CREATE_CONTAINER, Kind.RECREATE_CONTAINER) else a
+            for a in actions]
+
+
+# ------------------------------------------------------------------------------ etcd membership
+
+
+def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
+    """Members join and leave one at a time, around their pods; a new member joins as a learner
+    and is promoted right after its etcd container started and caught up (etcd 3.4+)."""
+    actions: list[Action] = []
+    record, cluster, down = inputs.record, inputs.cluster, inputs.down
+    recorded = list(record.etcd_members) if record else []
+    if not recorded:
+        return actions  # not bootstrapped yet: the first members start together
+    members = {m.node: m for m in inputs.want.etcd_members} if inputs.want else {}
+    if not members:
+        return actions  # the whole control plane goes: its pods are removed, etcd with them
+    location = {p.node: p.hypervisor for p in inputs.wants}
+    order = {p.node: next((i for i, c in enumerate(p.containers) if c.spec.name == "etcd"), 0)
+             for p in inputs.wants}
+    placed_on = dict(inputs.members_on)
+
+    def ask(exclude: str) -> tuple[str, ...]:
+        """The client URLs of the members that stay, the changing one excluded."""
+        return tuple(m.client_url for n, m in sorted(members.items()) if n in recorded and n != exclude)
+
+    for node in recorded:
+        if node in members:
+            continue
+        was_on = placed_on.get(node, "")
+        if was_on in down:
+            continue  # its etcd may still run there: leave the membership until it is reachable
+        actions.append(Action(Kind.ETCD_MEMBER_REMOVE, was_on, cluster, node,
+                              reason=f"Node {node} is no longer a controlplane node of {cluster}",
+                              details=(f"the {len(ask(node))} member(s) that stay must be healthy first",),
+                              payload=EtcdMemberChange(node, ask(node), timeout=timeout)))
+    for node, member in sorted(members.items()):
+        if node not in recorded and location.get(node) not in down:
+            where = location.get(node, "")
+            actions.append(Action(Kind.ETCD_MEMBER_ADD, where, cluster, node,
+                                  reason="new controlplane node joins etcd, as a learner",
+                                  details=(member.peer_url, f"the {len(ask(node))} member(s) must be healthy first"),
+                                  payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout)))
+            actions.append(Action(Kind.ETCD_MEMBER_PROMOTE, where, cluster, node, component="etcd",
+                                  order=order.get(node, 0),
+                                  reason="the learner votes once it has caught up",
+                                  details=(f"then waits until it is healthy (up to {timeout}s)",),
+                                  payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout,
+                                                           member.client_url)))
+    return actions
+
+
+def _rolls_member(action: Action) -> bool:
+    """Whether `action` replaces a running etcd member of a serving cluster (health-gated: needs quorum)."""
+    return (action.kind == Kind.RECREATE_CONTAINER and action.component == "etcd"
+            and isinstance(action.payload, CreateContainer) and action.payload.etcd is not None)
+
+
+def leadership_order(actions: list[Action]) -> list[Action]:
+    """Each running etcd member this plan replaces, if it leads when its turn comes, hands leadership to a
+    member already replaced (the latest first), else to one the plan leaves alone, else to the one replaced
+    last: so a roll moves leadership once, or twice when the first one replaced leads."""
+    rolls = sorted(filter(_rolls_member, actions), key=Action.sort_key)
+    if not rolls:
+        return actions
+    urls = [a.payload.etcd.client_url for a in rolls]  # type: ignore[union-attr]
+    preferred = {}
+    for i, action in enumerate(rolls):
+        etcd = action.payload.etcd  # type: ignore[union-attr]
+        prefer = (*reversed(urls[:i]), *(u for u in etcd.peers if u not in urls), *reversed(urls[i + 1:]))
+        payload = dataclasses.replace(action.payload, etcd=dataclasses.replace(etcd, prefer=prefer))
+        hand_off = (f"if it leads etcd then, leadership first moves to {prefer[0]}",) if prefer else ()
+        preferred[id(action)] = dataclasses.replace(action, payload=payload, details=(*action.details, *hand_off))
+    return [preferred.get(id(a), a) for a in actions]
+
+
+# ------------------------------------------------------------------------------ API servers around their member
+
+
+def drain_api_servers(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, ObservedPod],
+                      timeout: int) -> list[Action]:
+    """Each API server uses only its own node's etcd member, so before that member goes away (a running
+    member's recreate, a member's removal) the API server stops (gracefully: it leaves the ingress, and
+    no request of it meets its member shutting down), and after a recreate it starts again, ready before
+    the plan goes on. An API server change of the same plan is made by that start (node by node: etcd
+    member, then its API server); a missing or exited one is started after the member, not before."""
+    out: list[Action] = []
+    desired = {p.node: p for p in inputs.wants}
+    own = {a.node: a for a in actions if a.component == APISERVER
+           and a.kind in (Kind.CREATE_CONTAINER, Kind.RECREATE_CONTAINER)}
+    taken: set[int] = set()
+    for action in actions:
+        if action.kind == Kind.ETCD_MEMBER_REMOVE:
+            out.extend(_before_removal(action, inputs.have.get(action.node, [])))
+        elif _rolls_member(action):
+            steps, used = _around_member(action, own.get(action.node), desired.get(action.node),
+                                         keepers.get(action.node), timeout)
+            out.extend(steps)
+            if used is not None:
+                taken.add(id(used))
+            continue
+        out.append(action)
+    return [a for a in out if id(a) not in taken]
+
+
+def _before_removal(removal: Action, pods: list[ObservedPod]) -> list[Action]:
+    """The leaving member's running API server stopped right before the member is removed."""
+    if not isinstance(removal.payload, EtcdMemberChange):
+        return []
+    staying = EtcdHealth("", removal.payload.client_urls, removal.payload.timeout)
+    return [Action(Kind.REMOVE_CONTAINER, pod.hypervisor, removal.cluster, removal.node, component=APISERVER,
+                   anchor=removal.kind, step=-1, target_id=running.id,
+                   reason="its etcd member (the only one it talks to) leaves next",
+                   details=(_healthy_first(staying), _GRACEFUL_STOP), payload=Remove(running.id, etcd=staying))
+            for pod in pods if (running := pod.running(APISERVER)) is not None]
+
+
+def _healthy_first(members: EtcdHealth) -> str:
+    count = len(members.peers) + bool(members.client_url)
+    return f"the {count} etcd member(s) healthy first (up to {members.timeout}s)"
+
+
+def _around_member(etcd: Action, change: Action | None, want: DesiredPod | None, have: ObservedPod | None,
+                   timeout: int) -> tuple[list[Action], Action | None]:
+    """A running etcd member's recreate, with its node's API server stopped before (if it runs) and
+    started after; `change`: that API server's own action in this plan (a recreate, or the start of a
+    missing one), made by the start after the member and so returned as used."""
+    running = have.running(APISERVER) if have is not None else None
+    container = next((c for c in want.containers if c.spec.name == APISERVER), None) if want else None
+    if container is None or want is None or not want.api_url:
+        return [etcd], None
+    place = dict(anchor=etcd.kind, order=etcd.order)
+    if running is None:  # not running: only its own change, if any, waits until after the member
+        return ([etcd, dataclasses.replace(change, **place, step=1)], change) if change is not None else ([etcd], None)
+    around = dict(hypervisor=etcd.hypervisor, cluster=etcd.cluster, node=etcd.node, component=APISERVER, **place)
+    target = change.target_id if change is not None and change.target_id else running.id
+    members = etcd.payload.etcd  # type: ignore[union-attr]
+    stop = Action(Kind.REMOVE_CONTAINER, **around, step=-1, target_id=target, payload=Remove(target, etcd=members),
+                  reason="its etcd member (the only one it talks to) is recreated next",
+                  details=(_healthy_first(members), _GRACEFUL_STOP))
+    ready = ApiReady(f"{want.api_url}/readyz", timeout)
+    if change is not None and isinstance(change.payload, CreateContainer):
+        payload = change.payload if change.payload.ready is not None else dataclasses.replace(change.payload,
+                                                                                                ready=ready)
+        gate = () if change.payload.ready is not None else (_ready_gate(ready),)
+        reason, details = f"{change.reason}; starts after its etcd member", (*change.details, *gate)
+    else:
+        reason, details = "starts again after its etcd member, unchanged", (_ready_gate(ready),)
+        payload = CreateContainer(etcd.payload.pod, want.sandbox, container.spec,  # type: ignore[union-attr]
+                                  tuple(f for f in want.files if not f.known) if not container.known else (),
+                                  ready=ready)
+    start = Action(Kind.CREATE_CONTAINER, **around, step=1, reason=reason, details=details, payload=payload)
+    return [stop, etcd, start], change
+
+
+# ------------------------------------------------------------------------------ changes that wait
+
+
+def hold_votes(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Action], list[tuple[str, str]]]:
+    """While a recorded etcd member is on an unreachable hypervisor, its vote cannot be counted on: no node
+    of the cluster gets a change that needs quorum (a membership change, a running etcd replaced, a member's
+    pod removed). Those nodes' actions wait; the cluster's other changes and other clusters go ahead."""
+    away = sorted(n for n, hv in inputs.members_on if hv in inputs.down)
+    if not away:
+        return actions, []
+    recorded = {n for n, _ in inputs.members_on}
+
+    def needs_votes(a: Action) -> bool:
+        return (a.kind in _MEMBERSHIP
+                or (a.kind == Kind.REMOVE_POD and a.node in recorded)
+                or _rolls_member(a))
+
+    waiting = sorted({a.node for a in actions if needs_votes(a)})
+    if not waiting:
+        return actions, []
+    kept = [a for a in actions if a.node not in waiting]
+    where = ", ".join(f"{n} on {hv}" for n, hv in inputs.members_on if n in away)
+    return kept, [(waiting[0], f"cluster {inputs.cluster}: etcd member {where} is unreachable, so no change that "
+                               f"needs its vote is made: {len(actions) - len(kept)} action(s) on "
+                               f"{', '.join(waiting)} wait until it answers")]
+
+
+def hold_quorum(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Action], list[tuple[str, str]]]:
+    """A member is removed only if the members that stay keep a quorum of running ones (removals taken in
+    plan order, each counting the ones before it). A removal that would break quorum is refused at plan
+    time: it and the rest of its node's actions (its pod's removal) wait, with a warning naming the
+    members that must run again first."""
+    removals = [a for a in actions if a.kind == Kind.ETCD_MEMBER_REMOVE]
+    if not removals or inputs.record is None:
+        return actions, []
+    running = _etcd_running(inputs)
+    current = list(inputs.record.etcd_members)
+    waiting: set[str] = set()
+    held: list[tuple[str, str]] = []
+    for action in removals:
+        after = [m for m in current if m != action.node]
+        alive = [m for m in after if m in running]
+        quorum = len(after) // 2 + 1
+        if len(alive) < quorum:
+            waiting.add(action.node)
+            down = sorted(set(after) - running)
+            held.append((action.node, f"cluster {inputs.cluster}: removing etcd member {action.node} would leave "
+                                      f"{len(alive)} of {len(after)} members running, below the quorum of {quorum}, "
+                                      f"so it is not removed: {', '.join(down)} must run again first"))
+            continue
+        current = after
+    return [a for a in actions if a.node not in waiting], held
+
+
+__all__ = ["APISERVER", "CLUSTER_DIFFS", "INGRESS", "drain_api_servers", "etcd_membership", "gate", "hold_quorum",
+           "hold_votes", "leadership_order", "ordered", "plan_nodes", "roll_out"]
