@@ -13,10 +13,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gitops"
 
 RANK = {
     # bottom: no repo model, no I/O policy
-    "errors": 0, "__version__": 0, "apipaths": 0, "printable": 0,
-    "safeio": 1,
-    "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1, "memo": 1, "procs": 2,
-    "cri": 2, "pki": 2, "state": 2, "kubeapi": 2,
+    "errors": 0, "__version__": 0, "apipaths": 0, "printable": 0, "memo": 0,
+    "safeio": 1, "pki": 1,
+    "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1, "procs": 2,
+    "cri": 2, "state": 2, "kubeapi": 2,
     "node": 3, "model": 3, "kubeconfig": 3, "coordination": 3,
     "sip": 4,
     # the stages: compile and observe feed plan, plan feeds apply, the engine owns the loop

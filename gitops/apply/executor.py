@@ -348,14 +348,21 @@ class _Runner:
         ca_pem = self.state.clusters[action.cluster].trust_bundle("cluster")
         deadline = time.monotonic() + ready.timeout
         with KubeAPI(f"{url.scheme}://{url.netloc}", ca_pem, timeout=5) as api:
-            while last := api.not_ready(url.path):
-                if time.monotonic() > deadline:
-                    raise ApplyError(f"kube-apiserver on {action.node} not ready after {ready.timeout}s ({ready.url}: "
-                                     f"{last}); stopping before any other API server is touched")
-                refused = self.refused(action)
-                if refused:  # a wait is no CRI call: it ends with the Lease, not after it
-                    raise ApplyError(f"fenced while waiting for kube-apiserver on {action.node}: {refused}")
-                time.sleep(0.5)
+            self._until_ready(action, api, url.path, deadline, f"kube-apiserver on {action.node}",
+                              lambda last: f"kube-apiserver on {action.node} not ready after {ready.timeout}s "
+                                           f"({ready.url}: {last}); stopping before any other API server is touched")
+
+    def _until_ready(self, action: Action, api: KubeAPI, path: str, deadline: float, what: str,
+                     timed_out: Callable[[str], str]) -> None:
+        """Until `api` answers `path` with `ok`, every 0.5 s: ApplyError(`timed_out(why not)`) past `deadline`
+        (time.monotonic()), or as soon as this controller is fenced (a wait is no CRI call: it ends with the Lease)."""
+        while last := api.not_ready(path):
+            if time.monotonic() > deadline:
+                raise ApplyError(timed_out(last))
+            refused = self.refused(action)
+            if refused:
+                raise ApplyError(f"fenced while waiting for {what}: {refused}")
+            time.sleep(0.5)
 
     def _etcd_gate(self, action: Action, p: CreateContainer, before: bool) -> None:
         """One etcd member at a time: the others healthy before it changes, it healthy after."""
@@ -429,14 +436,9 @@ class _Runner:
         with self.api(p.cluster, p.server) as api:
             if p.wait_ready:
                 deadline = time.monotonic() + p.wait_ready
-                while not api.ready():
-                    if time.monotonic() > deadline:
-                        raise ApplyError(f"the API of cluster {p.cluster} at {p.server} not ready after "
-                                         f"{p.wait_ready}s")
-                    refused = self.refused(action)
-                    if refused:
-                        raise ApplyError(f"fenced while waiting for the API of cluster {p.cluster}: {refused}")
-                    time.sleep(0.5)
+                self._until_ready(action, api, "/readyz", deadline, f"the API of cluster {p.cluster}",
+                                  lambda _: f"the API of cluster {p.cluster} at {p.server} not ready after "
+                                            f"{p.wait_ready}s")
             api.apply(p.collection, json.loads(p.body))
 
     update_object = create_object

@@ -38,6 +38,7 @@ from gitops.cri.types import (
     SandboxState,
 )
 from gitops.logs import event
+from gitops.pki import key_matches_cert
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,7 @@ def _check_tls_material(ep: CRIEndpoint) -> None:
         key = serialization.load_pem_private_key(ep.key_pem.encode(), password=None)
     except (ValueError, TypeError) as err:
         raise ValueError(f"client private key: not an unencrypted PEM private key: {err}") from None
-    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
+    if not key_matches_cert(key, cert):
         raise ValueError("the client private key does not match the client certificate")
 
 
