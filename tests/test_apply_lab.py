@@ -1113,6 +1113,41 @@ def test_replacing_a_controlplane_node_keeps_quorum_with_no_failed_request(world
     assert "team-a-cp-3" not in pods and len(pods["team-a-cp-4"]) == 1
 
 
+def test_a_run_killed_after_adding_a_learner_promotes_it_next_time(world):
+    """Node replacement SIGKILLed right after the new member was added as a learner: the state records it
+    as a learner, so the next run promotes it (no member is left a learner the state counts as a voter)."""
+    nodes = world.repo / "clusters/team-a/nodes.yaml"
+    original = nodes.read_text()
+    docs = list(yaml.safe_load_all(original))
+    known = set(LocalDirStore(world.state).load().nodes)
+    fresh = next(f"team-a-cp-{n}" for n in range(4, 100) if f"team-a-cp-{n}" not in known)
+    leaving = [d for d in docs if d and d["spec"].get("role") == "controlplane" and d["spec"]["cluster"] == "team-a"][-1]
+    gone = leaving["metadata"]["name"]
+    leaving["metadata"]["name"] = fresh
+    nodes.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    proc = subprocess.Popen([GITOPS, "apply", str(world.repo), "--state-dir", str(world.state)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "add etcd member" in line and "done" in line:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+    assert LocalDirStore(world.state).load().clusters["team-a"].etcd_learners == [fresh]
+    plan = world.plan().stdout
+    assert "a learner added by an earlier run: it votes once it has caught up" in plan, plan
+    world.apply()
+    assert_converged(world)
+    record = LocalDirStore(world.state).load().clusters["team-a"]
+    assert record.etcd_learners == [] and gone not in record.etcd_members
+    assert etcd_members(world, "team-a") == sorted(record.etcd_members)  # all started voters (no learner)
+    proc = etcdctl(world, "team-a", "member", "list")
+    assert "true" not in [line.split(", ")[-1] for line in proc.stdout.splitlines()], proc.stdout  # isLearner
+
+
 def _api_status(host: str, port: int, context: ssl.SSLContext, path: str) -> int | str:
     """One GET on a fresh TLS connection: the status, or the error's type and text."""
     try:

@@ -689,3 +689,14 @@ def test_a_dead_files_agent_is_restarted_without_reissuing_or_restarting(repo):
         dataclasses.replace(c, state="exited") for c in p.containers)))
     plan = make_plan(repo.model, repo.repo.config, state, bare, now=NOW).plan
     assert Kind.WRITE_FILES in [a.kind for a in plan.actions] and not plan.unknowns
+
+
+def test_a_learner_left_by_a_stopped_run_is_promoted(repo):
+    """A run stopped between adding a member as a learner and promoting it (the state records it as a
+    learner): the next plan promotes it, and only that."""
+    state, observed = settle(repo.model)
+    state.clusters["team-b"].etcd_learners = ["team-b-cp-2"]
+    actions = make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan.actions
+    assert [(a.kind, a.node, a.reason) for a in actions] == [
+        (Kind.ETCD_MEMBER_PROMOTE, "team-b-cp-2", "a learner added by an earlier run: it votes once it has caught up")]
+    assert "team-b-cp-2" not in actions[0].payload.client_urls and actions[0].payload.client_url

@@ -37,7 +37,7 @@ def test_copy_is_deep_and_misses_no_field():
     """Every field set to something other than its default: a field copy() forgets shows up as a difference."""
     state = State(
         clusters={"c1": ClusterRecord(authorities={"etcd": CertRecord("CERT", "KEY")}, admin=CertRecord("A", "AK"),
-                                      service_account_keys={"n1": "PUB"}, etcd_members=["n1"],
+                                      service_account_keys={"n1": "PUB"}, etcd_members=["n1"], etcd_learners=["n1"],
                                       retired_service_account_keys=["OLD"], ca_generation=2,
                                       rotation=CARotation(3, "drop-old", {"etcd": CertRecord("NEW", "NK")},
                                                           {"etcd": "CROSS"}))},
@@ -55,6 +55,7 @@ def test_copy_is_deep_and_misses_no_field():
     copied.clusters["c1"].admin.cert_pem = "B"
     copied.clusters["c1"].service_account_keys["n2"] = "PUB2"
     copied.clusters["c1"].etcd_members.append("n2")
+    copied.clusters["c1"].etcd_learners.clear()
     copied.clusters["c1"].retired_service_account_keys.append("OLDER")
     copied.clusters["c1"].rotation.other["etcd"].key_pem = "NK2"
     copied.clusters["c1"].rotation.cross["front-proxy"] = "X"
@@ -63,7 +64,7 @@ def test_copy_is_deep_and_misses_no_field():
     assert state.to_dict() == State.from_dict(state.to_dict()).to_dict() and copied != state
     assert state.clusters["c1"] == ClusterRecord(authorities={"etcd": CertRecord("CERT", "KEY")},
                                                  admin=CertRecord("A", "AK"), service_account_keys={"n1": "PUB"},
-                                                 etcd_members=["n1"], retired_service_account_keys=["OLD"],
+                                                 etcd_members=["n1"], etcd_learners=["n1"], retired_service_account_keys=["OLD"],
                                                  ca_generation=2, rotation=CARotation(
                                                      3, "drop-old", {"etcd": CertRecord("NEW", "NK")},
                                                      {"etcd": "CROSS"}))

@@ -274,11 +274,16 @@ class _Runner:
             etcd.add(p.peer_url, learner=True)
         if p.member not in record.etcd_members:
             record.etcd_members.append(p.member)
+            record.etcd_learners.append(p.member)  # until promoted: a run stopped before that promotes next
         self.save()
 
     def etcd_member_promote(self, action: Action, p: EtcdMemberChange) -> None:
         with self.etcd(action, p.client_urls) as etcd:
             etcd.promote(p.peer_url, p.timeout)
+            record = self.state.clusters[action.cluster]
+            if p.member in record.etcd_learners:
+                record.etcd_learners.remove(p.member)
+                self.save()
             etcd.wait_healthy([p.client_url, *p.client_urls], p.timeout, f"after promoting {p.member}")
 
     def etcd_member_remove(self, action: Action, p: EtcdMemberChange) -> None:
@@ -288,6 +293,7 @@ class _Runner:
             etcd.hand_off_from(p.member, p.timeout, p.client_urls)  # a removed leader leaves no leader behind
             etcd.remove(p.member)
         record.etcd_members = [m for m in record.etcd_members if m != p.member]
+        record.etcd_learners = [m for m in record.etcd_learners if m != p.member]
         self.save()
 
     def create_container(self, action: Action, p: CreateContainer) -> None:
@@ -483,4 +489,5 @@ class _Runner:
         if record is not None:
             record.retire_service_account_key(node)
             record.etcd_members = [m for m in record.etcd_members if m != node]
+            record.etcd_learners = [m for m in record.etcd_learners if m != node]
         self.save()

@@ -80,15 +80,9 @@ def ensure_authorities(cluster: Cluster, record: ClusterRecord | None, now: dt.d
         cert = issue_cert(authority(authorities, "cluster"), ADMIN_CN, organizations=(ADMIN_GROUP,),
                           client=True, days=cluster.validity_days, now=now)
         admin = CertRecord(cert.cert_pem, cert.key_pem)
-    return ClusterRecord(
-        authorities=dict(sorted(authorities.items())),
-        admin=admin,
-        service_account_keys=dict(record.service_account_keys),
-        etcd_members=list(record.etcd_members),
-        retired_service_account_keys=list(record.retired_service_account_keys),
-        ca_generation=record.ca_generation,
-        rotation=rotation,
-    )
+    # every other field as recorded (a deep copy: a field added to the record is never dropped here)
+    return dataclasses.replace(record.copy(), authorities=dict(sorted(authorities.items())), admin=admin,
+                               rotation=rotation)
 
 
 def ca_name(cluster: str, cn: str, generation: int) -> str:

@@ -76,6 +76,7 @@ class ClusterInputs:
         parts = [settings, self.cluster, self.want.content_digest if self.want is not None else None]
         if record is not None:
             parts.append("\n".join(record.etcd_members))
+            parts.append("\n".join(record.etcd_learners))
             for role, authority in sorted(record.authorities.items()):
                 parts += (role, authority.cert_pem)
         parts.append(repr((self.members_on, sorted(self.down))))

@@ -229,19 +229,23 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
                               reason=f"Node {node} is no longer a controlplane node of {cluster}",
                               details=(f"the {len(ask(node))} member(s) that stay must be healthy first",),
                               payload=EtcdMemberChange(node, ask(node), timeout=timeout)))
+    learners = set(record.etcd_learners) if record else set()
     for node, member in sorted(members.items()):
-        if node not in recorded and location.get(node) not in down:
-            where = location.get(node, "")
+        if location.get(node) in down or (node in recorded and node not in learners):
+            continue
+        where = location.get(node, "")
+        if node not in recorded:
             actions.append(Action(Kind.ETCD_MEMBER_ADD, where, cluster, node,
                                   reason="new controlplane node joins etcd, as a learner",
                                   details=(member.peer_url, f"the {len(ask(node))} member(s) must be healthy first"),
                                   payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout)))
-            actions.append(Action(Kind.ETCD_MEMBER_PROMOTE, where, cluster, node, component="etcd",
-                                  order=order.get(node, 0),
-                                  reason="the learner votes once it has caught up",
-                                  details=(f"then waits until it is healthy (up to {timeout}s)",),
-                                  payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout,
-                                                           member.client_url)))
+        actions.append(Action(Kind.ETCD_MEMBER_PROMOTE, where, cluster, node, component="etcd",
+                              order=order.get(node, 0),
+                              reason="the learner votes once it has caught up" if node not in recorded
+                              else "a learner added by an earlier run: it votes once it has caught up",
+                              details=(f"then waits until it is healthy (up to {timeout}s)",),
+                              payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout,
+                                                       member.client_url)))
     return actions
 
 

@@ -61,6 +61,8 @@ class ClusterRecord:
     service_account_keys: dict[str, str] = field(default_factory=dict)
     #: etcd members in the order they joined (node names)
     etcd_members: list[str] = field(default_factory=list)
+    #: members added as learners and not promoted yet (a run stopped in between: the next one promotes)
+    etcd_learners: list[str] = field(default_factory=list)
     #: public keys of removed or replaced nodes: still trusted, so the tokens they signed stay valid
     retired_service_account_keys: list[str] = field(default_factory=list)
     #: the CA generation the authorities belong to (spec.certificates.caGeneration once rotated to)
@@ -75,6 +77,7 @@ class ClusterRecord:
             admin=self.admin.copy() if self.admin is not None else None,
             service_account_keys=dict(self.service_account_keys),
             etcd_members=list(self.etcd_members),
+            etcd_learners=list(self.etcd_learners),
             retired_service_account_keys=list(self.retired_service_account_keys),
             ca_generation=self.ca_generation,
             rotation=self.rotation.copy() if self.rotation is not None else None,
@@ -187,6 +190,7 @@ class State:
                 admin=CertRecord(**raw["admin"]) if raw.get("admin") else None,
                 service_account_keys=dict(raw.get("service_account_keys", {})),
                 etcd_members=list(raw.get("etcd_members", [])),
+                etcd_learners=list(raw.get("etcd_learners", [])),
                 retired_service_account_keys=list(raw.get("retired_service_account_keys", [])),
                 ca_generation=int(raw.get("ca_generation", 1)),
                 rotation=_rotation(raw.get("rotation")),
@@ -231,6 +235,7 @@ STATE_SCHEMA: dict[str, Any] = {
             "admin": {"anyOf": [{"type": "null"}, _CERT]},
             "service_account_keys": _map(_STR),
             "etcd_members": {"type": "array", "items": _STR},
+            "etcd_learners": {"type": "array", "items": _STR},
             "retired_service_account_keys": {"type": "array", "items": _STR},
             "ca_generation": _INT,
             "rotation": {"anyOf": [{"type": "null"}, {
