@@ -65,6 +65,9 @@ _CHANNEL_OPTIONS = [
 #: gRPC's words for a call that failed before it was sent (no connection could be picked): a write
 #: that failed so never reached the runtime, and is retried like a read
 _NEVER_SENT = "failed to connect to all addresses"
+#: how long such a write is retried (a connection blip), not the call's whole deadline: a runtime that
+#: is down fails the write soon, as it does a read's plan
+_UNSENT_WINDOW = 5.0
 _TLS_HINTS = re.compile(r"ssl|tls|handshake|certificate|alpn|tsi_", re.IGNORECASE)
 _RETRYABLE = (Reason.UNREACHABLE,)
 _TLS_EXPLAINED = [  # (substring of gRPC's message, what it means)
@@ -199,10 +202,11 @@ class CRIClient:
 
     def _call(self, call: str, method: Callable[..., Any], request: Any, *,
               read: bool, timeout: float | None = None) -> Any:
-        """Invoke one RPC with a deadline; reads, and writes that never left (no connection), are retried
-        while the deadline allows."""
+        """Invoke one RPC with a deadline; reads are retried while the deadline allows, and writes that never
+        left (no connection) for `_UNSENT_WINDOW` seconds."""
         budget = timeout or self.timeout
-        deadline = time.monotonic() + budget
+        begun = time.monotonic()
+        deadline = begun + budget
         attempt = 0
         while True:
             remaining = max(deadline - time.monotonic(), 0.001)
@@ -217,7 +221,8 @@ class CRIClient:
                 unsent = _NEVER_SENT in (err.details() or "")  # type: ignore[attr-defined]
             attempt += 1
             pause = self.backoff * 2 ** (attempt - 1)
-            if not (read or unsent) or error.reason not in _RETRYABLE or time.monotonic() + pause >= deadline:
+            retry = read or (unsent and time.monotonic() + pause < begun + _UNSENT_WINDOW)
+            if not retry or error.reason not in _RETRYABLE or time.monotonic() + pause >= deadline:
                 event(log, logging.INFO, "cri call failed", hypervisor=self.name, call=call,
                       reason=error.reason.value, attempts=attempt)
                 raise error
