@@ -78,6 +78,21 @@ class World:
             raise AssertionError(f"gitops apply exited {proc.returncode}:\n{out}")
         return out
 
+    def apply_killed_when(self, hit: Callable[[str], bool]) -> str:
+        """`gitops apply`, SIGKILLed as soon as it prints a line `hit` accepts; its output up to there."""
+        proc = subprocess.Popen([GITOPS, "apply", str(self.repo), "--state-dir", str(self.state)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if hit(line):
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGKILL, "".join(seen)
+        return "".join(seen)
+
     def plan(self, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
         return self.gitops("plan", str(self.repo), "--state-dir", str(self.state), *extra, check=check)
 
@@ -732,18 +747,8 @@ def test_a_run_killed_after_writing_certificates_restarts_their_readers_next_tim
     original = edit(world, "clusters/team-a/cluster.yaml", "    validityDays: 365\n    renewBeforeDays: 30\n",
                     "    validityDays: 366\n    renewBeforeDays: 365\n")
     try:
-        proc = subprocess.Popen([GITOPS, "apply", str(world.repo), "--state-dir", str(world.state)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
-        seen, node = [], ""
-        for line in proc.stdout:
-            seen.append(line)
-            if "write files" in line and "done" in line:
-                proc.send_signal(signal.SIGKILL)
-                node = line.split()[2].split("/")[1]
-                break
-        proc.wait(timeout=30)
-        assert proc.returncode == -signal.SIGKILL and node, "".join(seen)
+        out = world.apply_killed_when(lambda line: "write files" in line and "done" in line)
+        node = out.splitlines()[-1].split()[2].split("/")[1]
     finally:
         (world.repo / "clusters/team-a/cluster.yaml").write_text(original)
     plan = world.plan().stdout  # back to 365/30: the new leaves are outside the window, nothing re-issued
@@ -765,17 +770,7 @@ def test_sigkill_in_the_middle_then_rerun_converges_without_duplicates(world):
     (world.repo / "clusters/team-c/nodes.yaml").write_text(text)
     cluster = (world.repo / "clusters/team-a/cluster.yaml").read_text().replace("team-a", "team-c")
     (world.repo / "clusters/team-c/cluster.yaml").write_text(cluster)
-    proc = subprocess.Popen([GITOPS, "apply", str(world.repo), "--state-dir", str(world.state)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "create pod" in line and "team-c-cp-2" in line:
-            proc.send_signal(signal.SIGKILL)
-            break
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+    world.apply_killed_when(lambda line: "create pod" in line and "team-c-cp-2" in line)
     assert not [n for n in world.sandboxes() if n == "team-c-cp-3"], "killed too late to test anything"
     world.apply()
     pods = world.sandboxes()
@@ -1112,17 +1107,7 @@ def test_replacing_a_controlplane_node_keeps_quorum_with_no_failed_request(world
     assert "+ add etcd member: new controlplane node joins etcd, as a learner" in plan, plan
 
     def killed_after_the_add_then_again() -> str:
-        proc = subprocess.Popen([GITOPS, "apply", str(world.repo), "--state-dir", str(world.state)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
-        seen = []
-        for line in proc.stdout:
-            seen.append(line)
-            if "add etcd member" in line and "done" in line:
-                proc.send_signal(signal.SIGKILL)
-                break
-        proc.wait(timeout=30)
-        assert proc.returncode == -signal.SIGKILL, "".join(seen)
+        world.apply_killed_when(lambda line: "add etcd member" in line and "done" in line)
         assert LocalDirStore(world.state).load().clusters["team-a"].etcd_learners == ["team-a-cp-4"]
         again = world.plan().stdout
         assert "a learner added by an earlier run: it votes once it has caught up" in again, again
