@@ -33,10 +33,11 @@ RUN --mount=type=secret,id=ca-bundle,required=false \
  && /opt/gitops/bin/pip uninstall -y -q pip setuptools
 
 # The controller: the venv on Debian's python3 (same base, so its interpreter link holds), git and
-# ssh for the repo's transports, GnuPG for signed commits. Runs as uid/gid 10001, not root.
+# ssh for the repo's transports, GnuPG for signed commits, restic and etcdctl for etcd backups.
+# Runs as uid/gid 10001, not root.
 FROM ${BASE} AS gitops
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 git openssh-client gnupg ca-certificates \
+ && apt-get install -y --no-install-recommends python3 git openssh-client gnupg ca-certificates restic etcd-client \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --user-group --home-dir /var/lib/gitops --create-home gitops
 COPY --from=build /opt/gitops /opt/gitops

@@ -35,7 +35,7 @@ import plan_scale  # noqa: E402
 from gitops.engine import make_plan  # noqa: E402
 from gitops.model.resources import RepoModel  # noqa: E402
 from gitops.model.validate import validate_repo  # noqa: E402
-from gitops.observe import ObservedHypervisor, ObservedPod, ObservedState  # noqa: E402
+from gitops.observe.types import ObservedHypervisor, ObservedPod, ObservedState  # noqa: E402
 from gitops.plan.render import render_json  # noqa: E402
 from gitops.state.records import State  # noqa: E402
 

@@ -69,16 +69,16 @@ from gitops.engine import make_plan  # noqa: E402
 from gitops.model.resources import RepoModel  # noqa: E402
 from gitops.model.schemas import schema  # noqa: E402
 from gitops.model.validate import validate_repo  # noqa: E402
-from gitops.observe import (  # noqa: E402
-    NodeFiles,
+from gitops.observe.types import (  # noqa: E402
+    ObservedCluster,
     ObservedContainer,
     ObservedHypervisor,
     ObservedPod,
     ObservedState,
 )
-from gitops.observe.clusters import ObservedCluster  # noqa: E402
 from gitops.pki import CertKey, cert_to_pem, generate_key, sign_public_key  # noqa: E402
 from gitops.plan.actions import Kind  # noqa: E402
+from gitops.pods import NodeFiles  # noqa: E402
 from gitops.state.records import State  # noqa: E402
 from gitops.status.branch import StatusBranch  # noqa: E402
 from gitops.status.reader import MANAGED, StatusReader  # noqa: E402
@@ -90,7 +90,8 @@ GENERATOR_VERSION = 3  # 3: the snapshot holds each cluster's API observation
 #: fixed clock: certificates in the cached snapshot stay valid for the plan's `now`
 NOW = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
 #: gitops sources whose changes alter spec hashes, file digests or the JSON forms
-HASHED_SOURCES = ("gitops/compile", "gitops/observe", "gitops/state", "gitops/pki", "gitops/cri/types.py")
+HASHED_SOURCES = ("gitops/compile", "gitops/observe", "gitops/state", "gitops/pki", "gitops/cri/types.py",
+                  "gitops/pods.py", "gitops/model/components.py")
 CONTROLPLANE_PER_CLUSTER = 3
 PORTS = {"controlplane": 5, "controlplane-ingress": 1}
 PORT_BASE = 20000

@@ -29,7 +29,7 @@ from pathlib import Path
 from gitops import lab as labmod
 from gitops.controller import Controller, ControllerConfig
 from gitops.engine import cluster_targets
-from gitops.observe import observe
+from gitops.observe.hypervisors import observe
 from gitops.lab.example import write_example_repo
 from gitops.status.branch import StatusBranch
 from gitops.status.poll import live_fingerprint

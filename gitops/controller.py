@@ -33,10 +33,11 @@ from gitops.metrics import Metrics
 from gitops.model.config import Coordination, RepoConfig
 from gitops.model.resources import RepoModel
 from gitops.model.validate import Validation, validate_repo
-from gitops.observe import ObservedState
 from gitops.observe.clusters import ClusterReader
+from gitops.observe.types import ObservedState
 from gitops.plan.actions import Action, Plan
 from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
+from gitops.status.backups import BACKUPS_DIR, take_due
 from gitops.status.branch import StatusBranch, in_force_branch, record_in_force_branch
 from gitops.status.commit import commit_documents, kubeconfig_files, placements_of
 from gitops.status.lease import ApplyLease, holder_id, lock_workdir
@@ -44,7 +45,7 @@ from gitops.status.poll import NodeFilesCache, live_fingerprint
 from gitops.status.reader import MANAGED, PUBLIC, SOURCE
 from gitops.status.replica import Replica, WriteAhead
 from gitops.status.report import Outcome, Result, apply_document, source_document
-from gitops.status.state import ControllerStateStore, Sealer
+from gitops.status.sealed_state import ControllerStateStore, Sealer
 
 log = logging.getLogger("gitops.controller")
 
@@ -187,6 +188,8 @@ class Controller:
         self.files = NodeFilesCache(RepoConfig().node_files_interval)
         self.clusters = ClusterReader(RepoConfig().cluster_objects_interval)
         self._quiet: Quiet | None = None
+        #: the commit in force and this replica's scope, as the last reconcile left them (scheduled backups)
+        self._in_force: tuple[Target, Scope | None] | None = None
         #: set to reconcile at once (the Leases held changed)
         self.trigger = threading.Event()
         #: several controllers (spec.coordination): this replica's Leases, and the settings they run with
@@ -215,7 +218,26 @@ class Controller:
             log.error("reconcile failed", extra={"error": str(err)})
             raise
         self.metrics.record(time.monotonic() - started, outcome.result.value.lower())
+        self.back_up_due()
         return outcome
+
+    def back_up_due(self) -> None:
+        """Snapshot the etcd of each cluster in force (of this replica's shards) whose spec.backup
+        schedule says so; failures are conditions on the status branch, not reconcile errors."""
+        if self._in_force is None:
+            return
+        target, scope = self._in_force
+        model = scoped_model(target.model, scope)
+        status = self.status_branch(target.config.status_branch)
+        if not any(c.backup for c in model.clusters.values()) and not status.tracked_under(BACKUPS_DIR):
+            return
+        try:
+            backups = take_due(model, target.config, self.store.load(), status, dt.datetime.now(dt.timezone.utc),
+                               list(model.clusters), owns_all=scope is None)
+        except GitopsError as err:  # the status branch could not take the record: try again next poll
+            log.error("backup round failed", extra={"error": str(err)})
+            return
+        self.metrics.backups(backups)
 
     def _reconcile(self) -> Outcome:
         """fetch → (nothing changed since the last converged reconcile: stop) → verify and validate →
@@ -249,6 +271,7 @@ class Controller:
             assert validation is not None
             target = Target(revision.sha, validation)
         applied = self._apply(target, status, live if live is not None and target.sha == sha else None, scope)
+        self._in_force = (target, scope)
         outcome = self._report(target, applied, refused, applied_before, status, now, scope)
         self._remember(target, applied, outcome, refused, scope)
         return outcome

@@ -18,10 +18,12 @@ from gitops.compile import Compiled, compile_desired
 from gitops.cri.client import CRIClient
 from gitops.errors import GitopsError
 from gitops.learn import learn
+from gitops.model.components import APISERVER
 from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
-from gitops.observe import FilesReuse, ObservedState, observe
-from gitops.observe.clusters import ClusterReader, ClusterTarget, observe_clusters
+from gitops.observe.clusters import ClusterReader, observe_clusters
+from gitops.observe.hypervisors import observe
+from gitops.observe.types import ClusterTarget, FilesReuse, ObservedState
 from gitops.plan.actions import Plan, Unknown, UnknownKind
 from gitops.plan.cluster_api import cluster_api_actions
 from gitops.plan.diff import DiffOptions
@@ -30,8 +32,8 @@ from gitops.plan.hosts import label_actions, sip_warnings
 from gitops.plan.rollout import ordered, plan_nodes
 from gitops.plan.rotation import rotation_notes, rotation_steps
 from gitops.plan.upgrades import check_versions
-from gitops.sip.reconcile import file_hosts, provider_for
-from gitops.sip.selection import SIPPlan, select_hosts
+from gitops.sip.providers import planned_hosts, provider_for, provider_kind
+from gitops.sip.selection import HostSelection, select_hosts
 from gitops.state.records import State
 from gitops.state.store import StateStore
 
@@ -44,7 +46,7 @@ class Planned:
     observed: ObservedState
     plan: Plan
     #: SIP host selection and the label changes it needs
-    sip: SIPPlan = field(default_factory=lambda: SIPPlan((), ()))
+    sip: HostSelection = field(default_factory=lambda: HostSelection((), ()))
 
     @property
     def state(self) -> State:
@@ -82,7 +84,7 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
 
 
 def desired_for(model: RepoModel, config: RepoConfig, state: State, observed: ObservedState,
-                *, now: dt.datetime | None = None) -> tuple[Compiled, SIPPlan]:
+                *, now: dt.datetime | None = None) -> tuple[Compiled, HostSelection]:
     """What the repo wants given `observed`, as make_plan's first pass compiles it, without a plan
     (the report of an apply that ended before its own planning pass after executing)."""
     learned, hosts, sip = _compile_inputs(model, config, state, observed)
@@ -91,16 +93,16 @@ def desired_for(model: RepoModel, config: RepoConfig, state: State, observed: Ob
 
 
 def _compile_inputs(model: RepoModel, config: RepoConfig, state: State,
-                    observed: ObservedState) -> tuple[State, list[BareMetalHost] | None, SIPPlan]:
+                    observed: ObservedState) -> tuple[State, list[BareMetalHost] | None, HostSelection]:
     """The recorded state with what only the hypervisors know, the BareMetalHosts (None: not listed)
     and the SIP host selection over them."""
     learned = learn(state, observed, {name: node.cluster for name, node in model.nodes.items()})
-    hosts = bare_metal_hosts(model, config, learned, observed)
-    sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else SIPPlan((), ())
+    hosts = planned_hosts(model, config, learned, observed.hosts)
+    sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else HostSelection((), ())
     return learned, hosts, sip
 
 
-def relabeled(hosts: list[BareMetalHost], sip: SIPPlan) -> list[BareMetalHost]:
+def relabeled(hosts: list[BareMetalHost], sip: HostSelection) -> list[BareMetalHost]:
     """The hosts as they will be once the plan's label changes are made."""
     changes = {c.host: c for c in sip.changes}
     out = []
@@ -110,26 +112,18 @@ def relabeled(hosts: list[BareMetalHost], sip: SIPPlan) -> list[BareMetalHost]:
     return out
 
 
-def bare_metal_hosts(model: RepoModel, config: RepoConfig, state: State,
-                     observed: ObservedState) -> list[BareMetalHost] | None:
-    """File provider: the repo's hosts with recorded labels. Kubernetes: what observation listed."""
-    if config.bare_metal.provider == "file":
-        return file_hosts(model, state)
-    return list(observed.hosts) if observed.hosts is not None else None
-
-
 def observe_all(model: RepoModel, config: RepoConfig, state: State | None = None,
                 reuse: FilesReuse | None = None, clusters: ClusterReader | None = None) -> ObservedState:
     """Observe the hypervisors, then (with the recorded `state`'s admin credentials) the API of every
-    cluster with a running API server, and a kubernetes BareMetalHost provider's hosts. `reuse`: node
-    files known from an earlier observation, `clusters`: the reader that keeps its clients and the
-    objects it listed (both the controller's, for quiet polls)."""
+    cluster with a running API server, and the BareMetalHosts of a provider whose hosts are observed.
+    `reuse`: node files known from an earlier observation, `clusters`: the reader that keeps its clients
+    and the objects it listed (both the controller's, for quiet polls)."""
     observed = observe(model.hypervisors.values(), reuse=reuse)
     if state is not None:
         targets = cluster_targets(model, state, observed)
         found = clusters.observe(targets) if clusters is not None else observe_clusters(targets)
         observed = dataclasses.replace(observed, clusters=found)
-    if config.bare_metal.provider != "kubernetes" or not model.sip_clusters:
+    if not provider_kind(config.bare_metal).observed or not model.sip_clusters:
         return observed
     try:
         hosts = provider_for(model, config, State()).list_hosts()
@@ -143,7 +137,7 @@ def cluster_targets(model: RepoModel, state: State, observed: ObservedState) -> 
     """Each cluster with a running kube-apiserver, reached directly at its running ones (by node name)."""
     running: dict[str, list[str]] = {}
     for pod in observed.pods():
-        if pod.cluster in model.clusters and pod.running("kube-apiserver") and pod.node in state.nodes:
+        if pod.cluster in model.clusters and pod.running(APISERVER) and pod.node in state.nodes:
             running.setdefault(pod.cluster, []).append(pod.node)
     targets = []
     for cluster, nodes in sorted(running.items()):
@@ -161,7 +155,8 @@ def cluster_targets(model: RepoModel, state: State, observed: ObservedState) -> 
 
 def connections(model: RepoModel, config: RepoConfig) -> Connections:
     return Connections(cri=lambda name: CRIClient(model.hypervisors[name].cri_endpoint()),
-                       hosts=lambda state: provider_for(model, config, state))
+                       hosts=lambda state: provider_for(model, config, state),
+                       backup_target=lambda name: config.backup_targets[name])
 
 
 def _orphans(model: RepoModel, state: State) -> list[Unknown]:

@@ -1,7 +1,7 @@
 """Learning, its own stage between observe and compile: what only the hypervisors know, recorded in state (pure)."""
 from __future__ import annotations
 
-from gitops.observe import ObservedState
+from gitops.observe.types import ObservedState
 from gitops.state.records import ClusterRecord, State
 
 

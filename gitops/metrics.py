@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -21,6 +23,11 @@ class Metrics:
                                   "Unix time of the last reconcile that applied its commit.", registry=self.registry)
         self.errors = Counter("gitops_reconcile_errors_total", "Reconciles that failed or raised.",
                               registry=self.registry)
+        self.backup_age = Gauge("gitops_etcd_backup_age_seconds",
+                                "Seconds since the cluster's last etcd snapshot (spec.backup).", ["cluster"],
+                                registry=self.registry)
+        self.backup_ok = Gauge("gitops_etcd_backup_ok", "1 when the cluster's last etcd snapshot attempt worked.",
+                               ["cluster"], registry=self.registry)
         self.last_loop = time.time()
         self.last_result = ""
 
@@ -32,6 +39,16 @@ class Metrics:
             self.last_success.set(time.time())
         elif result in ("failed", "error"):
             self.errors.inc()
+
+    def backups(self, statuses: Mapping[str, Any]) -> None:
+        """Each cluster's last snapshot (`gitops.status.backups.BackupStatus`): its age, computed when scraped."""
+        for cluster, status in statuses.items():
+            when = status.last_time
+            if when is not None:
+                stamp = when.timestamp()
+                self.backup_age.labels(cluster=cluster).set_function(lambda stamp=stamp: time.time() - stamp)
+            self.backup_ok.labels(cluster=cluster).set(0 if status.failed_at and (
+                when is None or status.failed_at > when) else 1)
 
     def heartbeat(self) -> None:
         self.last_loop = time.time()

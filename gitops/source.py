@@ -7,8 +7,6 @@ exactly what the commit holds.
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,21 +90,22 @@ class GitSource:
         if policy is None:
             return ""
         argv = ["git"]
-        env = dict(os.environ)
+        env = {}
         if policy.allowed_signers is not None:
             argv += ["-c", f"gpg.ssh.allowedSignersFile={policy.allowed_signers}"]
         if policy.gpg_home is not None:
             env["GNUPGHOME"] = str(policy.gpg_home)
         argv += ["verify-commit", "-v", sha]
-        proc = subprocess.run(argv, cwd=self.dir, env=env, capture_output=True, text=True, timeout=60)
-        if proc.returncode != 0:
-            detail = " ".join(line.strip() for line in proc.stderr.splitlines()
+        status, _, stderr = self.repo.git.execute(argv, with_extended_output=True, with_exceptions=False, env=env,
+                                                  kill_after_timeout=60)
+        if status != 0:
+            detail = " ".join(line.strip() for line in stderr.splitlines()
                               if line.strip() and not line.startswith(("tree ", "parent ", "author ", "committer ")))
             if not self.repo.commit(sha).gpgsig:
                 raise SignatureError(f"commit {sha[:12]} is not signed")
             raise SignatureError(f"commit {sha[:12]} has no valid signature from an allowed signer: "
                                  f"{detail[-300:] or 'verification failed'}")
-        signer = next((line.strip() for line in proc.stderr.splitlines() if "Good" in line), "good signature")
+        signer = next((line.strip() for line in stderr.splitlines() if "Good" in line), "good signature")
         return signer
 
 

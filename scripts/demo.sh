@@ -7,7 +7,7 @@
 # haproxy ingress), then kubectl through the ingress; then a worker joins team-a
 # (a machine of its own: a network namespace joined to the host by a veth; real
 # kubelet and kube-proxy, gitops signing its certificates) and runs a Deployment
-# of 2 pods behind a ClusterIP Service. Last, a check that nothing of the lab is
+# of 2 pods behind a ClusterIP Service; an etcd backup of team-a with restic, listed. Last, a check that nothing of the lab is
 # on the host's network (no address outside 127.0.0.0/8 added, no KUBE-* chain).
 # The lab stays up afterwards so you can look around; the last lines say how
 # to inspect it and tear it down.
@@ -108,6 +108,20 @@ done
 sleep 5
 k logs client --tail=4
 
+echo "== an etcd backup of team-a: a restic repository, its password age-encrypted to the controller"
+cat >> "$REPO/gitops.yaml" <<YAML
+  backup:
+    targets:
+      - name: local
+        repository: $WORK/backups
+        password: $(head -c 24 /dev/urandom | base64)
+YAML
+$G secrets encrypt "$REPO/gitops.yaml" --field 'spec.backup.targets[0].password'
+printf '  backup:\n    target: local\n    intervalMinutes: 60\n    keep: 3\n' >> "$REPO/clusters/team-a/cluster.yaml"
+$G validate "$REPO"
+$G backup create "$REPO" --cluster team-a --state-dir "$STATE"
+$G backup list "$REPO" --cluster team-a
+
 echo "== the worker's network is its own: its address and kube-proxy's chains live in its namespace"
 $G lab exec --dir "$LAB" lab-worker-1 -- ip -br addr show dev eth0
 echo "KUBE-* chains in the worker's iptables: $($G lab exec --dir "$LAB" lab-worker-1 -- iptables-save | grep -c '^:KUBE-')"
@@ -120,6 +134,7 @@ GITOPS_IDENTITY=$WORK/controller.key: export it first):
   $G lab status --dir $LAB
   $G cri ps $REPO
   $G plan $REPO --state-dir $STATE
+  $G backup list $REPO --cluster team-a
   $KUBECTL --kubeconfig $WORK/team-a.kubeconfig get --raw /readyz
 Edit $REPO (e.g. delete a Node), then plan and apply again.
 Tear it all down with:

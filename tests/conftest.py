@@ -47,7 +47,7 @@ def pod(lab, request):  # type: ignore[no-untyped-def]
     Yields (client, sandbox id, spec, dir): `dir` is a not-yet-existing directory under the
     hypervisor's data dir for the test's host files. The sandbox is removed afterwards.
     """
-    from gitops.cri import CRIClient
+    from gitops.cri.client import CRIClient
     from gitops.cri.types import SandboxSpec
 
     hv = lab.hypervisors[0].local()

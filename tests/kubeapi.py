@@ -76,6 +76,7 @@ class KubeAPI:
     admin: CertKey  # client certificate, O=system:masters
     kubectl_path: Path
     ssl_context: ssl.SSLContext = field(repr=False)  # verifies the server, presents `admin`
+    etcd_url: str = ""  # the plain-HTTP client URL of its etcd (loopback)
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -314,7 +315,8 @@ def kube_api_server(ip: str = DEFAULT_IP, *, crds: Sequence[Path] = (),
         procs.append(apiserver)
         url = f"https://{ip}:{secure_port}"
 
-        api = KubeAPI(url=url, ip=ip, dir=workdir, ca=ca, admin=admin, kubectl_path=kubectl_bin, ssl_context=context)
+        api = KubeAPI(url=url, ip=ip, dir=workdir, ca=ca, admin=admin, kubectl_path=kubectl_bin, ssl_context=context,
+                      etcd_url=etcd_url)
         api.kubeconfig("admin", {"client-certificate": str(pki / "admin.crt"), "client-key": str(pki / "admin.key")})
         for crd in crds:
             api.apply_file(crd)

@@ -28,7 +28,7 @@ from gitops.plan.actions import Kind, Plan
 from gitops.plan.payloads import WriteFiles
 from gitops.state.records import DROP_OLD, RE_ISSUE, TRUST_BOTH
 from gitops.state.store import LocalDirStore
-from gitops.status.state import merge, split
+from gitops.status.sealed_state import merge, split
 
 ROLES = ("cluster", "etcd", "front-proxy")
 BUNDLES = ("ca.crt", "etcd-ca.crt", "front-proxy-ca.crt")

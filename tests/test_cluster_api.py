@@ -11,8 +11,14 @@ from cryptography.x509.oid import NameOID
 
 from gitops.compile.bootstrap import bootstrap_objects
 from gitops.compile.desired import DesiredCluster, DesiredState
-from gitops.observe import ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
-from gitops.observe.clusters import ObservedCluster, ObservedCSR
+from gitops.observe.types import (
+    ObservedCluster,
+    ObservedContainer,
+    ObservedCSR,
+    ObservedHypervisor,
+    ObservedPod,
+    ObservedState,
+)
 from gitops.plan.actions import Kind, Plan, UnknownKind
 from gitops.plan.cluster_api import CLIENT_SIGNER, SERVING_SIGNER, cluster_api_actions, sign_decision
 from gitops.plan.payloads import payload_from_dict, payload_to_dict

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from gitops.apipaths import CSRS
-from gitops.node import MANAGED, MANAGER, SPEC_HASH
-from gitops.observe.clusters import ClusterReader, ClusterTarget, observe_clusters
+from gitops.observe.clusters import ClusterReader, observe_clusters
+from gitops.observe.types import ClusterTarget
+from gitops.pods import MANAGED, MANAGER, SPEC_HASH
 
 from kubeapi import KubeAPI, kube_api_server
 from ports import free_port

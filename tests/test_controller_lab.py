@@ -26,8 +26,8 @@ import pytest
 import yaml
 from conftest import lab_tempdir, require_root
 
-from gitops.node import MANAGED, MANAGER, NODE
 from gitops.cri.client import CRIClient
+from gitops.pods import MANAGED, MANAGER, NODE
 
 GITOPS = str(Path(sys.executable).parent / "gitops")
 GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
@@ -321,7 +321,8 @@ def _signed_push(loop: Loop, key: Path) -> str:
     return loop.git("rev-parse", "HEAD")
 
 
-def test_watch_serves_health_and_metrics_and_stops_on_sigterm(loop):
+def start_watch(loop: Loop) -> tuple[subprocess.Popen, int]:
+    """`gitops watch` polling every second, its /metrics and /healthz on a free loopback port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -329,15 +330,25 @@ def test_watch_serves_health_and_metrics_and_stops_on_sigterm(loop):
                              "--identity", str(loop.controller_key), "--interval", "1s",
                              "--metrics-address", f"127.0.0.1:{port}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, port
+
+
+def scrape_until(port: int, needle: str, timeout: float = 60) -> str:
+    """/metrics once it holds `needle` (else as last read, after `timeout` seconds)."""
+    deadline, metrics = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline and needle not in metrics:
+        time.sleep(0.5)
+        try:
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+        except OSError:
+            continue
+    return metrics
+
+
+def test_watch_serves_health_and_metrics_and_stops_on_sigterm(loop):
+    proc, port = start_watch(loop)
     try:
-        deadline = time.monotonic() + 60
-        metrics = ""
-        while time.monotonic() < deadline and "gitops_reconcile_total{result=\"applied\"}" not in metrics:
-            time.sleep(0.5)
-            try:
-                metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-            except OSError:
-                continue
+        metrics = scrape_until(port, 'gitops_reconcile_total{result="applied"}')
         assert 'gitops_reconcile_total{result="applied"}' in metrics
         assert "gitops_reconcile_duration_seconds_bucket" in metrics
         health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read())
@@ -416,3 +427,61 @@ def test_no_decrypted_private_key_leaves_memory(loop):
     assert refused.returncode == 1
     assert "hypervisors/hv-private-2.yaml:" in refused.stderr and "no identity to decrypt it" in refused.stderr
     shutil.rmtree(loop.base / "plan-state", ignore_errors=True)
+
+
+def test_the_controller_backs_up_etcd_on_schedule_and_reports_it(loop):
+    """Issue #29.1 on the real v1.20.2 team-a: a Cluster opting in to spec.backup gets a snapshot from
+    the controller (restic, a local target, the password age-encrypted to the controller), recorded on
+    the status branch, shown by `gitops status`, listed by `gitops backup list`, its age in /metrics;
+    a poll inside the interval takes none; `gitops backup create` with the pulled state takes one now."""
+    from gitops.secrets import encrypt
+    loop.reconcile()  # team-a in force, whatever ran before
+    controller_recipient = subprocess.run(["age-keygen", "-y", str(loop.controller_key)], capture_output=True,
+                                          text=True, check=True).stdout.strip()
+    password = encrypt(b"lab backup password", [controller_recipient])
+    target = loop.base / "backups"
+    config = loop.work / "gitops.yaml"
+    config.write_text(config.read_text() + "  backup:\n    targets:\n      - name: local\n"
+                      f"        repository: {target}\n        password: |\n"
+                      + "".join(f"          {ln}\n" for ln in password.splitlines()))
+    cluster = loop.work / "clusters" / "team-a" / "cluster.yaml"
+    first, sep, rest = cluster.read_text().partition("\n---")
+    cluster.write_text(first.rstrip("\n") + "\n  backup:\n    target: local\n    intervalMinutes: 60\n    keep: 2"
+                       + sep + rest)
+    loop.push("team-a: etcd backups")
+    loop.reconcile()
+    doc = yaml.safe_load(loop.status_file("backups/team-a.yaml"))
+    last = doc["status"]["lastSnapshot"]
+    assert doc["status"]["conditions"][0]["type"] == "BackedUp" and doc["status"]["conditions"][0]["status"] == "True"
+    assert last["target"] == "local" and last["revision"] > 0 and last["bytes"] > 0
+    assert last["member"].startswith("team-a-cp-")
+    assert loop.status_log()[0] == "backup: 1 snapshot(s)"
+    loop.reconcile()  # inside the interval: no snapshot, no commit
+    assert yaml.safe_load(loop.status_file("backups/team-a.yaml"))["status"]["lastSnapshot"] == last
+    status = subprocess.run([GITOPS, "status", "--repo", str(loop.origin), "--ref", "gitops/status"],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert "LAST BACKUP" in status.stdout and last["id"][:8] in status.stdout, status.stdout
+    state_dir = loop.base / "pulled-state"
+    try:
+        subprocess.run([GITOPS, "state", "pull", "--repo", str(loop.origin), "--state-dir", str(state_dir),
+                        "--identity", str(loop.controller_key)], check=True, capture_output=True, timeout=120)
+        made = subprocess.run([GITOPS, "backup", "create", str(loop.work), "--cluster", "team-a",
+                               "--state-dir", str(state_dir), "--identity", str(loop.controller_key)],
+                              capture_output=True, text=True, timeout=300)
+        assert made.returncode == 0, made.stderr
+        listed = subprocess.run([GITOPS, "backup", "list", str(loop.work), "--cluster", "team-a", "--json",
+                                 "--identity", str(loop.controller_key)], capture_output=True, text=True, timeout=120)
+        assert listed.returncode == 0, listed.stderr
+        assert [s["id"] for s in json.loads(listed.stdout)] == [last["id"], made.stdout.strip()]
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    proc, port = start_watch(loop)
+    try:
+        metrics = scrape_until(port, 'gitops_etcd_backup_age_seconds{cluster="team-a"}', 120)
+        age = [ln for ln in metrics.splitlines() if ln.startswith('gitops_etcd_backup_age_seconds{cluster="team-a"}')]
+        assert age and 0 <= float(age[0].split()[-1]) < 3600, metrics[-3000:]
+        assert 'gitops_etcd_backup_ok{cluster="team-a"} 1.0' in metrics
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)

@@ -14,8 +14,9 @@ from gitops.controller import Controller, ControllerConfig
 from gitops.cri.types import Container, ContainerState, Sandbox, SandboxState
 from gitops.model.config import RepoConfig
 from gitops.model.schemas import schema
-from gitops.node import AGENT, COMPONENT, MANAGED, MANAGER, NODE, SPEC_HASH, NodeFiles
-from gitops.observe import ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState, observe_hypervisor
+from gitops.observe.hypervisors import observe_hypervisor
+from gitops.observe.types import ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
+from gitops.pods import AGENT, COMPONENT, MANAGED, MANAGER, NODE, SPEC_HASH, NodeFiles
 from gitops.status.poll import NodeFilesCache, live_fingerprint
 
 GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]

@@ -39,9 +39,9 @@ def test_timing_rules_name_file_line_and_field(tmp_path):
           retryPeriodSeconds: 9
         """)
     assert errors == [
-        "gitops.yaml:9: GitopsConfig/?: spec.coordination.renewDeadlineSeconds: 10 must be less than "
+        "gitops.yaml:9: GitopsConfig: spec.coordination.renewDeadlineSeconds: 10 must be less than "
         "leaseDurationSeconds (10)",
-        "gitops.yaml:10: GitopsConfig/?: spec.coordination.retryPeriodSeconds: 1.2 x 9 must be less than "
+        "gitops.yaml:10: GitopsConfig: spec.coordination.retryPeriodSeconds: 1.2 x 9 must be less than "
         "renewDeadlineSeconds (10)"]
 
 
@@ -56,4 +56,4 @@ def test_schema_errors(tmp_path):
     errors, _ = config(tmp_path, """
         coordination: {shards: 2}
         """)
-    assert errors == ["gitops.yaml:5: GitopsConfig/?: spec.coordination: missing required field 'mode'"], errors
+    assert errors == ["gitops.yaml:5: GitopsConfig: spec.coordination: missing required field 'mode'"], errors

@@ -11,17 +11,10 @@ from collections.abc import Iterator
 import pytest
 
 from gitops import pki
-from gitops.cri import (
-    ContainerSpec,
-    ContainerState,
-    CRIClient,
-    CRIEndpoint,
-    CRIError,
-    Reason,
-    SandboxSpec,
-    SandboxState,
-    read_all,
-)
+from gitops.cri.client import CRIClient, read_all
+from gitops.cri.endpoint import CRIEndpoint
+from gitops.cri.errors import CRIError, Reason
+from gitops.cri.types import ContainerSpec, ContainerState, SandboxSpec, SandboxState
 
 
 def _hv(lab, transport: str, index: int = 0) -> CRIEndpoint:  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from children import stop_all
 from kubeapi import etcd_binary
 from ports import free_ports
 
@@ -48,14 +49,7 @@ def etcd3():
             admin.wait_healthy(list(urls.values()), 60, "test cluster start")
             yield admin, urls
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 

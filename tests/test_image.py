@@ -30,10 +30,10 @@ from ports import free_port, wait_listening
 
 from gitops.cri.client import CRIClient
 from gitops.cri.types import ContainerSpec, ContainerState, Mount, SandboxSpec
-from gitops.node import MANAGED, MANAGER
+from gitops.pods import MANAGED, MANAGER
 from gitops.state.store import LocalDirStore
 from gitops.status.reader import SEALED, StatusReader
-from gitops.status.state import Sealer, merge
+from gitops.status.sealed_state import Sealer, merge
 
 pytestmark = pytest.mark.image
 
@@ -260,6 +260,9 @@ def test_controller_runs_as_non_root_and_answers_health(run):
         assert (code, out.decode().strip()) == (0, str(UID)), err
         code, out, err = client.exec_sync(run.container_id, ["id", "-g"])
         assert (code, out.decode().strip()) == (0, str(UID)), err
+        for tool in (["restic", "version"], ["etcdctl", "version"]):  # etcd backups run them (gitops.backup)
+            code, out, err = client.exec_sync(run.container_id, tool, timeout=10)
+            assert code == 0 and out, (tool, out, err)
         # the image's own HEALTHCHECK command, as docker or podman would run it
         check = run.build["controller"]["config"]["Healthcheck"]["Test"][1:]
         code, out, err = client.exec_sync(run.container_id, check, timeout=10)

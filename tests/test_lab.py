@@ -20,13 +20,15 @@ from cryptography.hazmat.primitives import serialization
 from ports import free_port_in, wait_listening
 
 from gitops import pki
-from gitops.cri import ContainerSpec, ContainerState, CRIClient, Mount, SandboxSpec
+from gitops.cri.client import CRIClient
+from gitops.cri.types import ContainerSpec, ContainerState, Mount, SandboxSpec
 from gitops.model.validate import load_hypervisors
 from gitops.lab import LabError, hypervisors_yaml
 from gitops.lab import images as labimages
 from gitops import procs
 from gitops.lab import standins
-from gitops.model.resources import DATA_DIR_ANNOTATION, DEFAULT_AGENT_IMAGE
+from gitops.model.components import DEFAULT_AGENT_IMAGE
+from gitops.model.resources import DATA_DIR_ANNOTATION
 
 
 def require_root() -> None:
@@ -196,7 +198,7 @@ def test_agent_image_runs_openssl(pod) -> None:  # type: ignore[no-untyped-def]
 def test_the_files_agent_replaces_a_batch_whole_or_not_at_all(pod) -> None:  # type: ignore[no-untyped-def]
     """#26: write-files writes every file under a temporary name, then renames them all; a failure while
     writing leaves the old set whole and no temporary file behind."""
-    from gitops import node as agent
+    from gitops import agent
 
     client, _, _, base = pod
     files = base / "batch" / "files"

@@ -16,14 +16,15 @@ RANK = {
     "errors": 0, "__version__": 0, "apipaths": 0, "printable": 0, "memo": 0,
     "safeio": 1, "pki": 1,
     "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1, "procs": 2,
-    "cri": 2, "state": 2, "kubeapi": 2,
-    "node": 3, "model": 3, "kubeconfig": 3, "coordination": 3,
+    "cri": 2, "state": 2, "kubeapi": 2, "pods": 2,
+    "agent": 3, "model": 3, "kubeconfig": 3, "coordination": 3, "etcdclient": 3,
+    "backup": 4,
     "sip": 4,
     # the stages: compile and observe feed plan, plan feeds apply, the engine owns the loop
     "compile": 5, "observe": 5,
     # learning what only the hypervisors know is not planning: neither imports the other;
     # the lab builds the jump host's image from compile's jump host
-    "learn": 6, "plan": 6, "lab": 6, "worker": 6,
+    "learn": 6, "plan": 6, "lab": 6, "worker": 6, "snapshots": 6,
     "apply": 7,
     "engine": 8,
     "status": 9, "source": 9,
@@ -197,6 +198,46 @@ def test_apply_reaches_no_compile_code_and_no_planning():
                     why = _compile_code(paths, node.module, alias.name)
                     wrong += [f"{module} takes {why}"] if why else []
     assert not wrong, "\n".join(wrong)
+
+
+#: libraries that talk to the outside world (runtimes, clusters, processes, git): a module importing one does I/O
+IO_LIBRARIES = ("grpc", "kubernetes", "git", "requests", "urllib3", "subprocess", "socket", "ssl", "http",
+                "urllib.request")
+#: data and computation only (modules, or packages with everything under them): what they reach, at import
+#: time or inside functions, does no I/O. Planning reads observed data through `gitops.observe.types`, never
+#: through a reader; a provider's data and the file provider are apart from the one that calls an API.
+PURE = ("gitops.pods", "gitops.model.components", "gitops.observe.types", "gitops.sip.selection", "gitops.sip.hosts",
+        "gitops.sip.fileprovider", "gitops.learn", "gitops.compile", "gitops.plan")
+
+
+def _does_io(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+        if any(n == lib or n.startswith(f"{lib}.") for n in names for lib in IO_LIBRARIES):
+            return True
+    return False
+
+
+def test_pure_modules_reach_no_io():
+    """A pure module reaches (transitively, package `__init__`s included) no module that imports an I/O library."""
+    paths, graph = _graph()
+    io = {m for m, path in paths.items() if _does_io(path)}
+    wrong = []
+    for module in sorted(m for m in paths if any(m == p or m.startswith(f"{p}.") for p in PURE)):
+        via, todo = {module: [module]}, [module]
+        while todo:
+            here = todo.pop()
+            for target in sorted(graph[here] - set(via)):
+                via[target] = [*via[here], target]
+                todo.append(target)
+        wrong += [" -> ".join(via[m]) for m in sorted(set(via) & io)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_pure_list_names_modules():
+    paths, _ = _graph()
+    assert all(any(m == p or m.startswith(f"{p}.") for m in paths) for p in PURE)
 
 
 def test_each_command_is_found_in_the_module_the_cli_loads_for_it():

@@ -97,3 +97,36 @@ def test_no_public_hypervisor_is_a_clear_plan_error(model):
     nodes = {n: dataclasses.replace(node, hypervisor=None) for n, node in model.nodes.items()}
     with pytest.raises(PlacementError, match="Node team-a-ingress .*no public hypervisor in the repo"):
         place(dataclasses.replace(model, hypervisors=private_only, nodes=nodes), State())
+
+
+def test_a_cordoned_hypervisor_keeps_its_nodes_and_takes_no_new_one(model):
+    """Issue #29.4: spec.cordoned keeps new nodes off a hypervisor; the nodes it holds stay."""
+    first = place(model, State())
+    on_one = sorted(n for n, r in first.nodes.items() if r.hypervisor == "hv-private-1")
+    cordoned = dataclasses.replace(model.hypervisors["hv-private-1"], cordoned=True)
+    fenced = dataclasses.replace(model, hypervisors={**model.hypervisors, cordoned.name: cordoned})
+    grown = with_nodes(fenced, Node("team-a-cp-4", "team-a", "controlplane"), Node("team-a-cp-5", "team-a", "controlplane"))
+    second = place(grown, first)
+    assert sorted(n for n, r in second.nodes.items() if r.hypervisor == "hv-private-1") == on_one
+    assert second.nodes["team-a-cp-4"].hypervisor == second.nodes["team-a-cp-5"].hypervisor == "hv-private-2"
+    with pytest.raises(PlacementError, match="Node team-a-cp-4 is pinned to Hypervisor hv-private-1, which is "
+                                             r"cordoned \(spec.cordoned\): no new node is placed there"):
+        place(with_nodes(fenced, Node("team-a-cp-4", "team-a", "controlplane", "hv-private-1")), first)
+    both = dataclasses.replace(model.hypervisors["hv-private-2"], cordoned=True)
+    all_fenced = dataclasses.replace(fenced, hypervisors={**fenced.hypervisors, both.name: both})
+    with pytest.raises(PlacementError, match=r"Node team-a-cp-4 \(role controplane|no private hypervisor in the "
+                                             "repo that is not cordoned"):
+        place(with_nodes(all_fenced, Node("team-a-cp-4", "team-a", "controlplane")), first)
+
+
+def test_a_node_recorded_on_a_hypervisor_that_left_the_repo_is_an_error_never_a_silent_move(model):
+    """Its pod and etcd data are on that machine: placed anew, it would start empty under the same name."""
+    first = place(model, State())
+    moved = sorted(n for n, r in first.nodes.items() if r.hypervisor == "hv-private-2")
+    gone = dataclasses.replace(model, hypervisors={k: v for k, v in model.hypervisors.items() if k != "hv-private-2"})
+    with pytest.raises(PlacementError) as err:
+        place(gone, first)
+    for name in moved:
+        assert (f"Node {name} is recorded on Hypervisor hv-private-2, which left the repo: its pod and data are "
+                "there, and placing it anew would start it empty under the same name. Put Hypervisor hv-private-2 "
+                "back in the repo (spec.cordoned: true keeps new nodes off it)") in str(err.value)

@@ -15,12 +15,12 @@ from test_plan_diff import NOW, converged, nothing_observed, repo, settle  # noq
 
 from gitops.compile import compile_desired
 from gitops.compile.desired import AFTER_APPLY, resolve_container
-from gitops.node import SPEC_HASH
 from gitops.engine import make_plan
 from gitops.plan.actions import KINDS, Kind, Plan
 from gitops.plan.payloads import CreateContainer, CreatePod, EtcdMemberChange, GenerateKeys, WriteFiles
 from gitops.plan.render import render_json, render_markdown, render_text
 from gitops.plan.saved import SavedPlan, StalePlan, observed_digest, state_digest
+from gitops.pods import SPEC_HASH
 from gitops.state import State
 
 NEW_KEY = "-----BEGIN PUBLIC KEY-----\nMFkwEw-new\n-----END PUBLIC KEY-----\n"

@@ -22,16 +22,15 @@ from gitops.compile.desired import DesiredState
 from gitops.engine import MassDeleteRefused, apply_repo, make_plan
 from gitops.model.config import BareMetalSource, RepoConfig
 from gitops.model.validate import validate_repo
-from gitops.node import NodeFiles, file_digest
-from gitops.observe import ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
+from gitops.observe.types import ObservedCluster, ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
 from gitops.compile.bootstrap import bootstrap_objects
-from gitops.observe.clusters import ObservedCluster
 from gitops.pki import cert_to_pem, generate_key, sign_public_key
 from gitops.plan.actions import Kind, Plan, Unknown, UnknownKind
 from gitops.pki.facts import CERTIFICATE_FACTS
 from gitops.plan.diff import certificates_read
 from gitops.plan.rollout import CLUSTER_DIFFS
 from gitops.plan.render import headline, render_json, render_markdown, render_text
+from gitops.pods import NodeFiles, file_digest
 from gitops.state import LocalDirStore, State
 
 NOW = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
@@ -514,7 +513,7 @@ def test_renderers(repo):
 
 
 def test_sip_host_labels_are_planned_and_applying_them_settles():
-    from gitops.sip.reconcile import apply_change, provider_for
+    from gitops.sip.providers import apply_change, provider_for
 
     result = validate_repo(EXAMPLE_REPO)
     model, config = result.model, result.repo.config
@@ -558,7 +557,7 @@ def test_sip_services_are_pods_on_the_public_hypervisor_behind_the_host_labels()
     # no host is labeled yet, but the plan labels them: the load balancer already points at the active one
     assert "  server r01-node-01 127.0.20.11:6443 check" in lb.files[0].content
     state = planned.state.copy()
-    from gitops.sip.reconcile import apply_change, provider_for
+    from gitops.sip.providers import apply_change, provider_for
 
     for change in planned.sip.changes:
         apply_change(provider_for(model, config, state), change, state)
@@ -700,3 +699,46 @@ def test_a_learner_left_by_a_stopped_run_is_promoted(repo):
     assert [(a.kind, a.node, a.reason) for a in actions] == [
         (Kind.ETCD_MEMBER_PROMOTE, "team-b-cp-2", "a learner added by an earlier run: it votes once it has caught up")]
     assert "team-b-cp-2" not in actions[0].payload.client_urls and actions[0].payload.client_url
+
+
+def _with_backup(repo, cluster: str, change=lambda c: c, drop: tuple[str, ...] = (), backup: bool = True):
+    """A plan for the settled example where `cluster` has spec.backup (or not), changed by `change`."""
+    from gitops.model.resources import ClusterBackup
+    state, observed = settle(repo.model)
+    spec = dataclasses.replace(repo.model.clusters[cluster], backup=ClusterBackup("offsite", 60, 5) if backup else None)
+    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, cluster: change(spec)},
+                                nodes={k: v for k, v in repo.model.nodes.items() if k not in drop})
+    return make_plan(model, repo.repo.config, state, observed, now=NOW).plan
+
+
+def test_a_plan_that_changes_etcd_backs_it_up_first_when_the_cluster_asks(repo):
+    """spec.backup (issue #29): membership, a running member replaced, or the API servers' image changed
+    -> the cluster's first action snapshots its etcd; a flag of the API servers or no spec.backup -> none."""
+    from gitops.plan.payloads import BackupEtcd, payload_from_dict, payload_to_dict
+    removal = _with_backup(repo, "team-a", drop=("team-a-cp-3",))
+    first = removal.actions[0]
+    assert (first.kind, first.cluster, first.reason) == (Kind.BACKUP_ETCD, "team-a",
+                                                         "before this plan changes etcd membership")
+    # from the members that stay (the leaving one is not asked): recorded and still desired
+    assert first.payload == BackupEtcd("offsite", 5, tuple(
+        (f"team-a-cp-{n}", m.client_url) for n, m in zip((1, 2), _members(repo, "team-a"))))
+    assert payload_from_dict(payload_to_dict(first.payload)) == first.payload
+    assert first.details[-1] == "snapshot id: (known after apply)"
+    assert [a.kind for a in removal.actions].count(Kind.BACKUP_ETCD) == 1
+    assert not [a for a in _with_backup(repo, "team-a", drop=("team-a-cp-3",), backup=False).actions
+                if a.kind == Kind.BACKUP_ETCD]
+    etcd = _with_backup(repo, "team-b", lambda c: dataclasses.replace(c, image_overrides={"etcd": "lab/etcd:next"}))
+    assert etcd.actions[0].reason == "before this plan replaces running etcd member team-b-cp-1"
+    api = _with_backup(repo, "team-b", lambda c: dataclasses.replace(
+        c, image_overrides={"kubeApiserver": "lab/kube-apiserver:v1.20.2-next"}))
+    assert api.actions[0].reason == "before this plan changes the image of kube-apiserver on team-b-cp-1"
+    flags = _with_backup(repo, "team-b", lambda c: dataclasses.replace(c, api_server_args=(("event-ttl", "2h0m0s"),)))
+    assert Kind.BACKUP_ETCD not in {a.kind for a in flags.actions} and flags.actions
+    text = text_of(removal)
+    assert text.index("Backup:") < text.index("Node team-a-cp-3")
+    assert "+ back up etcd: before this plan changes etcd membership" in text
+
+
+def _members(repo, cluster: str):
+    state, _ = settle(repo.model)
+    return compile_desired(repo.model, state, now=NOW).desired.clusters[cluster].etcd_members

@@ -27,7 +27,7 @@ from gitops.engine import make_plan, observe_all
 from gitops.model.validate import validate_repo
 from gitops.plan.render import render_markdown
 from gitops.status.branch import StatusBranch
-from gitops.status.state import ControllerStateStore, Sealer
+from gitops.status.sealed_state import ControllerStateStore, Sealer
 from tests.kubeapi import kube_api_server
 
 GITOPS = str(Path(sys.executable).parent / "gitops")

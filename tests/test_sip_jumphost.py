@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from ports import free_port_in, wait_listening
 
-from gitops.cri import ContainerSpec, ContainerState, CRIClient, SandboxSpec
+from gitops.cri.client import CRIClient
+from gitops.cri.types import ContainerSpec, ContainerState, SandboxSpec
 from gitops.lab import images as labimages
 from gitops.lab import standins
 from gitops.compile import jumphost

@@ -23,7 +23,9 @@ from gitops.model.validate import load_model
 from gitops.model.yamlload import load_yaml_documents
 from gitops.pki import create_ca
 from gitops.sip import SIPError
-from gitops.sip.providers import FileProvider, KubernetesProvider, hosts_from_yaml
+from gitops.sip.fileprovider import FileProvider
+from gitops.sip.hosts import hosts_from_yaml
+from gitops.sip.kubeprovider import KubernetesProvider
 from gitops.sip.selection import CLUSTER_LABEL, NODE_TYPE_LABEL, LabelChange, select_hosts
 from kubeapi import KubeAPI, kube_api_server
 from ports import free_port

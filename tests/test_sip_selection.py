@@ -23,7 +23,7 @@ from gitops.sip.selection import (
     SCHEDULED_LABEL,
     SERVER_LABEL,
     STANDBY_LABEL,
-    SIPPlan,
+    HostSelection,
     host_key,
     select_hosts,
 )
@@ -75,7 +75,7 @@ def satisfiable(model) -> dict[str, BareMetalHost]:
     return hosts
 
 
-def applied(hosts: dict[str, BareMetalHost], result: SIPPlan) -> dict[str, BareMetalHost]:
+def applied(hosts: dict[str, BareMetalHost], result: HostSelection) -> dict[str, BareMetalHost]:
     """`hosts` with the plan's label changes applied (what a provider would do)."""
     out = dict(hosts)
     for change in result.changes:
@@ -90,7 +90,7 @@ def converged(model, hosts, clusters=None):
     return hosts
 
 
-def change_of(result: SIPPlan, host: str):
+def change_of(result: HostSelection, host: str):
     found = [c for c in result.changes if c.host == f"metal3/{host}"]
     assert found, f"no change for {host}: {result.changes}"
     return found[0]

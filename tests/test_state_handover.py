@@ -13,7 +13,7 @@ import pytest
 from gitops.state import CertRecord, ClusterRecord, LocalDirStore, NodeRecord, State
 from gitops.status.branch import StatusBranch
 from gitops.status.reader import PUBLIC, SEALED
-from gitops.status.state import ControllerStateStore, Sealer
+from gitops.status.sealed_state import ControllerStateStore, Sealer
 
 GITOPS = str(Path(sys.executable).parent / "gitops")
 

@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 
 from gitops.errors import GitopsError
-from gitops.observe import ObservedState
-from gitops.observe.clusters import ObservedCluster
+from gitops.observe.types import ObservedCluster, ObservedState
 from gitops.secrets import decrypt, encrypt
 from gitops.state import CertRecord, ClusterRecord, NodeRecord, State
 from gitops.status.branch import StatusBranch
 from gitops.status.lease import ApplyLease, Locked
 from gitops.status.reader import DEFAULT_BRANCH, MANAGED, OBSERVED, SOURCE, SourceStatus, StatusReader
+from gitops.status.sealed_state import PUBLIC, SEALED, ControllerStateStore, Sealer, merge, split
 from gitops.status.snapshot import HYPERVISORS, cluster_path, snapshot_files
-from gitops.status.state import PUBLIC, SEALED, ControllerStateStore, Sealer, merge, split
 
 TTL = dt.timedelta(minutes=10)
 

@@ -11,7 +11,7 @@ from gitops.state.records import NodeRecord, State
 from gitops.status.branch import under
 from gitops.status.replica import Share
 from gitops.status.report import Outcome, Result, shard_documents
-from gitops.status.state import ControllerStateStore, Sealer
+from gitops.status.sealed_state import ControllerStateStore, Sealer
 
 SHARDS = 2
 CLUSTERS = [f"team-{c}" for c in "abcdefgh"]

@@ -25,7 +25,8 @@ from test_yamlload import billion_laughs
 
 from gitops.cli import cli
 from gitops.model import schemas
-from gitops.model.resources import CONTROLPLANE, LocalCRIEndpoint, RemoteCRIEndpoint
+from gitops.model.components import CONTROLPLANE
+from gitops.model.resources import LocalCRIEndpoint, RemoteCRIEndpoint
 from gitops.model.validate import validate_repo
 
 
@@ -74,7 +75,7 @@ def test_minimal_repo_builds_typed_model(repo):
     assert model.hypervisors["hv-1"].endpoint == LocalCRIEndpoint("/run/hv-1.sock")
     assert model.hypervisors["edge-1"].public is True
     assert model.clusters["c1"].kubernetes_version == "v1.31.2"
-    assert model.clusters["c1"].image("kubeApiserver") == "registry.k8s.io/kube-apiserver:v1.31.2"
+    assert model.clusters["c1"].image("kube-apiserver") == "registry.k8s.io/kube-apiserver:v1.31.2"
     assert model.nodes["c1-ingress"].hypervisor == "edge-1"
 
 
@@ -158,7 +159,7 @@ def test_hypervisor_schema_errors(repo):
         "hv.yaml:8: Hypervisor/hv-2: spec.portRange.low: '30000' is not of type 'integer'",
         "hv.yaml:12: Hypervisor/hv-2: spec.remoteCRIEndpoint: missing required field 'caCertificate'",
         "hv.yaml:12: Hypervisor/hv-2: spec.remoteCRIEndpoint: missing required field 'clientCertificate'",
-        "hv.yaml:14: Hypervisor/hv-2: spec.color: unknown field (allowed: ipAddress, localCRIEndpoint, "
+        "hv.yaml:14: Hypervisor/hv-2: spec.color: unknown field (allowed: cordoned, ipAddress, localCRIEndpoint, "
         "portRange, public, remoteCRIEndpoint)",
     ]
 
@@ -321,7 +322,7 @@ def test_repo_config_errors_and_paths(repo):
         spec:
           prune: {maxDeletes: many}
         """)
-    assert errors(repo) == ["gitops.yaml:4: GitopsConfig/?: spec.prune.maxDeletes: 'many' is not of type 'integer'"]
+    assert errors(repo) == ["gitops.yaml:4: GitopsConfig: spec.prune.maxDeletes: 'many' is not of type 'integer'"]
 
 
 # --- semantic rules ------------------------------------------------------------------

@@ -1,15 +1,7 @@
-"""etcd membership changes through etcd's v3 JSON gateway, over mutual TLS.
-
-The controller holds the etcd CA, so it issues itself a short-lived client
-certificate for these calls; Python's ssl module loads a key only from a file, so
-the key is handed to it as an anonymous in-memory file (`MemoryFiles`, as the
-Kubernetes client's keys are) and never touches the disk.
-"""
+"""etcd membership changes through etcd's v3 JSON gateway, over mutual TLS (`gitops.etcdclient`)."""
 from __future__ import annotations
 
-import datetime as dt
 import json
-import ssl
 import time
 import urllib.error
 import urllib.request
@@ -18,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gitops.errors import GitopsError
-from gitops.kubeapi import MemoryFiles
-from gitops.pki import CertKey, issue_cert
+from gitops.etcdclient import client_context
+from gitops.pki import CertKey
 
 TIMEOUT = 10.0
 #: how long a membership change keeps retrying while etcd is busy (leader
@@ -59,12 +51,7 @@ class EtcdAdmin:
             raise EtcdError("no etcd member to talk to")
         self.client_urls = client_urls
         self._fenced = fenced
-        cert = issue_cert(ca, "gitops-controller", client=True, days=1,
-                          now=dt.datetime.now(dt.timezone.utc))
-        self._ctx = ssl.create_default_context(cadata=trust or ca.cert_pem)
-        with MemoryFiles() as files:  # read once: the context keeps them
-            self._ctx.load_cert_chain(files.add("etcd-client-cert", cert.cert_pem),
-                                      files.add("etcd-client-key", cert.key_pem))
+        self._ctx = client_context(ca, trust)
 
     def close(self) -> None:
         """Nothing to clean up (no file was written); kept for `with EtcdAdmin(...)`."""

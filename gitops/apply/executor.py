@@ -23,19 +23,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from gitops import node as agent
+from gitops import agent
 from gitops.apply.etcd import EtcdAdmin
+from gitops.backup.take import back_up
 from gitops.cri.client import CRIClient
 from gitops.cri.errors import CRIError, Reason
 from gitops.cri.types import ContainerState
 from gitops.errors import GitopsError
+from gitops.etcdclient import client_context
 from gitops.kubeapi import Credentials, KubeAPI
-from gitops.node import AGENT
+from gitops.model.config import BackupTarget
 from gitops.pki import CertKey, load_csr_pem, sign_public_key
 from gitops.pki.x509 import cert_to_pem
 from gitops.plan.actions import Action, Plan
 from gitops.plan.payloads import (
     ApiReady,
+    BackupEtcd,
     FileSpec,
     CreateContainer,
     CreatePod,
@@ -49,8 +52,9 @@ from gitops.plan.payloads import (
     SignRequest,
     WriteFiles,
 )
-from gitops.sip.providers import BMHProvider
-from gitops.sip.reconcile import apply_change
+from gitops.pods import AGENT, file_digest
+from gitops.sip.hosts import BMHProvider
+from gitops.sip.providers import apply_change
 from gitops.sip.selection import LabelChange
 from gitops.state.records import State
 from gitops.state.store import StateStore
@@ -72,12 +76,18 @@ class ApplyError(GitopsError):
         self.plan: Plan | None = None
 
 
+def _no_target(name: str) -> BackupTarget:
+    raise ApplyError(f"backup target {name} is not known to this apply (pass the repo settings' targets)")
+
+
 @dataclass
 class Connections:
     """How apply reaches what it changes: a CRI client per hypervisor name, the BareMetalHost provider."""
 
     cri: Callable[[str], CRIClient]
     hosts: Callable[[State], BMHProvider]
+    #: a backup target by name (`spec.backup.targets`: its repository and password stay out of plans)
+    backup_target: Callable[[str], BackupTarget] = field(default=lambda name: _no_target(name))
 
 
 @dataclass
@@ -233,7 +243,7 @@ class _Runner:
                 server=spec.server, client=spec.client, days=issue.days, now=self.now)
             batch[f"{spec.name}.crt"] = cert_to_pem(cert) + issue.chain
         agent.write_files(client, agent_id, batch)
-        self.written.setdefault(action.node, {}).update({n: agent.file_digest(c) for n, c in batch.items()})
+        self.written.setdefault(action.node, {}).update({n: file_digest(c) for n, c in batch.items()})
 
     def certificate_digests(self, action: Action, p: CreateContainer) -> dict[str, str]:
         """The digests of the certificates a container starting now reads that the plan could not know:
@@ -470,6 +480,14 @@ class _Runner:
             status = {**(current.get("status") or {}),
                       "certificate": base64.b64encode(cert_to_pem(cert).encode()).decode()}
             api.request("PUT", f"{path}/status", {**current, "status": status})
+
+    def backup_etcd(self, action: Action, p: BackupEtcd) -> None:
+        """Snapshot the cluster's etcd into its target before the plan changes it."""
+        record = self.state.clusters[action.cluster]
+        context = client_context(self.signer(action.cluster, "etcd"), record.trust_bundle("etcd"))
+        snap = back_up(self.connections.backup_target(p.target), action.cluster, p.keep, context, dict(p.members))
+        log.info("etcd snapshot %s of %s taken from %s at revision %d (%d bytes) into %s", snap.short_id,
+                 action.cluster, snap.member, snap.revision, snap.bytes, p.target)
 
     def advance_ca_rotation(self, action: Action, p: RotationStep) -> None:
         """Record the next phase of the cluster's CA rotation: the phase the plan ran is done."""

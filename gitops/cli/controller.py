@@ -1,6 +1,7 @@
 """`gitops reconcile`, `gitops watch` and `gitops status`: the controller and its status branch."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -15,11 +16,13 @@ from rich.table import Table
 
 from gitops import logs
 from gitops.cli.secrets import read_identity
+from gitops.cli.units import human_age, human_size
 from gitops.controller import Controller, ControllerConfig, CoordinationFlags
 from gitops.errors import GitopsError
 from gitops.gitclone import as_url
 from gitops.metrics import serve
 from gitops.source import SignaturePolicy
+from gitops.status.backups import BACKUPS_DIR
 from gitops.status.reader import StatusReader, branch_of_checkout
 from gitops.status.report import Result
 
@@ -163,6 +166,35 @@ def _watch_local(path: Path, trigger: threading.Event, stop: threading.Event) ->
         trigger.set()
 
 
+def clusters_table(clusters: dict[str, dict], backups: dict[str, dict]) -> Table:
+    """One row per Cluster status document, with its last backup."""
+    table = Table("CLUSTER", "PHASE", "REASON", "API", "NODES READY", "WORKERS READY", "LAST BACKUP", "SOURCE")
+    now = dt.datetime.now(dt.timezone.utc)
+    for name, doc in clusters.items():
+        st = doc["status"]
+        ready = sum(1 for p in st.get("nodes", {}).values() if p == "Ready")
+        workers = st.get("workers") or {}
+        joined = f"{workers['ready']}/{workers['total']}" if workers.get("observed") else "?"
+        table.add_row(name, st["phase"], st["conditions"][0]["reason"], st.get("endpoints", {}).get("api", ""),
+                      f"{ready}/{len(st.get('nodes', {}))}", joined, last_backup(backups.get(name), now),
+                      str(st.get("observedSourceSHA", ""))[:12])
+    return table
+
+
+def last_backup(doc: dict | None, now: dt.datetime) -> str:
+    """`ID, AGE ago, SIZE` of the cluster's last snapshot, and `failed` when the last attempt failed."""
+    if not doc:
+        return "-"
+    status = doc.get("status", {})
+    last = status.get("lastSnapshot")
+    text = "none"
+    if last:
+        age = int((now - dt.datetime.fromisoformat(last["time"])).total_seconds())
+        text = f"{last['id'][:8]}, {human_age(age)} ago, {human_size(last['bytes'])}"
+    ok = next((c for c in status.get("conditions", ()) if c.get("type") == "BackedUp"), {})
+    return text + (" (last attempt failed)" if ok.get("status") == "False" else "")
+
+
 @click.command()
 @click.option("--repo", "repo", default=".", show_default=True, type=click.Path(exists=True, file_okay=False,
               path_type=Path), help="A clone of the infra repo.")
@@ -175,6 +207,7 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> Non
     ref = reader.ref
     src = reader.source()
     docs = {kind: reader.documents(kind) for kind in ("Cluster", "Node", "Hypervisor", "SIPCluster", "Shard")}
+    backups = reader.documents_in(BACKUPS_DIR)
     if cluster is not None and cluster not in docs["Cluster"]:
         raise GitopsError(f"no status for Cluster {cluster!r} on {ref} (known: {', '.join(docs['Cluster']) or 'none'})")
     if output == "json":
@@ -183,7 +216,8 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> Non
                 "nodes": {n: d["status"] for n, d in docs["Node"].items()
                           if cluster is None or d.get("spec", {}).get("cluster") == cluster},
                 "sipClusters": {n: d["status"] for n, d in docs["SIPCluster"].items() if cluster is None},
-                "shards": {n: d["status"] for n, d in docs["Shard"].items() if cluster is None}}
+                "shards": {n: d["status"] for n, d in docs["Shard"].items() if cluster is None},
+                "backups": {n: d["status"] for n, d in backups.items() if cluster in (None, n)}}
         click.echo(json.dumps(data, indent=2, sort_keys=True))
         return
     console = Console(highlight=False, width=None if Console().is_terminal else 160)
@@ -191,14 +225,7 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> Non
     for error in src.errors:
         console.print(f"  [red]{error}[/red]")
     if cluster is None:
-        table = Table("CLUSTER", "PHASE", "REASON", "API", "NODES READY", "WORKERS READY", "SOURCE")
-        for name, doc in docs["Cluster"].items():
-            st = doc["status"]
-            ready = sum(1 for p in st.get("nodes", {}).values() if p == "Ready")
-            workers = st.get("workers") or {}
-            joined = f"{workers['ready']}/{workers['total']}" if workers.get("observed") else "?"
-            table.add_row(name, st["phase"], st["conditions"][0]["reason"], st.get("endpoints", {}).get("api", ""),
-                          f"{ready}/{len(st.get('nodes', {}))}", joined, str(st.get("observedSourceSHA", ""))[:12])
+        table = clusters_table(docs["Cluster"], backups)
     else:
         table = Table("NODE", "PHASE", "HYPERVISOR", "COMPONENTS", "MESSAGE")
         for name, doc in docs["Node"].items():

@@ -9,7 +9,8 @@ from typing import Any
 import click
 
 from gitops.cli.secrets import read_identity
-from gitops.cri import CRIClient, CRIError, read_all
+from gitops.cri.client import CRIClient, read_all
+from gitops.cri.errors import CRIError
 from gitops.errors import GitopsError
 from gitops.model.resources import Hypervisor
 from gitops.model.validate import load_hypervisors

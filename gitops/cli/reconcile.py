@@ -24,7 +24,7 @@ from gitops.secrets import load_identities, public_recipient
 from gitops.state import LocalDirStore
 from gitops.state.records import ClusterRecord
 from gitops.status.reader import SOURCE, SourceStatus, StatusReader
-from gitops.status.state import merge
+from gitops.status.sealed_state import merge
 
 STATE_ENV = "GITOPS_STATE_DIR"
 

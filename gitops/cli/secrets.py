@@ -93,7 +93,8 @@ def _files(target: Path, root: Path | None) -> list[tuple[str, Path]]:
         _, rels, problems = repo_files(target)
         if problems:
             raise GitopsError("\n".join(capped(problems)))
-        return [(rel, target / rel) for rel in rels]
+        config = [CONFIG_FILE] if (target / CONFIG_FILE).is_file() else []  # its backup targets' passwords
+        return [(rel, target / rel) for rel in config + rels]
     resolved = Path(os.path.realpath(target))
     name = resolved.relative_to(root).as_posix() if root and resolved.is_relative_to(root) else printable(str(target))
     return [(name, target)]

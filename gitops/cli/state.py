@@ -15,7 +15,7 @@ from gitops.state.store import STATE_FILE
 from gitops.status.branch import StatusBranch
 from gitops.status.handover import pull, push
 from gitops.status.reader import DEFAULT_BRANCH
-from gitops.status.state import Sealer
+from gitops.status.sealed_state import Sealer
 
 
 @click.group("state")

@@ -13,7 +13,7 @@ import click
 from gitops.cli.reconcile import applied_cluster, repo_argument, state_option
 from gitops.errors import GitopsError
 from gitops.kubeapi import Credentials, KubeAPI
-from gitops.node import MANAGED, MANAGER
+from gitops.pods import MANAGED, MANAGER
 from gitops.worker.configs import WorkerSpec
 from gitops.worker.discovery import ca_hash, new_token
 from gitops.worker.run import join as join_worker

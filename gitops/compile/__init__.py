@@ -18,7 +18,8 @@ from gitops.compile.components import etcd_member, pod_for
 from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState, KubeObject
 from gitops.compile.placement import PlacementError, place
 from gitops.memo import Memo, key_of
-from gitops.model.resources import CONTROLPLANE, BareMetalHost, Cluster, Hypervisor, Node, RepoModel
+from gitops.model.components import CONTROLPLANE
+from gitops.model.resources import BareMetalHost, Cluster, Hypervisor, Node, RepoModel
 from gitops.compile.sip_services import pinned_ports, service_nodes, service_pods
 from gitops.state.records import ClusterRecord, NodeRecord, State
 
@@ -97,7 +98,8 @@ def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str,
         _, hv, rec = ingress[0]
         endpoint = f"https://{hv.ip_address}:{rec.ports['apiserver']}"
         objects = tuple(_shared_object(o) for o in bootstrap_objects(endpoint, record.trust_bundle("cluster")))
-    return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint, objects=objects)
+    return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint, objects=objects,
+                                backup=cluster.backup)
 
 
 def _shared_object(obj: KubeObject) -> KubeObject:

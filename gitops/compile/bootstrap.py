@@ -27,7 +27,7 @@ from gitops.apipaths import (
 )
 from gitops.compile.desired import KubeObject, canonical_json, digest
 from gitops.kubeconfig import cluster_info_kubeconfig
-from gitops.node import MANAGED, MANAGER, SPEC_HASH
+from gitops.pods import MANAGED, MANAGER, SPEC_HASH
 
 BOOTSTRAPPERS = "system:bootstrappers"
 NODES = "system:nodes"

@@ -29,9 +29,18 @@ from gitops.compile.desired import (
 )
 from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
 from gitops.model import versions
-from gitops.model.resources import CONTROLPLANE, Cluster, Hypervisor, Node
+from gitops.model.components import (
+    APISERVER,
+    CONTROLLER_MANAGER,
+    CONTROLPLANE,
+    ETCD,
+    HAPROXY,
+    ROLES,
+    SCHEDULER,
+)
+from gitops.model.resources import Cluster, Hypervisor, Node
 from gitops.model.semantics import is_ip
-from gitops.node import AGENT, AGENT_ROOT, CLUSTER, FILES, MANAGED, MANAGER, NODE, ROLE, SPEC_HASH
+from gitops.pods import AGENT, AGENT_ROOT, CLUSTER, FILES, MANAGED, MANAGER, NODE, ROLE, SPEC_HASH
 from gitops.state.records import ClusterRecord, NodeRecord
 
 ETCD_DATA = "/var/lib/etcd"
@@ -79,7 +88,7 @@ def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cl
         )),
         *files,
     )
-    pod = assemble_pod(node, hv, cluster.image("agent"), files, certs, keys, components)
+    pod = assemble_pod(node, hv, cluster.image(AGENT), files, certs, keys, components)
     api_url = f"https://{hv.ip_address}:{record.ports['apiserver']}" if node.role == CONTROLPLANE else ""
     chains = tuple((c.name, cluster_record.chain(c.signer)) for c in pod.certificates
                    if c.server and cluster_record.chain(c.signer))
@@ -147,7 +156,7 @@ def _files_mount(base: str) -> Mount:
 
 def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cluster_record: ClusterRecord,
                   peers: dict[str, tuple[Hypervisor, NodeRecord]]):
-    """Files, certificates, keys and the four components of a controlplane node, in start order."""
+    """Files, certificates, keys and the components of a controlplane node (its role's), in start order."""
     files_mount = _files_mount(node_dir(hv, node))
     local_api = f"https://{hv.ip_address}:{record.ports['apiserver']}"
     files = (
@@ -155,12 +164,8 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
         FileSpec("controller-manager.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "controller-manager")),
         FileSpec("scheduler.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "scheduler")),
     )
-    components = (
-        _etcd(node, cluster, hv, record, files_mount),
-        _apiserver(node, cluster, hv, record, files_mount),
-        _controller_manager(cluster, hv, record, files_mount),
-        _scheduler(cluster, hv, record, files_mount),
-    )
+    components = tuple(CONTROLPLANE_CONTAINERS[name](node, cluster, hv, record, files_mount)
+                       for name in ROLES[node.role].components)
     return files, _controlplane_certificates(node, cluster, hv, peers), (_SERVICE_ACCOUNT_KEY,), components
 
 
@@ -202,8 +207,8 @@ _SERVICE_ACCOUNT_KEY = KeySpec("sa", "service-account")
 def _etcd(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
     member = etcd_member(hv, node, record)
     return ContainerSpec(
-        name="etcd",
-        image=cluster.image("etcd"),
+        name=ETCD,
+        image=cluster.image(ETCD),
         command=("etcd",),
         args=(
             f"--name={node.name}",
@@ -236,8 +241,8 @@ def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
     the API server before its member changes (gitops.plan.diff)."""
     ip = hv.ip_address
     return ContainerSpec(
-        name="kube-apiserver",
-        image=cluster.image("kubeApiserver"),
+        name=APISERVER,
+        image=cluster.image(APISERVER),
         command=("kube-apiserver",),
         args=(
             f"--advertise-address={ip}",
@@ -304,9 +309,10 @@ def _leader_elected(name: str, image: str, hv: Hypervisor, port: int, kubeconfig
     )
 
 
-def _controller_manager(cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
+def _controller_manager(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
+                        files_mount: Mount) -> ContainerSpec:
     return _leader_elected(
-        "kube-controller-manager", cluster.image("kubeControllerManager"), hv, record.ports["controller-manager"],
+        CONTROLLER_MANAGER, cluster.image(CONTROLLER_MANAGER), hv, record.ports["controller-manager"],
         "controller-manager.kubeconfig", cluster, files_mount, before=(
             f"--client-ca-file={FILES}/ca.crt",
             f"--requestheader-client-ca-file={FILES}/front-proxy-ca.crt",
@@ -317,9 +323,14 @@ def _controller_manager(cluster: Cluster, hv: Hypervisor, record: NodeRecord, fi
         ), after=("--use-service-account-credentials=true", "--controllers=*,bootstrapsigner,tokencleaner"))
 
 
-def _scheduler(cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
-    return _leader_elected("kube-scheduler", cluster.image("kubeScheduler"), hv, record.ports["scheduler"],
+def _scheduler(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
+    return _leader_elected(SCHEDULER, cluster.image(SCHEDULER), hv, record.ports["scheduler"],
                            "scheduler.kubeconfig", cluster, files_mount)
+
+
+#: how each controlplane component's container is built (`ROLES` says which run, in start order)
+CONTROLPLANE_CONTAINERS = {ETCD: _etcd, APISERVER: _apiserver, CONTROLLER_MANAGER: _controller_manager,
+                           SCHEDULER: _scheduler}
 
 
 def _service_account_bundle(cluster: str, record: ClusterRecord,
@@ -350,13 +361,13 @@ def _ingress(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
     )
     config = haproxy_config(hv.ip_address, record.ports["apiserver"], backends, ready_check_ca=f"{FILES}/ca.crt")
     files = (FileSpec("haproxy.cfg", config),)
-    return files, [], (), (haproxy_container(cluster.image("haproxy"), node_dir(hv, node)),)
+    return files, [], (), (haproxy_container(cluster.image(HAPROXY), node_dir(hv, node)),)
 
 
 def haproxy_container(image: str, base: str) -> ContainerSpec:
     """haproxy in the foreground on the `haproxy.cfg` the files agent wrote under `base`."""
     return ContainerSpec(
-        name="haproxy",
+        name=HAPROXY,
         image=image,
         command=("haproxy",),
         args=("-W", "-db", "-f", f"{FILES}/haproxy.cfg"),

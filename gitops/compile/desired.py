@@ -3,7 +3,7 @@
 A node becomes one pod sandbox (host network) holding a `files` agent
 container and the node's components. Certificates and configuration reach
 the components as files in a host directory the agent writes (see
-`gitops.node` for why and how); nothing secret is ever put in a container's
+`gitops.agent` for why and how); nothing secret is ever put in a container's
 arguments, environment, labels or annotations.
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 
 from gitops.cri.types import ContainerSpec, SandboxSpec
 from gitops.memo import ContentDigested, OnceSlots
-from gitops.node import COMPONENT, SPEC_ANNOTATION, SPEC_HASH, file_digest
+from gitops.model.resources import ClusterBackup
+from gitops.pods import COMPONENT, SPEC_ANNOTATION, SPEC_HASH, file_digest
 
 #: what a plan shows for a value that exists only once earlier actions of the same plan ran
 AFTER_APPLY = "(known after apply)"
@@ -206,6 +207,8 @@ class DesiredCluster(ContentDigested):
     api_endpoint: str | None
     #: objects gitops keeps in the cluster's API, sorted by key (none without an endpoint)
     objects: tuple[KubeObject, ...] = ()
+    #: spec.backup: a plan that changes its etcd membership, a member or its version backs etcd up first
+    backup: ClusterBackup | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,9 +28,8 @@ import re
 import struct
 
 from gitops.cri.types import ContainerSpec, Mount
+from gitops.model.components import DEFAULT_JUMPHOST_IMAGE
 from gitops.sip import SIPError
-
-DEFAULT_JUMPHOST_IMAGE = "ghcr.io/gitops-infra/gitops-jumphost:0.1.0"
 
 #: where the public files are mounted (read-only), and their names
 FILES_DIR = "/etc/gitops"

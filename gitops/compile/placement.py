@@ -1,10 +1,14 @@
 """Scheduling nodes onto hypervisors and allocating their ports (pure).
 
 Rules:
-* `controlplane` nodes go on private hypervisors, `controlplane-ingress` on public ones;
+* each role's nodes go on public or private hypervisors (`gitops.model.components.ROLES`):
+  `controlplane` on private ones, `controlplane-ingress` and SIP's services on public ones;
 * a pinned hypervisor is honoured;
 * a recorded placement is kept while its hypervisor still exists and fits, so a new
-  commit never moves a healthy node;
+  commit never moves a healthy node; a node recorded on a Hypervisor that left the repo is an
+  error naming the way back (its pod and etcd data are there: placing it anew would start an
+  empty member under the same name);
+* a cordoned hypervisor (`spec.cordoned`) takes no new node; the nodes it holds stay;
 * new nodes spread a cluster over hypervisors (fewest nodes of that cluster first,
   then fewest nodes overall, then name);
 * ports come from the hypervisor's range, lowest free first, never shared; a
@@ -17,17 +21,9 @@ from collections import Counter
 from collections.abc import Iterable
 
 from gitops.errors import GitopsError
-from gitops.model.resources import CONTROLPLANE, Hypervisor, Node, RepoModel
+from gitops.model.components import CONTROLPLANE, ROLES
+from gitops.model.resources import Hypervisor, Node, RepoModel
 from gitops.state.records import NodeRecord, State
-
-#: host ports each role binds on its hypervisor's IP (host networking)
-PORTS_BY_ROLE: dict[str, tuple[str, ...]] = {
-    CONTROLPLANE: ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler"),
-    "controlplane-ingress": ("apiserver",),
-    # SIP support services: pods on public hypervisors, like ingresses
-    "sip-loadbalancer": ("loadbalancer",),
-    "sip-jumphost": ("ssh",),
-}
 
 
 class PlacementError(GitopsError):
@@ -57,6 +53,9 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
         record = new.nodes.get(node.name)
         if record is not None and _fits(model, node, record):
             continue
+        if record is not None and record.hypervisor not in model.hypervisors:
+            errors.append(_left_the_repo(node, record))
+            continue
         try:
             hypervisor = _choose(model, spread, node, down)
         except Deferred as note:
@@ -72,7 +71,7 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
     taken = _ports_by_hypervisor(new)
     for node in nodes:
         record = new.nodes.get(node.name)
-        if record is None:
+        if record is None or record.hypervisor not in model.hypervisors:  # the latter: an error above
             continue
         try:
             _allocate_ports(model, taken, node, record, (fixed or {}).get(node.name))
@@ -111,7 +110,7 @@ def _ports_by_hypervisor(state: State) -> dict[str, Counter[int]]:
 
 
 def _eligible(hv: Hypervisor, node: Node) -> bool:
-    return hv.public == (node.role != CONTROLPLANE)
+    return hv.public == ROLES[node.role].public
 
 
 def _fits(model: RepoModel, node: Node, record: NodeRecord) -> bool:
@@ -121,17 +120,28 @@ def _fits(model: RepoModel, node: Node, record: NodeRecord) -> bool:
     return node.hypervisor is None or node.hypervisor == record.hypervisor
 
 
+def _left_the_repo(node: Node, record: NodeRecord) -> str:
+    return (f"Node {node.name} is recorded on Hypervisor {record.hypervisor}, which left the repo: its pod and "
+            f"data are there, and placing it anew would start it empty under the same name. Put Hypervisor "
+            f"{record.hypervisor} back in the repo (spec.cordoned: true keeps new nodes off it)")
+
+
 def _choose(model: RepoModel, spread: _Spread, node: Node, down: frozenset[str]) -> Hypervisor:
-    kind = "private" if node.role == CONTROLPLANE else "public"
+    kind = "public" if ROLES[node.role].public else "private"
     if node.hypervisor is not None:
         hv = model.hypervisors[node.hypervisor]
+        if hv.cordoned:
+            raise PlacementError(f"Node {node.name} is pinned to Hypervisor {hv.name}, which is cordoned "
+                                 "(spec.cordoned): no new node is placed there")
         if hv.name in down:
             raise Deferred(f"Node {node.name} is not placed yet: its pinned Hypervisor {hv.name} is unreachable")
         return hv
-    eligible = [hv for hv in model.hypervisors.values() if _eligible(hv, node)]
+    eligible = [hv for hv in model.hypervisors.values() if _eligible(hv, node) and not hv.cordoned]
     candidates = [hv for hv in eligible if hv.name not in down]
     if not eligible:
-        raise PlacementError(f"Node {node.name} (role {node.role}): no {kind} hypervisor in the repo")
+        cordoned = any(hv.cordoned for hv in model.hypervisors.values() if _eligible(hv, node))
+        raise PlacementError(f"Node {node.name} (role {node.role}): no {kind} hypervisor in the repo"
+                             + (" that is not cordoned" if cordoned else ""))
     if not candidates:
         raise Deferred(f"Node {node.name} is not placed yet: every {kind} hypervisor is unreachable")
     same_cluster = spread.by_cluster.get(node.cluster, Counter())
@@ -144,7 +154,7 @@ def _allocate_ports(model: RepoModel, taken: dict[str, Counter[int]], node: Node
     """Give `record` the ports its role needs. `taken` counts every record's ports per hypervisor
     and follows `record`'s changes; the ports `record` held during this call stay used in it."""
     hv = model.hypervisors[record.hypervisor]
-    wanted = PORTS_BY_ROLE[node.role]
+    wanted = ROLES[node.role].ports
     cluster = model.clusters.get(node.cluster)
     if pinned is None and cluster is not None and cluster.api_port is not None and node.role != CONTROLPLANE:
         pinned = ("apiserver", cluster.api_port)

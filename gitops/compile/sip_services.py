@@ -19,14 +19,12 @@ from gitops.compile.components import assemble_pod, haproxy_config, haproxy_cont
 from gitops.compile.desired import DesiredPod, FileSpec
 from gitops.compile.jumphost import jumphost_container, jumphost_files
 from gitops.cri.types import ContainerSpec
-from gitops.model.resources import DEFAULT_AGENT_IMAGE, BareMetalHost, Hypervisor, Node, RepoModel, SIPCluster
+from gitops.model.components import COMPONENTS, DEFAULT_AGENT_IMAGE, HAPROXY, JUMPHOST, SIP_JUMPHOST, SIP_LOADBALANCER
+from gitops.model.resources import BareMetalHost, Hypervisor, Node, RepoModel, SIPCluster
 from gitops.model.networkdata import NetworkDataError, host_ipv4
 from gitops.sip.selection import CLUSTER_LABEL, NODE_TYPE_LABEL, STANDBY_LABEL
 from gitops.state.records import NodeRecord
 
-LB_ROLE = "sip-loadbalancer"
-JUMP_ROLE = "sip-jumphost"
-HAPROXY_IMAGE = "docker.io/library/haproxy:2.8"
 
 
 def service_cluster(sip: str) -> str:
@@ -38,9 +36,9 @@ def service_nodes(model: RepoModel) -> dict[str, Node]:
     out = {}
     for name, sip in sorted(model.sip_clusters.items()):
         if sip.load_balancer is not None:
-            out[f"{name}-lb"] = Node(f"{name}-lb", service_cluster(name), LB_ROLE)
+            out[f"{name}-lb"] = Node(f"{name}-lb", service_cluster(name), SIP_LOADBALANCER)
         if sip.jump_host is not None:
-            out[f"{name}-jump"] = Node(f"{name}-jump", service_cluster(name), JUMP_ROLE)
+            out[f"{name}-jump"] = Node(f"{name}-jump", service_cluster(name), SIP_JUMPHOST)
     return out
 
 
@@ -75,7 +73,7 @@ def service_pods(model: RepoModel, placed: dict[str, tuple[Hypervisor, NodeRecor
         hv, record = placed[node.name]
         sip_name = node.cluster.removeprefix("sip-")
         sip = model.sip_clusters[sip_name]
-        if node.role == LB_ROLE:
+        if node.role == SIP_LOADBALANCER:
             pods[node.name] = _load_balancer(node, sip, hv, record, control_plane_backends(sip_name, hosts, model,
                                                                                          notes))
         else:
@@ -92,7 +90,7 @@ def _load_balancer(node: Node, sip: SIPCluster, hv: Hypervisor, record: NodeReco
     assert sip.load_balancer is not None
     servers = [(name, f"{ip}:{sip.load_balancer.target_port}") for name, ip in backends]
     files = (FileSpec("haproxy.cfg", haproxy_config(hv.ip_address, record.ports["loadbalancer"], servers)),)
-    return _pod(node, hv, files, haproxy_container(HAPROXY_IMAGE, node_dir(hv, node)))
+    return _pod(node, hv, files, haproxy_container(COMPONENTS[HAPROXY].default_image, node_dir(hv, node)))
 
 
 def _jump_host(node: Node, sip: SIPCluster, hv: Hypervisor, record: NodeRecord) -> DesiredPod:
@@ -100,6 +98,6 @@ def _jump_host(node: Node, sip: SIPCluster, hv: Hypervisor, record: NodeRecord) 
     keys = tuple(sip.jump_host.authorized_keys)
     base = node_dir(hv, node)
     files = tuple(FileSpec(name, content) for name, content in sorted(jumphost_files(keys).items()))
-    sshd = jumphost_container("jumphost", hv.ip_address, record.ports["ssh"], keys, f"{base}/files",
+    sshd = jumphost_container(JUMPHOST, hv.ip_address, record.ports["ssh"], keys, f"{base}/files",
                               state_dir_host=f"{base}/host-keys")
     return _pod(node, hv, files, sshd)

@@ -278,7 +278,7 @@ def etcd_members_match_state(ws: Workspace, cluster: str, timeout: float = 30) -
 def running_containers(ws: Workspace, node: str, component: str) -> set[str]:
     """The ids of the running containers of `component` in `node`'s pod, read over CRI."""
     from gitops.cri.client import CRIClient
-    from gitops.node import MANAGED, MANAGER, NODE
+    from gitops.pods import MANAGED, MANAGER, NODE
 
     out = set()
     for hv in ws.lab.hypervisors:

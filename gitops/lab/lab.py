@@ -33,7 +33,8 @@ from pathlib import Path
 import yaml
 
 from gitops.logs import event
-from gitops.cri import CRIClient, CRIError
+from gitops.cri.client import CRIClient
+from gitops.cri.errors import CRIError
 from gitops import procs
 from gitops.lab import configs, hostcheck, images, standins
 from gitops.lab.netns import RECORD, enter, release

@@ -31,7 +31,8 @@ from pathlib import Path
 from gitops.lab import kubebin
 from gitops.lab.errors import LabError
 from gitops.lab.images import ImageFile, ImageRecipe, _which, base_recipes
-from gitops.model.resources import DEFAULT_AGENT_IMAGE, DEFAULT_ETCD_VERSION
+from gitops.model.components import DEFAULT_AGENT_IMAGE
+from gitops.model.resources import DEFAULT_ETCD_VERSION
 from gitops.compile import jumphost
 
 #: the real, buildable version first; the others are stand-ins

@@ -11,6 +11,7 @@ from gitops.model.resources import (
     AuthService,
     BareMetalHost,
     Cluster,
+    ClusterBackup,
     Hypervisor,
     JumpHostService,
     LabelRequirement,
@@ -70,6 +71,7 @@ def hypervisor(doc: Document) -> Hypervisor:
         endpoint=endpoint,
         labels=_labels(doc),
         data_dir=doc.get(("metadata", "annotations", DATA_DIR_ANNOTATION), DEFAULT_DATA_DIR),
+        cordoned=bool(spec.get("cordoned", False)),
     )
 
 
@@ -93,6 +95,8 @@ def cluster(doc: Document) -> Cluster:
         api_server_args=tuple(sorted(api.get("extraArgs", {}).items())),
         ca_generation=certs.get("caGeneration", 1),
         ca_generation_at=f"{doc.file}:{doc.line_of(('spec', 'certificates', 'caGeneration'))}",
+        backup=ClusterBackup(spec["backup"]["target"], spec["backup"].get("intervalMinutes", 60),
+                             spec["backup"].get("keep", 24)) if "backup" in spec else None,
     )
 
 

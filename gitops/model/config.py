@@ -45,6 +45,18 @@ class SecretsPolicy:
 
 
 @dataclass(frozen=True)
+class BackupTarget:
+    """One of `spec.backup.targets`: a restic repository etcd snapshots go to (gitops.backup)."""
+
+    name: str
+    repository: str
+    #: the repository password: decrypted in memory when the repo was loaded with an identity
+    password: str = field(repr=False)
+    #: sftp only: the ssh command restic runs instead of its own (`-o sftp.command=...`)
+    ssh_command: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RepoConfig:
     paths: tuple[str, ...] = (".",)
     status_branch: str = DEFAULT_STATUS_BRANCH
@@ -62,6 +74,10 @@ class RepoConfig:
     cluster_objects_interval: int = 300
     secrets: SecretsPolicy = field(default_factory=SecretsPolicy)
     coordination: Coordination = field(default_factory=Coordination)
+    #: spec.backup.targets by name
+    backup_targets: dict[str, BackupTarget] = field(default_factory=dict, hash=False)
+    #: the spec this was built from (None: the defaults): secret fields are decrypted into it later
+    spec: dict | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def allow_plaintext(self) -> bool:
@@ -95,7 +111,17 @@ class RepoConfig:
                 recipients=tuple(spec.get("secrets", {}).get("recipients", ())),
                 allow_plaintext=spec.get("secrets", {}).get("allowPlaintext", False),
             ),
+            backup_targets=backup_targets(spec),
+            spec=spec,
         )
+
+
+def backup_targets(spec: dict) -> dict[str, BackupTarget]:
+    """`spec.backup.targets` by name (the last of a repeated name: validation reports the repeat). A
+    password's trailing newline (a YAML `|` block's) is not part of it, as with restic's --password-file."""
+    return {t["name"]: BackupTarget(t["name"], t["repository"], t["password"].removesuffix("\n"),
+                                    tuple(t.get("sshCommand", ())))
+            for t in spec.get("backup", {}).get("targets", ())}
 
 
 def _coordination(raw: dict | None) -> Coordination:

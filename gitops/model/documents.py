@@ -35,6 +35,8 @@ class Document:
 
     @property
     def subject(self) -> str:
+        if self.kind == "GitopsConfig" and not self.name:  # gitops.yaml's one document has no name
+            return self.kind
         return f"{self.kind or '?'}/{self.name or '?'}"
 
     @property

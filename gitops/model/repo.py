@@ -38,6 +38,8 @@ class LoadedRepo:
     files: list[str] = field(default_factory=list)
     #: the documents that passed their kind's schema
     valid: list[Document] = field(default_factory=list)
+    #: gitops.yaml's document when it passed its schema (its secret fields are opened with the others')
+    config_document: Document | None = None
 
 
 def load_repo(root: str | os.PathLike[str]) -> LoadedRepo:
@@ -48,7 +50,8 @@ def load_repo(root: str | os.PathLike[str]) -> LoadedRepo:
     root_path = root_path.resolve()
     diagnostics: list[Diagnostic] = []
     config, paths = _load_config(root_path, diagnostics)
-    repo = LoadedRepo(root=root_path, config=config, diagnostics=diagnostics)
+    repo = LoadedRepo(root=root_path, config=config, diagnostics=diagnostics,
+                      config_document=paths if isinstance(paths, Document) and paths.spec is config.spec else None)
     budget = _Budget()
     for rel in _yaml_files(root_path, config, paths, diagnostics):
         if not budget.file(rel, diagnostics):

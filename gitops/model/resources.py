@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from gitops.errors import GitopsError
+from gitops.model.components import COMPONENTS
 from gitops.secrets import is_armored
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ class Hypervisor:
     labels: dict[str, str] = field(default_factory=dict, compare=False)
     #: where node files (certificates, configs, etcd data) live on the hypervisor
     data_dir: str = DEFAULT_DATA_DIR
+    #: spec.cordoned: no new node is placed here; the nodes already here stay
+    cordoned: bool = False
 
     def cri_endpoint(self) -> CRIEndpoint:
         """How the CRI client reaches this hypervisor's runtime."""
@@ -100,9 +103,15 @@ API_SERVER_FLAGS = frozenset({
     "shutdown-delay-duration", "tls-cert-file",
     "tls-private-key-file",
 })
-IMAGE_KEYS = ("etcd", "kubeApiserver", "kubeControllerManager", "kubeScheduler", "haproxy", "agent")
-#: the files agent: a small image with sh, openssl and coreutils (see Dockerfile, target `agent`)
-DEFAULT_AGENT_IMAGE = "ghcr.io/gitops-infra/gitops-agent:0.1.0"
+
+
+@dataclass(frozen=True)
+class ClusterBackup:
+    """`spec.backup` of a Cluster: where and how often its etcd snapshots go, and how many stay."""
+
+    target: str
+    interval_minutes: int = 60
+    keep: int = 24
 
 
 @dataclass(frozen=True)
@@ -125,25 +134,15 @@ class Cluster:
     ca_generation: int = 1
     #: where caGeneration is written ("file:line"), for errors about it
     ca_generation_at: str = field(default="", compare=False)
+    #: spec.backup: etcd snapshots (None: none taken)
+    backup: ClusterBackup | None = None
 
     def image(self, component: str) -> str:
-        """Image of `component` (an IMAGE_KEYS entry): the override, else the upstream default."""
-        if component in self.image_overrides:
-            return self.image_overrides[component]
-        defaults = {
-            "etcd": f"registry.k8s.io/etcd:{self.etcd_version.lstrip('v')}-0",
-            "kubeApiserver": f"registry.k8s.io/kube-apiserver:{self.kubernetes_version}",
-            "kubeControllerManager": f"registry.k8s.io/kube-controller-manager:{self.kubernetes_version}",
-            "kubeScheduler": f"registry.k8s.io/kube-scheduler:{self.kubernetes_version}",
-            "haproxy": "docker.io/library/haproxy:2.8",
-            "agent": DEFAULT_AGENT_IMAGE,
-        }
-        return defaults[component]
+        """Image of `component` (a `COMPONENTS` name): the override, else the upstream default."""
+        return COMPONENTS[component].image(self.image_overrides, self.kubernetes_version, self.etcd_version)
 
 
-NodeRole = str  # "controlplane" | "controlplane-ingress"
-CONTROLPLANE = "controlplane"
-INGRESS = "controlplane-ingress"
+NodeRole = str  # a `ROLES` name: "controlplane" | "controlplane-ingress" (and SIP's services)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,12 @@ from gitops.model.diagnostics import Diagnostic, format_path
 from gitops.model.documents import Document, FieldPath
 from gitops.secrets import SecretsError, decrypt, dearmor, is_armored
 
-#: Per kind, the fields that may be age-encrypted. Add a path here to declare a new secret field.
+#: Per kind, the fields that may be age-encrypted. Add a path here to declare a new secret field;
+#: ANY in a path stands for every key or list index at that place.
+ANY = "*"
 SECRET_FIELDS: dict[str, tuple[FieldPath, ...]] = {
     "Hypervisor": (("spec", "remoteCRIEndpoint", "clientCertificate", "privateKey"),),
+    "GitopsConfig": (("spec", "backup", "targets", ANY, "password"),),
 }
 
 #: both PEM keys and armored age files start with it: a cheap test before the others (repos at scale)
@@ -47,8 +50,28 @@ def declared(kind: str) -> tuple[FieldPath, ...]:
     return SECRET_FIELDS.get(kind, ())
 
 
+def is_secret(kind: str, path: FieldPath) -> bool:
+    """Whether `path` of a `kind` document is a declared secret field."""
+    return any(len(p) == len(path) and all(a == ANY or a == b for a, b in zip(p, path)) for p in declared(kind))
+
+
+def _expand(value: Any, pattern: FieldPath, path: FieldPath = ()) -> Iterator[tuple[FieldPath, Any]]:
+    """The values at `pattern` under `value` (ANY: every key or index there), with their paths."""
+    if not pattern:
+        yield path, value
+        return
+    head, rest = pattern[0], pattern[1:]
+    if head == ANY:
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            yield from _expand(item, rest, path + (key,))
+    elif isinstance(value, dict) and head in value:
+        yield from _expand(value[head], rest, path + (head,))
+
+
 def describe_declared() -> str:
-    return "; ".join(f"{kind}: {', '.join(format_path(p) for p in paths)}" for kind, paths in SECRET_FIELDS.items())
+    return "; ".join(f"{kind}: {', '.join(format_path(p).replace('.' + ANY, '[*]') for p in paths)}"
+                     for kind, paths in SECRET_FIELDS.items())
 
 
 def strings(value: Any, path: FieldPath = (), *, keys: bool = False) -> Iterator[tuple[FieldPath, str]]:
@@ -92,10 +115,10 @@ def private_key_in(text: str) -> str:
 
 def secret_values(doc: Document) -> Iterator[tuple[FieldPath, str]]:
     """The declared secret fields of `doc` that are present, with their (string) values."""
-    for path in declared(doc.kind):
-        value = doc.get(path)
-        if isinstance(value, str):
-            yield path, value
+    for pattern in declared(doc.kind):
+        for path, value in _expand(doc.data, pattern):
+            if isinstance(value, str):
+                yield path, value
 
 
 @dataclass
@@ -112,12 +135,12 @@ class Opened:
 def plaintext_findings(docs: list[Document], allow: bool) -> Iterator[Diagnostic]:
     """A plaintext private key anywhere in the documents' values (error, or warning when allowed)."""
     for doc in docs:
-        secret = set(declared(doc.kind))
+        yield from _plaintext_secrets(doc, allow)
         for path, value in strings(doc.data, keys=True):
             what = private_key_in(value)
             if not what:
                 continue
-            if path in secret:
+            if is_secret(doc.kind, path):
                 how = f"encrypt it: gitops secrets encrypt {doc.file} --field {format_path(path)}"
             else:
                 how = ("this field is not a secret field gitops decrypts, so keep the key out of the repo "
@@ -127,6 +150,20 @@ def plaintext_findings(docs: list[Document], allow: bool) -> Iterator[Diagnostic
             else:
                 yield doc.error(path, f"plaintext {what} in the repo; {how}, or set "
                                       "spec.secrets.allowPlaintext: true in gitops.yaml (labs only)")
+
+
+def _plaintext_secrets(doc: Document, allow: bool) -> Iterator[Diagnostic]:
+    """A declared secret field holding plaintext that is no private key (a password): the key check
+    above reports the others."""
+    for path, value in secret_values(doc):
+        if (PEM_MARK in value and is_armored(value)) or private_key_in(value):
+            continue
+        if allow:
+            yield doc.error(path, "plaintext secret (allowed by spec.secrets.allowPlaintext in gitops.yaml)")
+        else:
+            yield doc.error(path, f"plaintext secret in the repo; encrypt it: gitops secrets encrypt {doc.file} "
+                                  f"--field {format_path(path)}, or set spec.secrets.allowPlaintext: true in "
+                                  "gitops.yaml (labs only)")
 
 
 def open_secrets(docs: list[Document], config: RepoConfig,
@@ -140,11 +177,10 @@ def open_secrets(docs: list[Document], config: RepoConfig,
     findings = list(plaintext_findings(docs, config.allow_plaintext))
     (out.warnings if config.allow_plaintext else out.errors).extend(findings)
     for doc in docs:
-        secret = set(declared(doc.kind))
         for path, value in strings(doc.data):
             if PEM_MARK not in value or not is_armored(value):
                 continue
-            if path not in secret:
+            if not is_secret(doc.kind, path):
                 out.errors.append(doc.error(path, "age-encrypted value in a field gitops does not decrypt "
                                                   f"(secret fields: {describe_declared()})"))
                 continue

@@ -14,6 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from gitops.model import versions
+from gitops.model.components import CONTROLPLANE, INGRESS, ROLES
 from gitops.model.diagnostics import Diagnostic
 from gitops.model.documents import Document
 from gitops.model.networkdata import NetworkDataError, first_ipv4, network_data_from_secret
@@ -70,7 +71,8 @@ def node_references(valid: list[Document], everything: list[Document]) -> Iterab
             yield node.error(("spec", "hypervisor"), f"Hypervisor {pinned!r} does not exist" + _known(hypervisors))
             continue
         public = hv.spec.get("public", False) is True
-        wants_public = node.spec.get("role") == "controlplane-ingress"
+        role = ROLES.get(node.spec.get("role"))
+        wants_public = role is not None and role.public
         if public != wants_public:
             need = "public" if wants_public else "private"
             yield node.error(("spec", "hypervisor"), f"role {node.spec.get('role')} runs on {need} hypervisors, "
@@ -195,7 +197,7 @@ def node_counts(docs: list[Document], _everything: list[Document]) -> Iterable[D
     """A cluster has at most `MAX_CONTROLPLANE_NODES` controlplane Nodes (etcd members) and
     `MAX_INGRESS_NODES` controlplane-ingress ones; each one past the bound is an error."""
     seen: dict[tuple[str, str], int] = defaultdict(int)
-    bounds = {"controlplane": MAX_CONTROLPLANE_NODES, "controlplane-ingress": MAX_INGRESS_NODES}
+    bounds = {CONTROLPLANE: MAX_CONTROLPLANE_NODES, INGRESS: MAX_INGRESS_NODES}
     for node in _of_kind(docs, "Node"):
         cluster, role = node.spec.get("cluster"), node.spec.get("role")
         if role not in bounds:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from gitops.errors import GitopsError
 from gitops.model.build import build_model
-from gitops.model.config import CONFIG_FILE, RepoConfig, SecretsPolicy
+from gitops.model.config import CONFIG_FILE, RepoConfig, SecretsPolicy, backup_targets
 from gitops.model.diagnostics import Diagnostic, capped
 from gitops.model.repo import LoadedRepo, load_repo, read_documents, schema_errors
 from gitops.model.resources import Hypervisor, RepoModel
@@ -50,8 +50,12 @@ def validate_repo(root: str | os.PathLike[str], identity: str | None = None, *,
     """
     repo = load_repo(root)
     identities = load_identities(identity) if identity else None
-    opened = open_secrets(repo.documents, repo.config, identities)
-    diagnostics = list(repo.diagnostics) + opened.errors + check_all(repo.valid, repo.documents)
+    config_docs = [repo.config_document] if repo.config_document is not None else []
+    opened = open_secrets(config_docs + repo.documents, repo.config, identities)
+    if config_docs:  # the targets again, with their passwords as decrypted
+        repo.config = dataclasses.replace(repo.config, backup_targets=backup_targets(config_docs[0].spec))
+    diagnostics = (list(repo.diagnostics) + opened.errors + check_all(repo.valid, repo.documents)
+                   + backup_references(repo))
     if not sealed_ok:
         diagnostics += [_needs_identity(d) for d in opened.sealed]
     diagnostics = sorted(set(diagnostics))
@@ -59,6 +63,25 @@ def validate_repo(root: str | os.PathLike[str], identity: str | None = None, *,
     return Validation(repo=repo, diagnostics=diagnostics, model=model,
                       warnings=sorted(set(opened.warnings + _recipient_warnings(repo, identities, opened))),
                       sealed=opened.sealed if sealed_ok else [], decrypted=opened.decrypted)
+
+
+def backup_references(repo: LoadedRepo) -> list[Diagnostic]:
+    """Each backup target named once; each Cluster's spec.backup.target one of them."""
+    out = []
+    seen: set[str] = set()
+    doc = repo.config_document
+    for index, target in enumerate(doc.spec.get("backup", {}).get("targets", ()) if doc else ()):
+        if target["name"] in seen:
+            out.append(doc.error(("spec", "backup", "targets", index, "name"),
+                                 f"backup target {target['name']!r} is named twice"))
+        seen.add(target["name"])
+    for cluster in repo.valid:
+        target = cluster.get(("spec", "backup", "target")) if cluster.kind == "Cluster" else None
+        if target is not None and target not in seen:
+            known = ", ".join(sorted(seen)) or "none: add spec.backup.targets to gitops.yaml"
+            out.append(cluster.error(("spec", "backup", "target"), f"no backup target {target!r} "
+                                                                   f"(gitops.yaml's targets: {known})"))
+    return out
 
 
 def _needs_identity(sealed: Diagnostic) -> Diagnostic:

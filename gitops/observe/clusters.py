@@ -1,84 +1,23 @@
 """Live state inside each cluster's own API: gitops's bootstrap objects, joined nodes,
-and certificate requests waiting for gitops to sign them. Reads only."""
+and certificate requests waiting for gitops to sign them. Reads only; what it reports is
+`gitops.observe.types`."""
 from __future__ import annotations
 
 import base64
 import hashlib
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from gitops.apipaths import COLLECTIONS, CSRS
 from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
-from gitops.node import MANAGED, MANAGER, SPEC_HASH
+from gitops.observe.types import ClusterTarget, ObservedCluster, ObservedCSR, ObservedWorker
+from gitops.pods import MANAGED, MANAGER, SPEC_HASH
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ClusterTarget:
-    """How to reach a cluster's API as its admin."""
-
-    cluster: str
-    #: the cluster's running API servers, tried in order until one answers
-    servers: tuple[str, ...]
-    ca_pem: str = field(repr=False)
-    cert_pem: str = field(repr=False)
-    key_pem: str = field(repr=False)
-
-
-@dataclass(frozen=True)
-class ObservedCSR:
-    """A certificate request no one has answered yet (no certificate issued, not denied)."""
-
-    name: str
-    uid: str
-    signer: str
-    username: str
-    groups: tuple[str, ...]
-    usages: tuple[str, ...]
-    request: str  # PEM
-    approved: bool
-
-
-@dataclass(frozen=True)
-class ObservedWorker:
-    name: str
-    ready: bool
-    kubelet_version: str = ""
-    address: str = ""
-
-
-@dataclass(frozen=True)
-class ObservedCluster:
-    name: str
-    reachable: bool
-    error: str = ""
-    #: gitops's objects found (collection/name) and their spec-hash annotation
-    objects: dict[str, str] = field(default_factory=dict)
-    #: the cluster's Nodes (all of them are workers: control planes run as pods, not kubelets)
-    workers: tuple[ObservedWorker, ...] = ()
-    pending_csrs: tuple[ObservedCSR, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "reachable": self.reachable, "error": self.error,
-                "objects": dict(sorted(self.objects.items())),
-                "workers": [vars(w) for w in self.workers],
-                "pending_csrs": [{**vars(c), "groups": list(c.groups), "usages": list(c.usages)}
-                                 for c in self.pending_csrs]}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ObservedCluster":
-        objects = {sys.intern(k): sys.intern(v) for k, v in data.get("objects", {}).items()}  # alike in every cluster
-        return cls(data["name"], data["reachable"], data.get("error", ""), objects,
-                   tuple(ObservedWorker(**w) for w in data.get("workers", ())),
-                   tuple(ObservedCSR(**{**c, "groups": tuple(c["groups"]), "usages": tuple(c["usages"])})
-                         for c in data.get("pending_csrs", ())))
 
 
 def observe_cluster(target: ClusterTarget, timeout: float = 5.0) -> ObservedCluster:

@@ -16,8 +16,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from gitops.compile.desired import DesiredState
-from gitops.observe import ObservedState
-from gitops.observe.clusters import ObservedCSR
+from gitops.model.components import APISERVER
+from gitops.observe.types import ObservedCSR, ObservedState
 from gitops.pki import PKIError, load_csr_pem
 from gitops.plan.actions import Action, Kind, Unknown, UnknownKind
 from gitops.plan.payloads import PutObject, SignRequest
@@ -41,7 +41,7 @@ def cluster_api_actions(desired: DesiredState, observed: ObservedState, health_t
     warnings: list[str] = []
     unknowns: list[Unknown] = []
     down = set(observed.unreachable)
-    running = {p.cluster for p in observed.pods() if p.running("kube-apiserver")}
+    running = {p.cluster for p in observed.pods() if p.running(APISERVER)}
     for name, cluster in sorted(desired.clusters.items()):
         if not cluster.objects or cluster.api_endpoint is None:
             continue

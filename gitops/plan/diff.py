@@ -25,9 +25,8 @@ from gitops.compile.desired import (
     DesiredState,
 )
 from gitops.memo import key_of
-from gitops.model.resources import CONTROLPLANE
-from gitops.node import AGENT, FILES, SPEC_HASH, NodeFiles
-from gitops.observe import ObservedContainer, ObservedPod, ObservedState
+from gitops.model.components import CONTROLPLANE
+from gitops.observe.types import ObservedContainer, ObservedPod, ObservedState
 from gitops.pki.facts import certificate_facts
 from gitops.plan.actions import Action, Kind, Unknown, UnknownKind
 from gitops.plan.payloads import (
@@ -39,6 +38,7 @@ from gitops.plan.payloads import (
     Remove,
     WriteFiles,
 )
+from gitops.pods import AGENT, FILES, SPEC_HASH, NodeFiles
 from gitops.state.records import ClusterRecord, State
 
 MAX_LISTED_CHANGES = 6

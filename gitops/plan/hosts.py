@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from gitops.plan.actions import Action, Kind
 from gitops.plan.payloads import LabelHost
-from gitops.sip.selection import SIPPlan
+from gitops.sip.selection import HostSelection
 
 
-def label_actions(plan: SIPPlan) -> list[Action]:
+def label_actions(plan: HostSelection) -> list[Action]:
     actions = []
     for change in plan.changes:
         details = tuple(f"set {k}={v}" for k, v in change.set) + tuple(f"remove {k}" for k in change.remove)
@@ -15,6 +15,6 @@ def label_actions(plan: SIPPlan) -> list[Action]:
     return actions
 
 
-def sip_warnings(plan: SIPPlan) -> list[str]:
+def sip_warnings(plan: HostSelection) -> list[str]:
     return [f"SIPCluster {s.cluster}: {s.condition.reason}: {s.condition.message}"
             for s in plan.selections if not s.ready]

@@ -21,7 +21,7 @@ from typing import Any, Union
 
 from gitops.compile.desired import AFTER_APPLY, CertificateSpec, FileSpec, KeySpec, ServiceAccountBundle
 from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
-from gitops.node import CERTIFICATES_ANNOTATION, COMPONENT, SPEC_ANNOTATION, SPEC_HASH, file_digest
+from gitops.pods import CERTIFICATES_ANNOTATION, COMPONENT, SPEC_ANNOTATION, SPEC_HASH, file_digest
 
 
 @dataclass(frozen=True)
@@ -240,11 +240,22 @@ class RotationStep:
     phase: str
 
 
+@dataclass(frozen=True)
+class BackupEtcd:
+    """Snapshot the cluster's etcd into backup target `target` (by name: apply reads its repository and
+    password from the repo settings, never from the plan), from the healthiest current member of
+    `members` (node, client URL), then keep the newest `keep`."""
+
+    target: str
+    keep: int
+    members: tuple[tuple[str, str], ...]
+
+
 Payload = Union[CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange, CreateContainer, Remove, LabelHost,
-                PutObject, SignRequest, RotationStep]
+                PutObject, SignRequest, RotationStep, BackupEtcd]
 TYPES: dict[str, type] = {t.__name__: t for t in (CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange,
                                                    CreateContainer, Remove, LabelHost, PutObject, SignRequest,
-                                                   RotationStep)}
+                                                   RotationStep, BackupEtcd)}
 
 
 def payload_to_dict(payload: Payload) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives import hashes
 
 from gitops.errors import GitopsError
-from gitops.model.resources import CONTROLPLANE, INGRESS
-from gitops.observe import ObservedState
+from gitops.model.components import CONTROLPLANE, INGRESS
+from gitops.observe.types import ObservedState
 from gitops.pki import PKIError, load_certs_pem
 from gitops.state.records import State
 

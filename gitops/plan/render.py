@@ -66,12 +66,14 @@ def describe(action: Action) -> str:
     return f"{what}: {action.reason}" if action.reason else what
 
 
-def _groups(plan: Plan) -> "OrderedDict[tuple[str, str], list[Action]]":
-    groups: OrderedDict[tuple[str, str], list[Action]] = OrderedDict()
-    # a cluster's nodes first, then what happens inside its API (objects, workers' certificates)
-    for action in sorted(plan.actions, key=lambda a: (a.cluster, a.info.phase >= API_PHASE,
+def _groups(plan: Plan) -> "OrderedDict[tuple[str, str, str], list[Action]]":
+    groups: OrderedDict[tuple[str, str, str], list[Action]] = OrderedDict()
+    # a cluster's backup first, its nodes, what happens inside its API (objects, workers' certificates),
+    # then its recorded state
+    for action in sorted(plan.actions, key=lambda a: (a.cluster, a.kind != Kind.BACKUP_ETCD, a.info.phase >= API_PHASE,
                                                       a.kind == Kind.ADVANCE_CA_ROTATION, a.node)):
-        groups.setdefault((action.cluster, action.node), []).append(action)
+        section = action.kind.value if action.kind in (Kind.BACKUP_ETCD, Kind.ADVANCE_CA_ROTATION) else ""
+        groups.setdefault((action.cluster, action.node, section), []).append(action)
     for key in groups:
         groups[key].sort(key=Action.sort_key)
     return groups
@@ -79,6 +81,8 @@ def _groups(plan: Plan) -> "OrderedDict[tuple[str, str], list[Action]]":
 
 def _what(actions: list[Action]) -> str:
     kinds = {a.kind for a in actions}
+    if Kind.BACKUP_ETCD in kinds:
+        return "Backup:"
     if Kind.ADVANCE_CA_ROTATION in kinds:
         return "Recorded state:"
     if Kind.LABEL_HOST in kinds:
@@ -97,7 +101,7 @@ def render_text(plan: Plan, console: Console) -> None:
     for note in plan.notes:
         console.print(f"[bold cyan]» {safe(note)}[/bold cyan]")
     cluster = None
-    for (cluster_name, node), actions in _groups(plan).items():
+    for (cluster_name, node, _), actions in _groups(plan).items():
         if cluster_name != cluster:
             cluster = cluster_name
             console.print(f"\n[bold]Cluster {safe(cluster_name)}[/bold]")
@@ -123,7 +127,7 @@ def render_markdown(plan: Plan) -> str:
         lines += [f"- :arrows_counterclockwise: {n}" for n in plan.notes] + [""]
     symbol = {"+": "+", "-": "-", "~": "!"}
     cluster = None
-    for (cluster_name, node), actions in _groups(plan).items():
+    for (cluster_name, node, _), actions in _groups(plan).items():
         if cluster_name != cluster:
             if cluster is not None:
                 lines += ["```", ""]

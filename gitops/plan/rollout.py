@@ -14,20 +14,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gitops.compile.components import SHUTDOWN_DELAY
-from gitops.compile.desired import DesiredPod, DesiredState
+from gitops.compile.desired import AFTER_APPLY, DesiredPod, DesiredState
 from gitops.memo import Memo
-from gitops.model.resources import CONTROLPLANE
-from gitops.node import AGENT
-from gitops.observe import ObservedPod, ObservedState
+from gitops.model.components import APISERVER, CONTROLPLANE, ETCD, ETCD_MEMBER, OVERLAP, READYZ, rollout_of
+from gitops.observe.types import ObservedPod, ObservedState
 from gitops.plan.actions import Action, Kind, Plan, Unknown, UnknownKind
 from gitops.plan.diff import ClusterInputs, DiffOptions, cluster_inputs, compare, unreachable
-from gitops.plan.payloads import ApiReady, CreateContainer, EtcdHealth, EtcdMemberChange, Remove
+from gitops.plan.payloads import ApiReady, BackupEtcd, CreateContainer, EtcdHealth, EtcdMemberChange, Remove
+from gitops.pods import AGENT
 from gitops.state.records import State
 
-#: the component that talks to its node's etcd member only (`--etcd-servers`)
-APISERVER = "kube-apiserver"
-#: the ingress component, and how long a new one runs beside the one it replaces
-INGRESS = "haproxy"
+#: how long a new container replaced with `OVERLAP` (the ingress) runs beside the one it replaces
 INGRESS_OVERLAP = 2
 _MEMBERSHIP = (Kind.ETCD_MEMBER_ADD, Kind.ETCD_MEMBER_PROMOTE, Kind.ETCD_MEMBER_REMOVE)
 _GRACEFUL_STOP = (f"stops gracefully: fails /readyz for {SHUTDOWN_DELAY}s first, so the ingress takes it out "
@@ -97,7 +94,38 @@ def roll_out(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, Ob
     actions = drain_api_servers(inputs, actions, keepers, timeout)
     actions, votes = hold_votes(inputs, actions)
     actions, quorum = hold_quorum(inputs, actions)
-    return leadership_order(actions), [*votes, *quorum]
+    return back_up_first(inputs, leadership_order(actions)), [*votes, *quorum]
+
+
+def back_up_first(inputs: ClusterInputs, actions: list[Action]) -> list[Action]:
+    """A cluster with spec.backup whose plan changes its etcd membership, replaces a running etcd member
+    (a CA, a certificate, its image) or changes its API servers' image (a version) gets a snapshot of
+    its etcd first, while a quorum of its recorded members runs (without one there is nothing to read)."""
+    backup, record, want = inputs.want.backup if inputs.want else None, inputs.record, inputs.want
+    if backup is None or record is None or want is None or not record.etcd_members or not _has_quorum(inputs):
+        return actions
+    why = _backup_reason(actions)
+    if not why:
+        return actions
+    members = tuple((m.node, m.client_url) for m in want.etcd_members if m.node in record.etcd_members)
+    return [Action(Kind.BACKUP_ETCD, "", inputs.cluster, "", reason=f"before this plan {why}",
+                   details=(f"to backup target {backup.target} (keeps the newest {backup.keep})",
+                            f"from the healthy member with the highest revision of those that stay ({', '.join(n for n, _ in members)})"
+                            f": {AFTER_APPLY}", f"snapshot id: {AFTER_APPLY}"),
+                   payload=BackupEtcd(backup.target, backup.keep, members)), *actions]
+
+
+def _backup_reason(actions: list[Action]) -> str:
+    """What in `actions` calls for a snapshot first ("" when nothing does)."""
+    if any(a.kind in _MEMBERSHIP for a in actions):
+        return "changes etcd membership"
+    for a in actions:
+        if a.kind == Kind.RECREATE_CONTAINER and isinstance(a.payload, CreateContainer) and a.payload.etcd is not None:
+            return f"replaces running etcd member {a.node}"
+        if (a.kind == Kind.RECREATE_CONTAINER and rollout_of(a.component) == READYZ
+                and any(d.startswith("image: ") for d in a.details)):
+            return f"changes the image of {a.component} on {a.node}"
+    return ""
 
 
 # ------------------------------------------------------------------------------ gates
@@ -137,7 +165,7 @@ def _gate_start(action: Action, pod: DesiredPod, timeout: int) -> Action:
 def _gate_replacement(action: Action, pod: DesiredPod, inputs: ClusterInputs, timeout: int) -> Action:
     payload, name = action.payload, action.component
     assert isinstance(payload, CreateContainer)
-    etcd = _etcd_health(pod, inputs, timeout) if name == "etcd" else None
+    etcd = _etcd_health(pod, inputs, timeout) if rollout_of(name) == ETCD_MEMBER else None
     ready = _api_ready(pod, name, timeout)
     if etcd is not None:
         payload = dataclasses.replace(payload, etcd=etcd)
@@ -145,7 +173,7 @@ def _gate_replacement(action: Action, pod: DesiredPod, inputs: ClusterInputs, ti
                 f"after (up to {etcd.timeout}s each)")
     elif ready is not None:
         payload, gate = dataclasses.replace(payload, ready=ready), _ready_gate(ready)
-    elif name == INGRESS and pod.role != CONTROLPLANE:
+    elif rollout_of(name) == OVERLAP and pod.role != CONTROLPLANE:
         payload = dataclasses.replace(payload, overlap=INGRESS_OVERLAP)
         gate = f"started beside the running one, which soft-stops {INGRESS_OVERLAP}s later: the port never closes"
     else:
@@ -155,7 +183,7 @@ def _gate_replacement(action: Action, pod: DesiredPod, inputs: ClusterInputs, ti
 
 def _api_ready(pod: DesiredPod, component: str, timeout: int) -> ApiReady | None:
     """The gate of a controlplane node's own API server: its /readyz."""
-    return ApiReady(f"{pod.api_url}/readyz", timeout) if component == APISERVER and pod.api_url else None
+    return ApiReady(f"{pod.api_url}/readyz", timeout) if rollout_of(component) == READYZ and pod.api_url else None
 
 
 def _ready_gate(ready: ApiReady) -> str:
@@ -186,7 +214,7 @@ def _has_quorum(inputs: ClusterInputs) -> bool:
 
 def _etcd_running(inputs: ClusterInputs) -> set[str]:
     """The nodes of the cluster with an etcd container running (as observed)."""
-    return {node for node, pods in inputs.have.items() if any(p.running("etcd") is not None for p in pods)}
+    return {node for node, pods in inputs.have.items() if any(p.running(ETCD) is not None for p in pods)}
 
 
 def _agents_first(actions: list[Action]) -> list[Action]:
@@ -211,7 +239,7 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
     if not members:
         return actions  # the whole control plane goes: its pods are removed, etcd with them
     location = {p.node: p.hypervisor for p in inputs.wants}
-    order = {p.node: next((i for i, c in enumerate(p.containers) if c.spec.name == "etcd"), 0)
+    order = {p.node: next((i for i, c in enumerate(p.containers) if c.spec.name == ETCD), 0)
              for p in inputs.wants}
     placed_on = dict(inputs.members_on)
 
@@ -239,7 +267,7 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
                                   reason="new controlplane node joins etcd, as a learner",
                                   details=(member.peer_url, f"the {len(ask(node))} member(s) must be healthy first"),
                                   payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout)))
-        actions.append(Action(Kind.ETCD_MEMBER_PROMOTE, where, cluster, node, component="etcd",
+        actions.append(Action(Kind.ETCD_MEMBER_PROMOTE, where, cluster, node, component=ETCD,
                               order=order.get(node, 0),
                               reason="the learner votes once it has caught up" if node not in recorded
                               else "a learner added by an earlier run: it votes once it has caught up",
@@ -251,7 +279,7 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
 
 def _rolls_member(action: Action) -> bool:
     """Whether `action` replaces a running etcd member of a serving cluster (health-gated: needs quorum)."""
-    return (action.kind == Kind.RECREATE_CONTAINER and action.component == "etcd"
+    return (action.kind == Kind.RECREATE_CONTAINER and action.component == ETCD
             and isinstance(action.payload, CreateContainer) and action.payload.etcd is not None)
 
 
@@ -406,5 +434,5 @@ def hold_quorum(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Acti
     return [a for a in actions if a.node not in waiting], held
 
 
-__all__ = ["APISERVER", "CLUSTER_DIFFS", "INGRESS", "drain_api_servers", "etcd_membership", "gate", "hold_quorum",
+__all__ = ["CLUSTER_DIFFS", "drain_api_servers", "etcd_membership", "gate", "hold_quorum",
            "hold_votes", "leadership_order", "ordered", "plan_nodes", "roll_out"]

@@ -19,7 +19,7 @@ from typing import Any
 from gitops.errors import GitopsError
 from gitops.model.config import CONFIG_FILE
 from gitops.model.yamlload import MAX_FILE_BYTES
-from gitops.observe import ObservedState
+from gitops.observe.types import ObservedState
 from gitops.plan.actions import Plan
 from gitops.printable import printable, shorten
 from gitops.safeio import FileRefused, MiB, read_bytes, read_text

@@ -14,8 +14,9 @@ import re
 
 from gitops.errors import GitopsError
 from gitops.model import versions
+from gitops.model.components import APISERVER
 from gitops.model.resources import RepoModel
-from gitops.observe import ObservedState
+from gitops.observe.types import ObservedState
 
 _TAG = re.compile(r":v?(\d+)\.(\d+)\.(\d+)(?:[-+][^/]*)?$")
 
@@ -28,7 +29,7 @@ def running_minors(observed: ObservedState) -> dict[str, set[tuple[int, int]]]:
     """(major, minor) of every running kube-apiserver, by cluster."""
     out: dict[str, set[tuple[int, int]]] = {}
     for pod in observed.pods():
-        container = pod.running("kube-apiserver")
+        container = pod.running(APISERVER)
         minor = _minor(container.spec) if container is not None and container.spec is not None else None
         if minor is not None:
             out.setdefault(pod.cluster, set()).add(minor)

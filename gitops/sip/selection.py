@@ -177,7 +177,9 @@ class LabelChange:
 
 
 @dataclass(frozen=True)
-class SIPPlan:
+class HostSelection:
+    """Which hosts each SIPCluster gets, and the label changes that make it so."""
+
     selections: tuple[Selection, ...] = ()  # by cluster name
     changes: tuple[LabelChange, ...] = ()  # by host key
 
@@ -209,7 +211,7 @@ class SIPPlan:
 # --------------------------------------------------------------------------- planning
 
 
-def select_hosts(clusters: Mapping[str, SIPCluster], hosts: Iterable[BareMetalHost]) -> SIPPlan:
+def select_hosts(clusters: Mapping[str, SIPCluster], hosts: Iterable[BareMetalHost]) -> HostSelection:
     """Selections and label changes for every SIPCluster over `hosts` (pure, deterministic)."""
     by_key = {host_key(h): h for h in sorted(hosts, key=host_key)}
     original = {k: dict(h.labels) for k, h in by_key.items()}
@@ -233,7 +235,7 @@ def select_hosts(clusters: Mapping[str, SIPCluster], hosts: Iterable[BareMetalHo
             remove=tuple(sorted(k for k in before if k not in after)),
             reason="; ".join(dict.fromkeys(reasons.get(key, ()))),
         ))
-    return SIPPlan(selections=selections, changes=tuple(changes))
+    return HostSelection(selections=selections, changes=tuple(changes))
 
 
 def _one_pass(clusters: Mapping[str, SIPCluster], hosts: dict[str, BareMetalHost],

@@ -119,6 +119,12 @@ class StatusBranch:
         """Every file of the worktree's index (as of the last `sync`), sorted."""
         return sorted(self._tracked())
 
+    def tracked_under(self, folder: str) -> list[str]:
+        """The files of `tracked` under `folder`; none when there is no worktree yet."""
+        if not (self.dir / ".git").exists():
+            return []
+        return [rel for rel in self.tracked() if rel.startswith(folder + "/")]
+
     def _tracked(self) -> dict[str, str]:
         """path -> blob id of every file in the index."""
         out = {}

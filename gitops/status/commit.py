@@ -13,13 +13,13 @@ from collections.abc import Callable
 from gitops.compile.desired import DesiredState
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.model.resources import RepoModel
-from gitops.observe import ObservedState
-from gitops.sip.selection import SIPPlan
+from gitops.observe.types import ObservedState
+from gitops.sip.selection import HostSelection
 from gitops.state.records import State
 from gitops.status.reader import APPLY, SOURCE, kubeconfig_path
 from gitops.status.report import Outcome, resource_documents, sip_documents, source_document
+from gitops.status.sealed_state import Sealer
 from gitops.status.snapshot import snapshot_files
-from gitops.status.state import Sealer
 
 #: node name -> (hypervisor, ports), as recorded
 Placements = dict[str, tuple[str, dict[str, int]]]
@@ -31,7 +31,7 @@ def placements_of(state: State) -> Placements:
 
 
 def commit_documents(outcome: Outcome, record: bytes | None, model: RepoModel, desired: DesiredState,
-                     observed: ObservedState, sip: SIPPlan, placements: Placements,
+                     observed: ObservedState, sip: HostSelection, placements: Placements,
                      previous: Callable[[str], bytes | None], now: dt.datetime) -> dict[str, bytes]:
     """Source status, the live snapshot, the apply record (`record`, else the branch's previous one, kept),
     and the status of every resource; `previous` reads the branch's files as they are."""

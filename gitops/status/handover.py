@@ -15,7 +15,7 @@ from gitops.errors import GitopsError
 from gitops.state.records import State
 from gitops.status.branch import StatusBranch
 from gitops.status.reader import PUBLIC, STATE_DIR
-from gitops.status.state import ControllerStateStore, Sealer
+from gitops.status.sealed_state import ControllerStateStore, Sealer
 
 
 class HandoverError(GitopsError):

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gitops.node import NodeFiles
-from gitops.observe import ObservedPod, ObservedState
+from gitops.observe.types import ObservedPod, ObservedState
+from gitops.pods import NodeFiles
 
 
 def pod_listing(pod: ObservedPod) -> str:

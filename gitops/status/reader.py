@@ -20,7 +20,7 @@ import yaml
 from gitops.errors import GitopsError
 from gitops.model.config import CONFIG_FILE, DEFAULT_STATUS_BRANCH
 from gitops.model.yamlload import MAX_FILE_BYTES, YamlError, load_yaml_documents
-from gitops.observe import ObservedState
+from gitops.observe.types import ObservedState
 from gitops.safeio import FileRefused, read_bytes
 from gitops.status.snapshot import CLUSTERS_DIR, HYPERVISORS, OBSERVED_DIR, load_snapshot
 
@@ -179,9 +179,13 @@ class StatusReader:
 
     def documents(self, kind: str) -> dict[str, dict[str, Any]]:
         """Every `status/<Kind>/*.yaml`, by metadata.name."""
+        return self.documents_in(f"{STATUS_DIR}/{kind}")
+
+    def documents_in(self, folder: str) -> dict[str, dict[str, Any]]:
+        """Every YAML document of `folder` (e.g. `backups`), by metadata.name."""
         out = {}
-        for name in self._names(f"{STATUS_DIR}/{kind}"):
-            doc = yaml.safe_load(self.read(f"{STATUS_DIR}/{kind}/{name}") or b"{}")
+        for name in self._names(folder):
+            doc = yaml.safe_load(self.read(f"{folder}/{name}") or b"{}")
             if doc:
                 out[doc["metadata"]["name"]] = doc
         return out

@@ -28,7 +28,7 @@ from gitops.state.records import State
 from gitops.status.branch import StatusBranch, under
 from gitops.status.reader import MANAGED, PUBLIC, SOURCE, resource_path
 from gitops.status.report import Outcome, shard_documents
-from gitops.status.state import ControllerStateStore
+from gitops.status.sealed_state import ControllerStateStore
 
 log = logging.getLogger("gitops.controller")
 

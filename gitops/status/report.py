@@ -19,9 +19,9 @@ import yaml
 from gitops.compile.desired import DesiredPod, DesiredState
 from gitops.coordination.scope import Scope
 from gitops.model.resources import RepoModel
-from gitops.observe import ObservedPod, ObservedState
+from gitops.observe.types import ObservedPod, ObservedState
 from gitops.plan.actions import Action, Plan
-from gitops.sip.selection import SIPPlan
+from gitops.sip.selection import HostSelection
 from gitops.status.reader import SOURCE, kubeconfig_path, resource_path
 
 API_VERSION = "gitops.infra/v1alpha1"
@@ -291,7 +291,7 @@ def _hypervisor_documents(model: RepoModel, observed: ObservedState, previous: C
     return out
 
 
-def sip_documents(model: RepoModel, sip: SIPPlan, outcome: Outcome, previous: Callable[[str], bytes | None],
+def sip_documents(model: RepoModel, sip: HostSelection, outcome: Outcome, previous: Callable[[str], bytes | None],
                   now: dt.datetime, desired: DesiredState | None = None,
                   placements: dict[str, tuple[str, dict[str, int]]] | None = None) -> dict[str, bytes]:
     """status/SIPCluster/<name>.yaml: the chosen hosts by role, and whether there were enough."""

@@ -18,9 +18,8 @@ from typing import Any
 
 from gitops.errors import GitopsError
 from gitops.model.resources import BareMetalHost
-from gitops.node import NodeFiles
-from gitops.observe import ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
-from gitops.observe.clusters import ObservedCluster
+from gitops.observe.types import ObservedCluster, ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
+from gitops.pods import NodeFiles
 
 OBSERVED_DIR = "observed"
 HYPERVISORS = f"{OBSERVED_DIR}/hypervisors.json"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from gitops.errors import GitopsError
 from gitops.secrets import decrypt, encrypt, load_identity, public_recipient

@@ -1,13 +1,8 @@
-"""A node as gitops manages it on a hypervisor: the labels on its objects and its files agent.
+"""The files agent's protocol: the scripts run through CRI ExecSync in a node's `files` container.
 
-Labels: every sandbox and container gitops creates carries `managed-by=gitops`,
-its cluster, node, role and component, and a spec hash (the container's inputs,
-annotated in full so a diff can name the changed fields). Only objects with the
-managed-by label are ever touched.
-
-The files agent: every node's pod has a `files` container whose host directory
-is mounted read-write at /node (and read-only at /etc/gitops in the components).
-CRI has no file API, so everything goes through ExecSync into that agent:
+Every node's pod has a `files` container whose host directory is mounted read-write at /node
+(and read-only at /etc/gitops in the components; names in `gitops.pods`). CRI has no file API,
+so everything goes through ExecSync into that agent:
 * private keys are generated **on the hypervisor** (openssl, umask 077) and never
   leave it: the agent prints only a certificate signing request or a public key;
 * the controller signs requests with the authority it holds and writes the
@@ -20,50 +15,18 @@ annotations, or in a CRI request; node keys never even reach the controller's me
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gitops.cri.errors import CRIError
 from gitops.errors import GitopsError
+from gitops.pods import NodeFiles
 
 if TYPE_CHECKING:
     from gitops.cri.client import CRIClient
 
 log = logging.getLogger(__name__)
-
-LABEL = "gitops.infra"
-MANAGED = f"{LABEL}/managed-by"
-CLUSTER = f"{LABEL}/cluster"
-NODE = f"{LABEL}/node"
-ROLE = f"{LABEL}/role"
-COMPONENT = f"{LABEL}/component"
-SPEC_HASH = f"{LABEL}/spec-hash"
-#: annotation holding the container's spec (JSON, no secrets) so a diff can name changed fields
-SPEC_ANNOTATION = f"{LABEL}/spec"
-#: annotation holding the digests of the certificates a component read when it started (JSON
-#: {name: digest of name.crt}): a certificate written since (a crash before its readers restarted)
-#: is found by the next plan. Public files need none: their digests are in the spec hash.
-CERTIFICATES_ANNOTATION = f"{LABEL}/certificates"
-MANAGER = "gitops"
-
-#: the files agent: its component name, where it sees the node's directory, where components read it
-AGENT = "files"
-AGENT_ROOT = "/node"
-FILES = "/etc/gitops"
-
-
-@dataclass(frozen=True)
-class NodeFiles:
-    """What the files agent saw in the node's /etc/gitops directory."""
-
-    digests: dict[str, str] = field(default_factory=dict)  # public file -> sha256[:12]
-    certificates: dict[str, str] = field(default_factory=dict)  # "etcd-server" -> PEM
-    keys: tuple[str, ...] = ()  # "etcd-server", "sa", ...
-    public_keys: dict[str, str] = field(default_factory=dict)  # "sa" -> public PEM
-
 
 #: lists the node's files: digests of public ones, names of keys, certificate PEMs,
 #: and the public half of the service-account key. Private keys are never printed.
@@ -162,11 +125,6 @@ def write_files(client: CRIClient, agent_id: str, files: dict[str, str]) -> None
 def wipe(client: CRIClient, agent_id: str) -> None:
     """Delete the node's files and etcd data (the node left this hypervisor)."""
     _run(client, agent_id, "wipe", WIPE)
-
-
-def file_digest(content: str) -> str:
-    """The digest the files agent reports for a file (`OBSERVE_FILES_SCRIPT`: sha256, 12 hex digits)."""
-    return hashlib.sha256(content.encode()).hexdigest()[:12]
 
 
 def parse_files_listing(text: str) -> NodeFiles:

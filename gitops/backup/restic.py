@@ -1,0 +1,153 @@
+"""restic, run against one backup target: init on first use, back up, list, forget, dump.
+
+The password reaches restic in its environment (RESTIC_PASSWORD), never on a command line or
+disk. Snapshots of a cluster carry the tags `gitops`, `cluster=NAME`, `revision=N`, `bytes=N`
+and `member=NODE`, so listing them needs no repository walk (restic 0.14 keeps no size).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from gitops.backup.targets import kind_of
+from gitops.errors import GitopsError
+from gitops.model.config import BackupTarget
+
+RESTIC = "restic"
+#: restic's words for "no repository here yet" (then gitops initialises it)
+NOT_INITIALISED = ("Is there a repository at the following location?", "unable to open config file")
+#: a restic call longer than this is stuck (a snapshot of a full 8 GiB etcd takes minutes, not hours)
+TIMEOUT = 3600.0
+
+
+class BackupError(GitopsError):
+    pass
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One etcd snapshot in a target."""
+
+    id: str
+    time: dt.datetime
+    cluster: str
+    revision: int
+    bytes: int
+    member: str
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:8]
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "time": self.time.isoformat(), "cluster": self.cluster, "revision": self.revision,
+                "bytes": self.bytes, "member": self.member}
+
+
+def stored_name(cluster: str) -> str:
+    """The file name a cluster's snapshots are stored under in the repository."""
+    return f"{cluster}-etcd.db"
+
+
+class Restic:
+    def __init__(self, target: BackupTarget, binary: str = RESTIC):
+        self.target = target
+        self._argv = [binary, "--no-cache", "-r", target.repository, *kind_of(target).options(target)]
+
+    def _run(self, *args: str, stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
+             check: bool = True) -> subprocess.CompletedProcess:
+        env = {**os.environ, "RESTIC_PASSWORD": self.target.password}
+        env.pop("RESTIC_PASSWORD_FILE", None)
+        env.pop("RESTIC_PASSWORD_COMMAND", None)
+        try:
+            done = subprocess.run([*self._argv, *args], stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                                  stdout=stdout if stdout is not None else subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=env, timeout=TIMEOUT, check=False)
+        except FileNotFoundError:
+            raise BackupError("restic is not installed (Debian: apt install restic)") from None
+        except subprocess.TimeoutExpired:
+            raise BackupError(f"backup target {self.target.name}: restic {args[0]} took over {TIMEOUT:.0f}s") from None
+        if check and done.returncode != 0:
+            raise BackupError(f"backup target {self.target.name}: restic {args[0]} failed: {self._why(done)}")
+        return done
+
+    @staticmethod
+    def _why(done: subprocess.CompletedProcess) -> str:
+        lines = [ln for ln in done.stderr.decode(errors="replace").splitlines() if ln.strip()]
+        return "; ".join(lines[-3:]) or f"exit {done.returncode}"
+
+    def ensure_repository(self) -> None:
+        """Initialise the repository unless it exists (a wrong password is an error, never a new one)."""
+        probe = self._run("cat", "config", check=False)
+        if probe.returncode == 0:
+            return
+        if not any(word in probe.stderr.decode(errors="replace") for word in NOT_INITIALISED):
+            raise BackupError(f"backup target {self.target.name}: cannot open its restic repository: "
+                              f"{self._why(probe)}")
+        self._run("init")
+
+    def backup(self, snapshot_file: Path, cluster: str, revision: int, member: str) -> Snapshot:
+        """Store `snapshot_file` as the cluster's snapshot; returns it as listed."""
+        size = snapshot_file.stat().st_size
+        with snapshot_file.open("rb") as data:
+            done = self._run("backup", "--json", "--host", "gitops", "--stdin", "--stdin-filename",
+                             stored_name(cluster), "--tag", "gitops", "--tag", f"cluster={cluster}",
+                             "--tag", f"revision={revision}", "--tag", f"bytes={size}", "--tag", f"member={member}",
+                             stdin=data)
+        summary = [json.loads(ln) for ln in done.stdout.decode().splitlines() if '"summary"' in ln]
+        if not summary or not summary[-1].get("snapshot_id"):
+            raise BackupError(f"backup target {self.target.name}: restic backup printed no snapshot id")
+        wanted = summary[-1]["snapshot_id"]  # restic 0.14 prints the short id, later ones the full id
+        listed = self.snapshots(cluster)
+        for snap in listed:
+            if snap.id.startswith(wanted):
+                return snap
+        raise BackupError(f"backup target {self.target.name}: snapshot {wanted[:8]} is not listed after backup "
+                          f"(listed: {', '.join(s.short_id for s in listed) or 'none'})")
+
+    def snapshots(self, cluster: str) -> list[Snapshot]:
+        """The cluster's snapshots, oldest first."""
+        done = self._run("snapshots", "--json", "--tag", f"cluster={cluster}")
+        out = [parse_snapshot(raw) for raw in json.loads(done.stdout or b"[]")]
+        return sorted((s for s in out if s is not None and s.cluster == cluster), key=lambda s: (s.time, s.id))
+
+    def forget(self, cluster: str, keep: int) -> None:
+        """Keep the cluster's `keep` newest snapshots, prune the rest's data."""
+        self._run("forget", "--tag", f"cluster={cluster}", "--keep-last", str(keep), "--prune")
+
+    def dump(self, snapshot_id: str, cluster: str, out: IO[bytes]) -> None:
+        """Write the stored etcd snapshot of `snapshot_id` to `out`."""
+        self._run("dump", snapshot_id, f"/{stored_name(cluster)}", stdout=out)
+
+
+def parse_snapshot(raw: dict) -> Snapshot | None:
+    """One `restic snapshots --json` entry; None when gitops did not make it (no `cluster=` tag). One of
+    gitops's that does not parse is an error, never silently left out."""
+    tags = dict(t.split("=", 1) for t in raw.get("tags") or () if "=" in t)
+    if "cluster" not in tags:
+        return None
+    try:
+        return Snapshot(id=raw["id"], time=dt.datetime.fromisoformat(_seconds(raw["time"])),
+                        cluster=tags["cluster"], revision=int(tags.get("revision", 0)),
+                        bytes=int(tags.get("bytes", 0)), member=tags.get("member", ""))
+    except (KeyError, ValueError, TypeError) as err:
+        raise BackupError(f"restic snapshot {str(raw.get('id', '?'))[:8]} does not read as gitops's: {err}") from None
+
+
+def _seconds(stamp: str) -> str:
+    """restic's RFC 3339 time (Go's: 0-9 fraction digits, trailing zeros cut; `Z` or an offset), as
+    fromisoformat reads it (exactly 6 fraction digits)."""
+    match = _RFC3339.fullmatch(stamp.strip())
+    if match is None:
+        raise ValueError(f"not an RFC 3339 time: {stamp!r}")
+    head, fraction, zone = match.groups()
+    return f"{head}.{(fraction or '').ljust(6, '0')[:6]}{'+00:00' if zone in ('Z', 'z') else zone}"
+
+
+_RFC3339 = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?(Z|z|[+-]\d{2}:\d{2})")

@@ -1,0 +1,103 @@
+"""The components gitops runs in a node's pod, and the roles that group them (data, one entry each).
+
+A component is one container of a pod: its name (the container's name and `component` label), its
+`spec.images` key and default image, and how a running one is replaced. A role says where its pods
+run, the host ports they bind (allocated in that order) and their components in start order, after
+the files agent. Adding a component is an entry here, its container in `gitops.compile.components`
+(or `gitops.compile.sip_services`) and its image key in cluster.schema.json (a test keeps the
+schema's keys and this registry in step).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gitops.pods import AGENT
+
+ETCD = "etcd"
+#: talks to its own node's etcd member only (`--etcd-servers`): the plan stops it around that member
+APISERVER = "kube-apiserver"
+CONTROLLER_MANAGER = "kube-controller-manager"
+SCHEDULER = "kube-scheduler"
+HAPROXY = "haproxy"
+JUMPHOST = "jumphost"
+
+#: how a running container is replaced: stopped, then started (the default)
+STOP_START = ""
+#: one etcd member at a time: the others healthy before, this one healthy after
+ETCD_MEMBER = "etcd-member"
+#: its own /readyz must answer before the plan goes on
+READYZ = "readyz"
+#: the new one starts beside the old one, which stops a little later: its port never closes
+OVERLAP = "overlap"
+
+#: the files agent: a small image with sh, openssl and coreutils (see Dockerfile, target `agent`)
+DEFAULT_AGENT_IMAGE = "ghcr.io/gitops-infra/gitops-agent:0.1.0"
+#: the SIP jump host: Debian's sshd (see `gitops.compile.jumphost`)
+DEFAULT_JUMPHOST_IMAGE = "ghcr.io/gitops-infra/gitops-jumphost:0.1.0"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One container gitops runs in a pod."""
+
+    name: str
+    #: its key in a Cluster's `spec.images` ("": not overridable)
+    image_key: str
+    #: the upstream image; `{kubernetes}` is the cluster's version ("v1.31.2"), `{etcd}` its etcd version ("3.5.16")
+    default_image: str
+    #: how a running one is replaced (`STOP_START`, `ETCD_MEMBER`, `READYZ`, `OVERLAP`)
+    rollout: str = STOP_START
+
+    def image(self, overrides: dict[str, str], kubernetes: str, etcd: str) -> str:
+        """The image a cluster with these `overrides` and versions runs."""
+        if self.image_key in overrides:
+            return overrides[self.image_key]
+        return self.default_image.format(kubernetes=kubernetes, etcd=etcd.lstrip("v"))
+
+
+COMPONENTS: dict[str, Component] = {c.name: c for c in (
+    Component(AGENT, "agent", DEFAULT_AGENT_IMAGE),
+    Component(ETCD, "etcd", "registry.k8s.io/etcd:{etcd}-0", ETCD_MEMBER),
+    Component(APISERVER, "kubeApiserver", "registry.k8s.io/kube-apiserver:{kubernetes}", READYZ),
+    Component(CONTROLLER_MANAGER, "kubeControllerManager", "registry.k8s.io/kube-controller-manager:{kubernetes}"),
+    Component(SCHEDULER, "kubeScheduler", "registry.k8s.io/kube-scheduler:{kubernetes}"),
+    Component(HAPROXY, "haproxy", "docker.io/library/haproxy:2.8", OVERLAP),
+    Component(JUMPHOST, "", DEFAULT_JUMPHOST_IMAGE),
+)}
+
+
+def rollout_of(component: str) -> str:
+    """How a running `component` is replaced (`STOP_START` for one gitops does not know)."""
+    known = COMPONENTS.get(component)
+    return known.rollout if known is not None else STOP_START
+
+
+CONTROLPLANE = "controlplane"
+INGRESS = "controlplane-ingress"
+SIP_LOADBALANCER = "sip-loadbalancer"
+SIP_JUMPHOST = "sip-jumphost"
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a node of one role runs, and where."""
+
+    name: str
+    #: runs on public hypervisors (else on private ones)
+    public: bool
+    #: the host ports its pod binds on its hypervisor's IP (host networking), allocated in this order
+    ports: tuple[str, ...]
+    #: its components after the files agent, in start order
+    components: tuple[str, ...]
+
+
+ROLES: dict[str, Role] = {r.name: r for r in (
+    Role(CONTROLPLANE, False, ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler"),
+         (ETCD, APISERVER, CONTROLLER_MANAGER, SCHEDULER)),
+    Role(INGRESS, True, ("apiserver",), (HAPROXY,)),
+    # SIP support services: pods on public hypervisors, like ingresses
+    Role(SIP_LOADBALANCER, True, ("loadbalancer",), (HAPROXY,)),
+    Role(SIP_JUMPHOST, True, ("ssh",), (JUMPHOST,)),
+)}
+#: the roles a Node of the repo may have (node.schema.json's enum); the others are SIP's services
+NODE_ROLES = (CONTROLPLANE, INGRESS)

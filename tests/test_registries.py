@@ -1,0 +1,52 @@
+"""The component, role and BareMetalHost provider registries: in step with the schemas, and complete."""
+from __future__ import annotations
+
+from gitops.compile.components import CONTROLPLANE_CONTAINERS
+from gitops.model.components import COMPONENTS, CONTROLPLANE, NODE_ROLES, ROLES
+from gitops.model.resources import Cluster
+from gitops.model.schemas import schema
+from gitops.sip.providers import PROVIDERS
+
+
+def _spec(kind: str) -> dict:
+    return schema(kind)["properties"]["spec"]["properties"]
+
+
+def test_provider_names_are_the_schemas():
+    assert _spec("GitopsConfig")["bareMetal"]["properties"]["provider"]["enum"] == list(PROVIDERS)
+
+
+def test_every_provider_says_where_its_hosts_come_from():
+    assert {name: kind.observed for name, kind in PROVIDERS.items()} == {"file": False, "kubernetes": True}
+    for kind in PROVIDERS.values():
+        assert callable(kind.configured) and callable(kind.record)
+
+
+def test_image_keys_are_the_schemas():
+    keys = [c.image_key for c in COMPONENTS.values() if c.image_key]
+    assert sorted(_spec("Cluster")["images"]["properties"]) == sorted(keys)
+
+
+def test_node_roles_are_the_schemas():
+    assert _spec("Node")["role"]["enum"] == list(NODE_ROLES)
+    assert set(NODE_ROLES) <= set(ROLES)
+
+
+def test_every_role_runs_known_components():
+    for role in ROLES.values():
+        assert role.components and set(role.components) <= set(COMPONENTS), role.name
+        assert len(set(role.ports)) == len(role.ports), role.name
+    assert set(ROLES[CONTROLPLANE].components) == set(CONTROLPLANE_CONTAINERS)
+
+
+def test_default_images_and_overrides():
+    cluster = Cluster("c", "v1.20.2", "v3.4.13", image_overrides={"kubeScheduler": "example/scheduler:1"})
+    assert {name: cluster.image(name) for name in COMPONENTS} == {
+        "files": "ghcr.io/gitops-infra/gitops-agent:0.1.0",
+        "etcd": "registry.k8s.io/etcd:3.4.13-0",
+        "kube-apiserver": "registry.k8s.io/kube-apiserver:v1.20.2",
+        "kube-controller-manager": "registry.k8s.io/kube-controller-manager:v1.20.2",
+        "kube-scheduler": "example/scheduler:1",
+        "haproxy": "docker.io/library/haproxy:2.8",
+        "jumphost": "ghcr.io/gitops-infra/gitops-jumphost:0.1.0",
+    }
