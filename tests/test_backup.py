@@ -129,13 +129,13 @@ def test_snapshots_go_to_each_kind_of_target_and_retention_keeps_the_newest(work
         assert {k: targets.kind_of(t).name for k, t in kinds.items()} == {k: k for k in kinds}
         for name, target in kinds.items():
             revisions = []
-            for round_ in range(3):
+            for round_ in range(2):
                 kv(context, url, "put", f"/registry/round-{name}", str(round_))
-                snap = back_up(target, "team-a", 2, context, {"m1": url})
+                snap = back_up(target, "team-a", 1, context, {"m1": url})
                 assert snap.cluster == "team-a" and snap.member == "m1" and snap.bytes > 0
                 revisions.append(snap.revision)
             listed = Restic(target).snapshots("team-a")
-            assert [s.revision for s in listed] == revisions[1:], name  # keep 2: the oldest forgotten
+            assert [s.revision for s in listed] == revisions[1:], name  # keep 1: the older one forgotten
             assert revisions == sorted(set(revisions)), revisions
             assert Restic(target).snapshots("team-b") == []
     finally:
@@ -316,3 +316,24 @@ def test_restic_times_read_whatever_fraction_go_prints_and_a_bad_entry_is_an_err
     assert parse_snapshot({**base, "tags": ["other"], "time": "x"}) is None  # not gitops's: left alone
     with pytest.raises(BackupError, match="does not read as gitops's"):
         parse_snapshot({**base, "time": "yesterday"})
+
+
+def test_metrics_give_each_clusters_backup_age_when_scraped_and_whether_it_worked() -> None:
+    from prometheus_client import generate_latest
+
+    from gitops.metrics import Metrics
+    from gitops.status.backups import BackupStatus
+    now = dt.datetime.now(dt.timezone.utc)
+    metrics = Metrics()
+    metrics.backups({
+        "team-a": BackupStatus("team-a", {"id": "a" * 64, "time": (now - dt.timedelta(minutes=10)).isoformat()}),
+        "team-b": BackupStatus("team-b", {"id": "b" * 64, "time": (now - dt.timedelta(hours=2)).isoformat()},
+                               failed_at=now - dt.timedelta(minutes=1), message="no healthy etcd member"),
+        "team-c": BackupStatus("team-c", None, failed_at=now)})
+    text = generate_latest(metrics.registry).decode()
+    ages = {ln.split('"')[1]: float(ln.split()[-1]) for ln in text.splitlines()
+            if ln.startswith("gitops_etcd_backup_age_seconds{")}
+    assert set(ages) == {"team-a", "team-b"} and 600 <= ages["team-a"] < 660 and 7200 <= ages["team-b"] < 7260
+    assert 'gitops_etcd_backup_ok{cluster="team-a"} 1.0' in text
+    assert 'gitops_etcd_backup_ok{cluster="team-b"} 0.0' in text  # failed after its last snapshot
+    assert 'gitops_etcd_backup_ok{cluster="team-c"} 0.0' in text
