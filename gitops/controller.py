@@ -190,6 +190,8 @@ class Controller:
         self._quiet: Quiet | None = None
         #: the commit in force and this replica's scope, as the last reconcile left them (scheduled backups)
         self._in_force: tuple[Target, Scope | None] | None = None
+        #: False once no cluster opted in and the branch held no `backups/` record (None: not known)
+        self._backup_records: bool | None = None
         #: set to reconcile at once (the Leases held changed)
         self.trigger = threading.Event()
         #: several controllers (spec.coordination): this replica's Leases, and the settings they run with
@@ -229,8 +231,12 @@ class Controller:
         target, scope = self._in_force
         model = scoped_model(target.model, scope)
         status = self.status_branch(target.config.status_branch)
-        if not any(c.backup for c in model.clusters.values()) and not status.tracked_under(BACKUPS_DIR):
-            return
+        if not any(c.backup for c in model.clusters.values()):
+            # none opted in: a quiet poll reads the branch's index only until no backup record is left
+            if self._backup_records is False or not status.tracked_under(BACKUPS_DIR):
+                self._backup_records = False
+                return
+        self._backup_records = None  # a round may add or remove records: look again next time
         try:
             backups = take_due(model, target.config, self.store.load(), status, dt.datetime.now(dt.timezone.utc),
                                list(model.clusters), owns_all=scope is None)

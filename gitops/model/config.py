@@ -76,8 +76,6 @@ class RepoConfig:
     coordination: Coordination = field(default_factory=Coordination)
     #: spec.backup.targets by name
     backup_targets: dict[str, BackupTarget] = field(default_factory=dict, hash=False)
-    #: the spec this was built from (None: the defaults): secret fields are decrypted into it later
-    spec: dict | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def allow_plaintext(self) -> bool:
@@ -112,7 +110,6 @@ class RepoConfig:
                 allow_plaintext=spec.get("secrets", {}).get("allowPlaintext", False),
             ),
             backup_targets=backup_targets(spec),
-            spec=spec,
         )
 
 

@@ -49,9 +49,8 @@ def load_repo(root: str | os.PathLike[str]) -> LoadedRepo:
         raise GitopsError(f"{root}: not a directory (expected an infra repo checkout)")
     root_path = root_path.resolve()
     diagnostics: list[Diagnostic] = []
-    config, paths = _load_config(root_path, diagnostics)
-    repo = LoadedRepo(root=root_path, config=config, diagnostics=diagnostics,
-                      config_document=paths if isinstance(paths, Document) and paths.spec is config.spec else None)
+    config, paths, valid = _load_config(root_path, diagnostics)
+    repo = LoadedRepo(root=root_path, config=config, diagnostics=diagnostics, config_document=valid)
     budget = _Budget()
     for rel in _yaml_files(root_path, config, paths, diagnostics):
         if not budget.file(rel, diagnostics):
@@ -110,7 +109,7 @@ def repo_files(root: str | os.PathLike[str]) -> tuple[RepoConfig, list[str], lis
         raise GitopsError(f"{root}: not a directory (expected an infra repo checkout)")
     root_path = root_path.resolve()
     diagnostics: list[Diagnostic] = []
-    config, paths = _load_config(root_path, diagnostics)
+    config, paths, _ = _load_config(root_path, diagnostics)
     return config, _yaml_files(root_path, config, paths, diagnostics), diagnostics
 
 
@@ -119,30 +118,31 @@ def repo_files(root: str | os.PathLike[str]) -> tuple[RepoConfig, list[str], lis
 _Paths = Document | None | bool
 
 
-def _load_config(root: Path, diagnostics: list[Diagnostic]) -> tuple[RepoConfig, _Paths]:
-    """gitops.yaml's settings (defaults when there is none) and its document. A gitops.yaml that is
+def _load_config(root: Path, diagnostics: list[Diagnostic]) -> tuple[RepoConfig, _Paths, Document | None]:
+    """gitops.yaml's settings (defaults when there is none), its document, and that document again when
+    it passed its schema (its secret fields are opened with the others'). A gitops.yaml that is
     there but cannot be read (a directory, a FIFO, a dangling or outside link...) is an error, never
     the defaults: they would read files that spec.paths leaves out."""
     if not os.path.lexists(root / CONFIG_FILE):
-        return RepoConfig(), None
+        return RepoConfig(), None, None
     found = len(diagnostics)
     docs = read_documents(root, CONFIG_FILE, diagnostics)
     if not docs:
-        return RepoConfig(), False if len(diagnostics) > found else None
+        return RepoConfig(), False if len(diagnostics) > found else None, None
     if len(docs) > 1:
         diagnostics.append(Diagnostic(CONFIG_FILE, docs[1].line, message="gitops.yaml must hold one document"))
     doc = docs[0]
     if doc.kind != "GitopsConfig":
         diagnostics.append(doc.error(("kind",), "gitops.yaml must be kind: GitopsConfig"))
-        return RepoConfig(), doc
+        return RepoConfig(), doc, None
     errors = schema_errors(doc)
     diagnostics.extend(errors)
     if errors:
-        return RepoConfig(), doc
+        return RepoConfig(), doc, None
     config = RepoConfig.from_spec(doc.spec)
     for name, message in coordination_problems(config.coordination):
         diagnostics.append(doc.error(("spec", "coordination", name), message))
-    return config, doc
+    return config, doc, doc
 
 
 def _yaml_files(root: Path, config: RepoConfig, paths: _Paths, diagnostics: list[Diagnostic]) -> list[str]:
