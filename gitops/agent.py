@@ -15,9 +15,11 @@ annotations, or in a CRI request; node keys never even reach the controller's me
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from gitops.cri.errors import CRIError
 from gitops.errors import GitopsError
@@ -81,8 +83,43 @@ sync 2>/dev/null || true
 for name in $names; do mv ".$name.batch" "$name"; done
 """
 WIPE = r"""
-rm -rf /node/files /node/etcd
+rm -rf /node/files /node/etcd /node/restore /node/etcd.before-restore /node/etcd.restore-token
 """
+#: a restore's snapshot arrives in pieces (CRI has no file transfer; an argument holds at most 128 KiB):
+#: args: FILE BASE64 BASE64 ...; the first call of a transfer starts the file afresh
+RESTORE_BEGIN = r"""
+set -e
+rm -rf /node/restore
+mkdir -p /node/restore
+: > /node/restore/snapshot.db
+"""
+RESTORE_APPEND = r"""
+set -e
+for piece in "$@"; do printf '%s' "$piece" | openssl base64 -d -A >> /node/restore/snapshot.db; done
+"""
+RESTORE_DIGEST = r"""
+sha256sum /node/restore/snapshot.db | cut -c1-64
+"""
+#: the restored data directory takes the place of the member's (the old one kept beside it), once per
+#: cluster token: a run repeated after a crash leaves a member already swapped as it is. args: TOKEN
+RESTORE_SWAP = r"""
+set -e
+if [ "$(cat /node/etcd.restore-token 2>/dev/null)" = "$1" ]; then rm -rf /node/restore; exit 0; fi
+[ -d /node/restore/etcd/member ] || { echo "no restored data directory" >&2; exit 1; }
+rm -rf /node/etcd.before-restore
+if [ -d /node/etcd ]; then mv /node/etcd /node/etcd.before-restore; fi
+mv /node/restore/etcd /node/etcd
+printf '%s' "$1" > /node/etcd.restore-token
+rm -rf /node/restore
+sync 2>/dev/null || true
+"""
+#: the last lines of the one-shot restore container's log. args: LOG NAME
+RESTORE_LOG = r"""
+tail -n 20 "/node/logs/$1" 2>/dev/null || true
+"""
+#: bytes of the snapshot per piece (base64: a third more) and pieces per call
+PIECE = 64 * 1024
+PIECES_PER_CALL = 8
 
 
 class AgentError(GitopsError):
@@ -125,6 +162,38 @@ def write_files(client: CRIClient, agent_id: str, files: dict[str, str]) -> None
 def wipe(client: CRIClient, agent_id: str) -> None:
     """Delete the node's files and etcd data (the node left this hypervisor)."""
     _run(client, agent_id, "wipe", WIPE)
+
+
+def send_snapshot(client: CRIClient, agent_id: str, data: BinaryIO) -> None:
+    """Copy the snapshot in `data` (from its start) to the node's restore directory, then check its digest."""
+    data.seek(0)
+    digest = hashlib.sha256()
+    _run(client, agent_id, "restore: start the snapshot copy", RESTORE_BEGIN)
+    while True:
+        pieces = [piece for piece in (data.read(PIECE) for _ in range(PIECES_PER_CALL)) if piece]
+        if not pieces:
+            break
+        for piece in pieces:
+            digest.update(piece)
+        _run(client, agent_id, "restore: copy the snapshot", RESTORE_APPEND,
+             *(base64.b64encode(piece).decode() for piece in pieces))
+    copied = _run(client, agent_id, "restore: digest the snapshot copy", RESTORE_DIGEST).strip()
+    if copied != digest.hexdigest():
+        raise AgentError(f"hypervisor {client.name}: the snapshot copy's digest {copied[:12]} is not the "
+                         f"snapshot's {digest.hexdigest()[:12]}")
+
+
+def swap_restored(client: CRIClient, agent_id: str, token: str) -> None:
+    """Put the restored data directory in place of the member's (see RESTORE_SWAP)."""
+    _run(client, agent_id, "restore: put the restored data directory in place", RESTORE_SWAP, token)
+
+
+def restore_log(client: CRIClient, agent_id: str, log_name: str) -> str:
+    """The last lines of a container's log in the node's log directory ("" when unreadable)."""
+    try:
+        return _run(client, agent_id, "read a log", RESTORE_LOG, _check(log_name)).strip()
+    except (AgentError, CRIError):
+        return ""
 
 
 def parse_files_listing(text: str) -> NodeFiles:

@@ -21,6 +21,7 @@ from gitops.learn import learn
 from gitops.model.components import APISERVER
 from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
+from gitops.observe.backups import list_restores
 from gitops.observe.clusters import ClusterReader, observe_clusters
 from gitops.observe.hypervisors import observe
 from gitops.observe.types import ClusterTarget, FilesReuse, ObservedState
@@ -115,14 +116,14 @@ def relabeled(hosts: list[BareMetalHost], sip: HostSelection) -> list[BareMetalH
 def observe_all(model: RepoModel, config: RepoConfig, state: State | None = None,
                 reuse: FilesReuse | None = None, clusters: ClusterReader | None = None) -> ObservedState:
     """Observe the hypervisors, then (with the recorded `state`'s admin credentials) the API of every
-    cluster with a running API server, and the BareMetalHosts of a provider whose hosts are observed.
+    cluster with a running API server, the snapshots of a cluster whose spec.restore is pending, and the BareMetalHosts of a provider whose hosts are observed.
     `reuse`: node files known from an earlier observation, `clusters`: the reader that keeps its clients
     and the objects it listed (both the controller's, for quiet polls)."""
     observed = observe(model.hypervisors.values(), reuse=reuse)
     if state is not None:
         targets = cluster_targets(model, state, observed)
         found = clusters.observe(targets) if clusters is not None else observe_clusters(targets)
-        observed = dataclasses.replace(observed, clusters=found)
+        observed = dataclasses.replace(observed, clusters=found, snapshots=list_restores(model, config, state))
     if not provider_kind(config.bare_metal).observed or not model.sip_clusters:
         return observed
     try:

@@ -31,6 +31,16 @@ AGENT = "files"
 AGENT_ROOT = "/node"
 FILES = "/etc/gitops"
 
+#: a restore (spec.restore) in the node's directory, as the agent and the restore container see it:
+#: the snapshot copied there, the data directory `etcdctl snapshot restore` writes (then moved to
+#: `etcd`), the old data kept beside it; the one-shot container's name and label
+RESTORE_DIR = f"{AGENT_ROOT}/restore"
+RESTORE_SNAPSHOT = f"{RESTORE_DIR}/snapshot.db"
+RESTORE_DATA = f"{RESTORE_DIR}/etcd"
+BEFORE_RESTORE = "etcd.before-restore"
+RESTORER = "etcd-restore"
+RESTORE_LABEL = f"{LABEL}/restore"
+
 
 @dataclass(frozen=True)
 class NodeFiles:

@@ -6,7 +6,7 @@ the client URLs of the members the state records (compiled placements).
 """
 from __future__ import annotations
 
-from gitops.backup.restic import Snapshot
+from gitops.backup.snapshot import Snapshot
 from gitops.backup.take import back_up
 from gitops.compile import compile_desired
 from gitops.errors import GitopsError

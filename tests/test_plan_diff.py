@@ -742,3 +742,81 @@ def test_a_plan_that_changes_etcd_backs_it_up_first_when_the_cluster_asks(repo):
 def _members(repo, cluster: str):
     state, _ = settle(repo.model)
     return compile_desired(repo.model, state, now=NOW).desired.clusters[cluster].etcd_members
+
+
+def _restoring(repo, value: str = "latest", snapshots: int = 2, restored: str = "", observed_change=None,
+               listing_error: str = ""):
+    """A plan for the settled example where team-a asks spec.restore.snapshot `value` from target
+    offsite, which holds `snapshots` snapshots of it (listed unless `listing_error`)."""
+    from gitops.backup.snapshot import Snapshot
+    from gitops.model.resources import ClusterBackup, ClusterRestore
+    from gitops.observe.types import SnapshotListing
+    state, observed = settle(repo.model)
+    state.clusters["team-a"].restored = restored
+    spec = dataclasses.replace(repo.model.clusters["team-a"], backup=ClusterBackup("offsite", 60, 5),
+                               restore=ClusterRestore(value))
+    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-a": spec})
+    listed = tuple(Snapshot(f"{i:02d}" + "ab" * 31, NOW - dt.timedelta(hours=snapshots - i), "team-a", 100 * i,
+                            1 << 20, "team-a-cp-2") for i in range(1, snapshots + 1))
+    listing = SnapshotListing("offsite", () if listing_error else listed, listing_error)
+    observed = dataclasses.replace(observed, snapshots={"team-a": listing})
+    if observed_change is not None:
+        observed = observed_change(observed)
+    return make_plan(model, repo.repo.config, state, observed, now=NOW)
+
+
+def test_a_restore_stops_the_control_plane_rewrites_every_member_then_starts_it_again(repo):
+    """spec.restore (issue #29.2): one restore-etcd action naming the snapshot, what is lost and the
+    token, stopping API servers before etcd; then every etcd member starts (the last waits for a quorum),
+    then each API server (waiting for its /readyz), controller-managers and schedulers; team-b untouched."""
+    from gitops.plan.payloads import CreateContainer, RestoreEtcd, payload_from_dict, payload_to_dict
+    planned = _restoring(repo)
+    actions = [a for a in planned.plan.actions if a.cluster == "team-a"]
+    assert not [a for a in planned.plan.actions if a.cluster != "team-a"]
+    restore = actions[0]
+    assert restore.kind == Kind.RESTORE_ETCD and restore.reason == "spec.restore.snapshot: latest (the newest: 02ababab)"
+    p = restore.payload
+    assert isinstance(p, RestoreEtcd) and p.snapshot.startswith("02") and p.record == "latest"
+    assert p.token == "gitops-team-a-restore-02ababab"
+    assert [m.node for m in p.members] == ["team-a-cp-1", "team-a-cp-2", "team-a-cp-3"]
+    assert p.initial_cluster.count("=https://") == 3
+    assert all(m.restorer.args[:3] == ("snapshot", "restore", "/node/restore/snapshot.db") and m.pod.agent_id
+               for m in p.members)
+    # API servers stop first, etcd members last; every control-plane container of every member
+    stopped = [cid.split("-", 5)[-1] for _, cid in p.stop]
+    assert stopped == ["kube-apiserver"] * 3 + ["kube-controller-manager"] * 3 + ["kube-scheduler"] * 3 + ["etcd"] * 3
+    assert any(d.startswith("LOST: every change to the cluster's API after 2026-11-01T00:00:00+00:00 (revision 200)")
+               for d in restore.details)
+    assert payload_from_dict(payload_to_dict(p)) == p
+    starts = [(a.kind, a.component, a.node) for a in actions[1:]]
+    assert starts == [(Kind.CREATE_CONTAINER, c, f"team-a-cp-{n}") for c in
+                      ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler") for n in (1, 2, 3)]
+    gates = {(a.component, a.node): a.payload for a in actions[1:]}
+    assert isinstance(gates[("etcd", "team-a-cp-3")], CreateContainer)
+    assert gates[("etcd", "team-a-cp-3")].etcd.peers == () and gates[("etcd", "team-a-cp-1")].etcd is None
+    assert all(gates[("kube-apiserver", f"team-a-cp-{n}")].ready.url.endswith("/readyz") for n in (1, 2, 3))
+    text = text_of(planned.plan)
+    assert "~ restore etcd: spec.restore.snapshot: latest" in text
+    assert text.index("Restore:") < text.index("Node team-a-cp-1")
+
+
+def test_a_restore_runs_once_per_value_and_waits_until_it_can_run_whole(repo):
+    """Recorded as restored: no action. A snapshot id that is not there, a listing that failed, or a
+    member's files agent not running: no restore, and a warning saying why and what it waits for."""
+    assert not _restoring(repo, restored="latest").plan.actions
+    named = _restoring(repo, "01abab").plan
+    assert named.actions[0].kind == Kind.RESTORE_ETCD and named.actions[0].payload.snapshot.startswith("01abab")
+    missing = _restoring(repo, "deadbeef").plan
+    assert not missing.actions
+    assert any("spec.restore.snapshot deadbeef waits: no single snapshot deadbeef of it in backup target offsite"
+               in w for w in missing.warnings), missing.warnings
+    failed = _restoring(repo, listing_error="wrong password").plan
+    assert not failed.actions and any("cannot list the snapshots of backup target offsite: wrong password" in w
+                                      for w in failed.warnings)
+
+    def agent_exited(observed):
+        return _with_pod(observed, "team-a-cp-2", lambda p: dataclasses.replace(p, containers=tuple(
+            dataclasses.replace(c, state="exited") if c.component == "files" else c for c in p.containers)))
+    held = _restoring(repo, observed_change=agent_exited).plan
+    assert Kind.RESTORE_ETCD not in {a.kind for a in held.actions}
+    assert any("the pod or files agent of team-a-cp-2 is not running" in w for w in held.warnings), held.warnings

@@ -6,8 +6,9 @@ own lab containerd, Debian's bridge CNI plugins, and the real kubelet and kube-p
 v1.20.2 built from Debian's source package; kubectl v1.20.2 as the client; iptables from
 Debian. The worker is a machine of its own: a network namespace joined to the host by a veth
 (`gitops lab exec` runs join and leave there), so nothing of it reaches the host's interfaces or
-iptables. The tests run in file order and share one lab: bootstrap objects, refused joins,
-a join, workloads (logs, exec, a Service), then the worker leaves and nothing is left.
+iptables. The tests share one lab (bootstrap objects, refused joins, a join, workloads: logs, exec, a
+Service, then the worker leaves and nothing is left); each joins the worker first if it needs it
+and it has not joined, so any one runs alone.
 """
 from __future__ import annotations
 
@@ -206,11 +207,14 @@ def test_join_can_write_systemd_units_instead(cluster):
     assert not directory.exists()
 
 
-def test_worker_joins_and_gitops_signs_its_certificates(cluster):
+def join_worker(cluster: Cluster) -> dict[str, str]:
+    """lab-worker-1 joins team-a: `gitops join` in its namespace, gitops signing its client and
+    serving certificates through plan and apply. Returns what the join printed and the two plans."""
     flags = cluster.gitops("lab", "worker", "--dir", str(cluster.lab.dir)).stdout.split()
     join = subprocess.Popen([*cluster.token(), *flags, "--dir", str(cluster.worker_dir), "--timeout", "180"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cluster.dir)
     cluster.joined = True
+    seen = {}
     try:
         planned = ""
         for _ in range(60):  # the kubelet asks for its client certificate; the plan shows gitops signing it
@@ -218,12 +222,11 @@ def test_worker_joins_and_gitops_signs_its_certificates(cluster):
             if "sign certificate request kubelet" in planned:
                 break
             time.sleep(1)
+        seen["client"] = planned
         assert "worker lab-worker-1 asks for a kubelet client certificate" in planned, planned
-        assert "sign for system:node:lab-worker-1 O=system:nodes" in planned
         cluster.apply()
-        out, _ = join.communicate(timeout=120)
-        assert join.returncode == 0, out
-        assert "node lab-worker-1 registered" in out
+        seen["join"], _ = join.communicate(timeout=120)
+        assert join.returncode == 0, seen["join"]
     finally:
         if join.poll() is None:
             join.kill()
@@ -233,10 +236,24 @@ def test_worker_joins_and_gitops_signs_its_certificates(cluster):
         if "kubelet serving certificate" in planned:
             break
         time.sleep(1)
+    seen["serving"] = planned
     assert "approve it (gitops approves kubelet serving requests)" in planned, planned + _tail(cluster, "kubelet.log")
-    assert "10.250.24.1" in planned
     cluster.apply()
     cluster.kubectl("wait", "--for=condition=Ready", "node/lab-worker-1", "--timeout=120s")
+    return seen
+
+
+def ensure_joined(cluster: Cluster) -> None:
+    """What the tests after the join need, when run alone (`pytest -k NAME`)."""
+    if not cluster.joined:
+        join_worker(cluster)
+
+
+def test_worker_joins_and_gitops_signs_its_certificates(cluster):
+    seen = join_worker(cluster)
+    assert "sign for system:node:lab-worker-1 O=system:nodes" in seen["client"]
+    assert "node lab-worker-1 registered" in seen["join"]
+    assert "10.250.24.1" in seen["serving"]
     assert cluster.plan("--detailed-exitcode", check=False).returncode == 0
     csrs = json.loads(cluster.kubectl("get", "csr", "-o", "json").stdout)["items"]
     assert {c["spec"]["signerName"] for c in csrs if c["status"].get("certificate")} == {
@@ -244,6 +261,7 @@ def test_worker_joins_and_gitops_signs_its_certificates(cluster):
 
 
 def test_workloads_run_logs_exec_and_a_service_answers(cluster):
+    ensure_joined(cluster)
     cluster.kubectl("apply", "-f", "-", stdin=manifest("web", cluster.busybox))
     cluster.kubectl("rollout", "status", "deployment/web", "--timeout=120s")
     pods = json.loads(cluster.kubectl("get", "pods", "-l", "app=web", "-o", "json").stdout)["items"]
@@ -264,7 +282,45 @@ def test_workloads_run_logs_exec_and_a_service_answers(cluster):
     assert answers == {f"hello from {p['metadata']['name']}" for p in pods}
 
 
+def _configmaps(cluster: Cluster) -> set[str]:
+    listed = json.loads(cluster.kubectl("get", "configmaps", "-n", "default", "-l", "restore-test", "-o", "json").stdout)
+    return {c["metadata"]["name"] for c in listed["items"]}
+
+
+def test_etcd_restored_from_a_snapshot_brings_back_what_it_held(cluster):
+    """Issue #29.2 on the real v1.20.2 team-a with a joined worker: ConfigMap A, a snapshot (restic, a
+    local target), ConfigMap B, A deleted; spec.restore names the snapshot: the plan says what is lost,
+    apply restores every member; A is back, B gone, /readyz ok, the worker Ready, the next plan empty."""
+    ensure_joined(cluster)
+    config, spec = cluster.repo / "gitops.yaml", cluster.repo / "clusters/team-a/cluster.yaml"
+    config.write_text(config.read_text() + "  backup:\n    targets:\n      - name: local\n"
+                      f"        repository: {cluster.dir / 'backups'}\n        password: lab backup password\n")
+    first, sep, rest = spec.read_text().partition("\n---")
+    with_backup = first.rstrip("\n") + "\n  backup:\n    target: local\n    keep: 3"
+    spec.write_text(with_backup + sep + rest)
+    cluster.kubectl("create", "configmap", "a", "--from-literal=k=a")
+    cluster.kubectl("label", "configmap", "a", "restore-test=yes")
+    made = cluster.gitops("backup", "create", str(cluster.repo), "--state-dir", str(cluster.state),
+                          "--cluster", "team-a").stdout.strip()
+    cluster.kubectl("create", "configmap", "b", "--from-literal=k=b")
+    cluster.kubectl("label", "configmap", "b", "restore-test=yes")
+    cluster.kubectl("delete", "configmap", "a")
+    assert _configmaps(cluster) == {"b"}
+    spec.write_text(with_backup + f"\n  restore:\n    snapshot: {made[:8]}" + sep + rest)
+    planned = cluster.plan().stdout
+    assert "~ restore etcd: spec.restore.snapshot: " + made[:8] in planned, planned
+    assert f"snapshot {made[:8]} of backup target local" in planned and "LOST: every change" in planned
+    cluster.apply()
+    assert _configmaps(cluster) == {"a"}
+    assert cluster.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
+    cluster.kubectl("wait", "--for=condition=Ready", "node/lab-worker-1", "--timeout=180s")
+    assert cluster.plan("--detailed-exitcode", check=False).returncode == 0
+    state = json.loads((cluster.state / "state.json").read_text())
+    assert state["clusters"]["team-a"]["restored"] == made[:8]
+
+
 def test_status_shows_the_joined_worker(cluster):
+    ensure_joined(cluster)
     from gitops.engine import observe_all
     from gitops.model.validate import validate_repo
     from gitops.state import LocalDirStore
@@ -280,6 +336,7 @@ def test_status_shows_the_joined_worker(cluster):
 
 def test_the_worker_is_a_machine_of_its_own(cluster):
     """Its address, kube-proxy's chains, ip_forward and the pod bridge are in its namespace, not the host's."""
+    ensure_joined(cluster)
     assert f"{NET.node_ip}/32" in cluster.worker_has("ip", "-o", "addr", "show", "dev", "eth0")
     assert ":KUBE-SERVICES" in cluster.worker_has("iptables-save", "-t", "nat")
     assert cluster.worker_has("cat", "/proc/sys/net/ipv4/ip_forward").strip() == "1"
@@ -297,7 +354,9 @@ def test_the_worker_is_a_machine_of_its_own(cluster):
 
 
 def test_worker_leaves_and_nothing_is_left(cluster):
+    ensure_joined(cluster)
     out = cluster.worker_has(GITOPS, "leave", "--dir", str(cluster.worker_dir))
+    cluster.joined = False
     assert "deleted Node lab-worker-1" in out
     assert "lab-worker-1" not in cluster.kubectl("get", "nodes").stdout
     left = _host_leftovers(cluster.dir)

@@ -18,6 +18,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit
 
 from gitops import agent
 from gitops.apply.etcd import EtcdAdmin
+from gitops.backup.restic import Restic
 from gitops.backup.take import back_up
 from gitops.cri.client import CRIClient
 from gitops.cri.errors import CRIError, Reason
@@ -48,11 +50,13 @@ from gitops.plan.payloads import (
     PodRef,
     PutObject,
     Remove,
+    RestoreEtcd,
+    RestoreMember,
     RotationStep,
     SignRequest,
     WriteFiles,
 )
-from gitops.pods import AGENT, file_digest
+from gitops.pods import AGENT, RESTORE_LABEL, file_digest
 from gitops.sip.hosts import BMHProvider
 from gitops.sip.providers import apply_change
 from gitops.sip.selection import LabelChange
@@ -60,6 +64,8 @@ from gitops.state.records import State
 from gitops.state.store import StateStore
 
 log = logging.getLogger(__name__)
+#: seconds `etcdctl snapshot restore` may take on one member (a full 8 GiB database: minutes)
+RESTORE_TIMEOUT = 1800
 
 Progress = Callable[[int, int, Action, str], None]
 #: asked before every action: why it must not start now (a lost or stale Lease), or None to go on
@@ -488,6 +494,49 @@ class _Runner:
         snap = back_up(self.connections.backup_target(p.target), action.cluster, p.keep, context, dict(p.members))
         log.info("etcd snapshot %s of %s taken from %s at revision %d (%d bytes) into %s", snap.short_id,
                  action.cluster, snap.member, snap.revision, snap.bytes, p.target)
+
+    def restore_etcd(self, action: Action, p: RestoreEtcd) -> None:
+        """Stop the cluster's control plane, restore every member's data directory from the snapshot, record
+        the restore (the plan's next actions start the containers again). Every step is safe to repeat."""
+        for hypervisor, container_id in p.stop:
+            self._remove_container(hypervisor, container_id)
+        restic = Restic(self.connections.backup_target(p.target))
+        with tempfile.TemporaryFile() as data:  # unlinked from the start: nothing is left behind, even by SIGKILL
+            restic.dump(p.snapshot, action.cluster, data)
+            for member in p.members:
+                agent.send_snapshot(self.client(member.hypervisor), member.pod.agent_id, data)
+        for member in p.members:
+            self._restore_member(action, member)
+        for member in p.members:
+            agent.swap_restored(self.client(member.hypervisor), member.pod.agent_id, p.token)
+        record = self.state.clusters[action.cluster]
+        record.restored, record.etcd_learners = p.record, []
+        self.save()
+        log.info("etcd of %s restored from snapshot %s of %s", action.cluster, p.snapshot[:8], p.target)
+
+    def _restore_member(self, action: Action, member: RestoreMember) -> None:
+        """`etcdctl snapshot restore` in a one-shot container of the member's pod, until it exits 0."""
+        client = self.client(member.hypervisor)
+        for stale in client.list_containers({RESTORE_LABEL: member.node}, sandbox_id=member.pod.sandbox_id):
+            self._remove_container(member.hypervisor, stale.id)  # left by a run that stopped on the way
+        client.pull_image(member.restorer.image)
+        container_id = client.create_container(member.pod.sandbox_id, member.restorer, member.sandbox)
+        client.start_container(container_id)
+        deadline = time.monotonic() + RESTORE_TIMEOUT
+        status = client.container_status(container_id)
+        while status.state != ContainerState.EXITED:
+            if time.monotonic() > deadline:
+                raise ApplyError(f"etcdctl snapshot restore on {member.node} still runs after {RESTORE_TIMEOUT}s")
+            refused = self.refused(action)
+            if refused:
+                raise ApplyError(f"fenced while restoring etcd on {member.node}: {refused}")
+            time.sleep(0.5)
+            status = client.container_status(container_id)
+        if status.exit_code != 0:
+            output = agent.restore_log(client, member.pod.agent_id, member.restorer.log_path)
+            raise ApplyError(f"etcdctl snapshot restore on {member.node} exited {status.exit_code}: "
+                             f"{output or status.message or status.reason}")
+        self._remove_container(member.hypervisor, container_id)
 
     def advance_ca_rotation(self, action: Action, p: RotationStep) -> None:
         """Record the next phase of the cluster's CA rotation: the phase the plan ran is done."""

@@ -11,10 +11,10 @@ import json
 import os
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from gitops.backup.snapshot import Snapshot
 from gitops.backup.targets import kind_of
 from gitops.errors import GitopsError
 from gitops.model.config import BackupTarget
@@ -28,26 +28,6 @@ TIMEOUT = 3600.0
 
 class BackupError(GitopsError):
     pass
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One etcd snapshot in a target."""
-
-    id: str
-    time: dt.datetime
-    cluster: str
-    revision: int
-    bytes: int
-    member: str
-
-    @property
-    def short_id(self) -> str:
-        return self.id[:8]
-
-    def to_json(self) -> dict[str, object]:
-        return {"id": self.id, "time": self.time.isoformat(), "cluster": self.cluster, "revision": self.revision,
-                "bytes": self.bytes, "member": self.member}
 
 
 def stored_name(cluster: str) -> str:

@@ -6,7 +6,8 @@ import tempfile
 from pathlib import Path
 
 from gitops.backup.etcdsnapshot import take_snapshot
-from gitops.backup.restic import Restic, Snapshot
+from gitops.backup.restic import Restic
+from gitops.backup.snapshot import Snapshot
 from gitops.model.config import BackupTarget
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from gitops.backup.restic import Restic, Snapshot
+from gitops.backup.restic import Restic
+from gitops.backup.snapshot import Snapshot
 from gitops.cli.reconcile import load, repo_argument, state_option, state_store
 from gitops.cli.secrets import identity_option
 from gitops.cli.units import human_age, human_size

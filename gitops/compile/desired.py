@@ -16,7 +16,7 @@ from typing import Any
 
 from gitops.cri.types import ContainerSpec, SandboxSpec
 from gitops.memo import ContentDigested, OnceSlots
-from gitops.model.resources import ClusterBackup
+from gitops.model.resources import ClusterBackup, ClusterRestore
 from gitops.pods import COMPONENT, SPEC_ANNOTATION, SPEC_HASH, file_digest
 
 #: what a plan shows for a value that exists only once earlier actions of the same plan ran
@@ -209,6 +209,8 @@ class DesiredCluster(ContentDigested):
     objects: tuple[KubeObject, ...] = ()
     #: spec.backup: a plan that changes its etcd membership, a member or its version backs etcd up first
     backup: ClusterBackup | None = None
+    #: spec.restore: its etcd restored from a snapshot, once per value
+    restore: ClusterRestore | None = None
 
 
 @dataclass(frozen=True, slots=True)

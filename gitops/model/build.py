@@ -12,6 +12,7 @@ from gitops.model.resources import (
     BareMetalHost,
     Cluster,
     ClusterBackup,
+    ClusterRestore,
     Hypervisor,
     JumpHostService,
     LabelRequirement,
@@ -97,6 +98,7 @@ def cluster(doc: Document) -> Cluster:
         ca_generation_at=f"{doc.file}:{doc.line_of(('spec', 'certificates', 'caGeneration'))}",
         backup=ClusterBackup(spec["backup"]["target"], spec["backup"].get("intervalMinutes", 60),
                              spec["backup"].get("keep", 24)) if "backup" in spec else None,
+        restore=ClusterRestore(spec["restore"]["snapshot"]) if "restore" in spec else None,
     )
 
 

@@ -115,6 +115,18 @@ class ClusterBackup:
 
 
 @dataclass(frozen=True)
+class ClusterRestore:
+    """`spec.restore` of a Cluster: restore its etcd from this snapshot of `spec.backup.target`, once."""
+
+    #: a snapshot id (or a prefix of 8+ hex characters), or LATEST
+    snapshot: str
+
+
+#: `spec.restore.snapshot: latest`: the newest snapshot when the plan is made
+LATEST = "latest"
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     kubernetes_version: str  # always with a leading "v"
@@ -136,6 +148,8 @@ class Cluster:
     ca_generation_at: str = field(default="", compare=False)
     #: spec.backup: etcd snapshots (None: none taken)
     backup: ClusterBackup | None = None
+    #: spec.restore: restore etcd from a snapshot (None: no restore asked)
+    restore: ClusterRestore | None = None
 
     def image(self, component: str) -> str:
         """Image of `component` (a `COMPONENTS` name): the override, else the upstream default."""

@@ -81,6 +81,9 @@ def backup_references(repo: LoadedRepo) -> list[Diagnostic]:
             known = ", ".join(sorted(seen)) or "none: add spec.backup.targets to gitops.yaml"
             out.append(cluster.error(("spec", "backup", "target"), f"no backup target {target!r} "
                                                                    f"(gitops.yaml's targets: {known})"))
+        if cluster.kind == "Cluster" and cluster.get(("spec", "restore")) is not None and target is None:
+            out.append(cluster.error(("spec", "restore"), "restores from spec.backup.target: set spec.backup "
+                                                          "to the target that holds the snapshot"))
     return out
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gitops.backup.snapshot import Snapshot
 from gitops.cri.types import ContainerState
 from gitops.memo import ContentDigested
 from gitops.model.resources import BareMetalHost
@@ -48,6 +49,24 @@ class ObservedWorker:
     ready: bool
     kubelet_version: str = ""
     address: str = ""
+
+
+@dataclass(frozen=True)
+class SnapshotListing:
+    """A cluster's snapshots in its backup target, listed for a restore its spec asks for: oldest first,
+    or why they could not be listed."""
+
+    target: str
+    snapshots: tuple[Snapshot, ...] = ()
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "snapshots": [s.to_json() for s in self.snapshots], "error": self.error}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SnapshotListing":
+        return cls(data["target"], tuple(Snapshot.from_json(s) for s in data.get("snapshots", ())),
+                   data.get("error", ""))
 
 
 @dataclass(frozen=True)
@@ -164,6 +183,8 @@ class ObservedState:
     hosts: tuple[BareMetalHost, ...] | None = None
     #: each cluster's own API, for clusters with a running API server (see gitops.observe.clusters)
     clusters: dict[str, ObservedCluster] = field(default_factory=dict)
+    #: the snapshots of each cluster whose spec.restore is not done yet (listed only then)
+    snapshots: dict[str, SnapshotListing] = field(default_factory=dict)
 
     def pods(self) -> list[ObservedPod]:
         return [p for hv in self.hypervisors.values() for p in hv.pods]
@@ -178,6 +199,8 @@ class ObservedState:
             data["bareMetalHosts"] = [asdict(h) for h in self.hosts]
         if self.clusters:
             data["clusters"] = {n: c.to_dict() for n, c in sorted(self.clusters.items())}
+        if self.snapshots:
+            data["snapshots"] = {n: s.to_dict() for n, s in sorted(self.snapshots.items())}
         return data
 
     @classmethod
@@ -196,7 +219,8 @@ class ObservedState:
             hvs[name] = ObservedHypervisor(raw["name"], raw["reachable"], raw.get("error", ""), tuple(pods))
         hosts = data.get("bareMetalHosts")
         clusters = {n: ObservedCluster.from_dict(c) for n, c in data.get("clusters", {}).items()}
-        return cls(hvs, tuple(BareMetalHost(**h) for h in hosts) if hosts is not None else None, clusters)
+        snapshots = {n: SnapshotListing.from_dict(s) for n, s in data.get("snapshots", {}).items()}
+        return cls(hvs, tuple(BareMetalHost(**h) for h in hosts) if hosts is not None else None, clusters, snapshots)
 
 
 #: node files read earlier that still hold for a pod as listed now (None: read them now)

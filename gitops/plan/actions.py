@@ -19,6 +19,7 @@ class Kind(str, Enum):
     CREATE_POD = "create-pod"
     GENERATE_KEYS = "generate-keys"
     WRITE_FILES = "write-files"
+    RESTORE_ETCD = "restore-etcd"
     ETCD_MEMBER_ADD = "etcd-member-add"
     ETCD_MEMBER_PROMOTE = "etcd-member-promote"
     CREATE_CONTAINER = "create-container"
@@ -50,6 +51,9 @@ KINDS: dict[Kind, KindInfo] = {
     Kind.CREATE_POD: KindInfo(3, "+", "create pod"),
     Kind.GENERATE_KEYS: KindInfo(4, "+", "generate keys"),
     Kind.WRITE_FILES: KindInfo(5, "~", "write files"),
+    # a cluster's restore (spec.restore): its control plane stopped, every member's data directory
+    # rewritten from a snapshot; its containers start again in phase 6
+    Kind.RESTORE_ETCD: KindInfo(5, "~", "restore etcd"),
     Kind.ETCD_MEMBER_ADD: KindInfo(6, "+", "add etcd member"),
     Kind.ETCD_MEMBER_PROMOTE: KindInfo(6, "~", "promote etcd member"),
     Kind.CREATE_CONTAINER: KindInfo(6, "+", "create container"),

@@ -26,7 +26,7 @@ from gitops.compile.desired import (
 )
 from gitops.memo import key_of
 from gitops.model.components import CONTROLPLANE
-from gitops.observe.types import ObservedContainer, ObservedPod, ObservedState
+from gitops.observe.types import SnapshotListing, ObservedContainer, ObservedPod, ObservedState
 from gitops.pki.facts import certificate_facts
 from gitops.plan.actions import Action, Kind, Unknown, UnknownKind
 from gitops.plan.payloads import (
@@ -68,6 +68,8 @@ class ClusterInputs:
     record: ClusterRecord | None
     members_on: tuple[tuple[str, str], ...]  # (recorded etcd member, its recorded hypervisor)
     down: frozenset[str]
+    #: its snapshots, listed while its spec.restore is pending (None: not listed)
+    snapshots: SnapshotListing | None = None
 
     def key(self, settings: str) -> bytes:
         """A digest of the inputs (`settings`: the diff options as text): content digests of the pods
@@ -79,7 +81,8 @@ class ClusterInputs:
             parts.append("\n".join(record.etcd_learners))
             for role, authority in sorted(record.authorities.items()):
                 parts += (role, authority.cert_pem)
-        parts.append(repr((self.members_on, sorted(self.down))))
+        parts.append(repr((self.members_on, sorted(self.down), self.snapshots,
+                           record.restored if record is not None else None)))
         parts += [p.content_digest for p in self.wants]
         for node in sorted(self.have):
             parts.append(f"{node}:{len(self.have[node])}")
@@ -111,7 +114,7 @@ def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
         if down:
             involved = frozenset(down & ({p.hypervisor for p in mine} | {hv for _, hv in members_on}))
         out.append(ClusterInputs(cluster, mine, desired.clusters.get(cluster), have.get(cluster, {}), record,
-                                 members_on, involved))
+                                 members_on, involved, observed.snapshots.get(cluster)))
     return out
 
 

@@ -251,11 +251,42 @@ class BackupEtcd:
     members: tuple[tuple[str, str], ...]
 
 
+@dataclass(frozen=True)
+class RestoreMember:
+    """One etcd member a restore rewrites: its pod (running, with its files agent), its peer URL, and
+    the container `etcdctl snapshot restore` runs in (the cluster's etcd image, the node directory
+    mounted as the agent sees it)."""
+
+    node: str
+    hypervisor: str
+    pod: PodRef
+    sandbox: SandboxSpec
+    peer_url: str
+    restorer: ContainerSpec
+
+
+@dataclass(frozen=True)
+class RestoreEtcd:
+    """Restore the cluster's etcd from snapshot `snapshot` of backup target `target` (by name, as
+    `BackupEtcd`): stop and remove `stop` ((hypervisor, container id), API servers first), copy the
+    snapshot to every member, restore each member's data directory with `token` and `initial_cluster`
+    (the old one kept beside it), then record `record` as the cluster's restored spec.restore value.
+    The containers start again in the plan's next actions."""
+
+    target: str
+    snapshot: str
+    token: str
+    initial_cluster: str
+    members: tuple[RestoreMember, ...]
+    stop: tuple[tuple[str, str], ...]
+    record: str
+
+
 Payload = Union[CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange, CreateContainer, Remove, LabelHost,
-                PutObject, SignRequest, RotationStep, BackupEtcd]
+                PutObject, SignRequest, RotationStep, BackupEtcd, RestoreEtcd]
 TYPES: dict[str, type] = {t.__name__: t for t in (CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange,
                                                    CreateContainer, Remove, LabelHost, PutObject, SignRequest,
-                                                   RotationStep, BackupEtcd)}
+                                                   RotationStep, BackupEtcd, RestoreEtcd)}
 
 
 def payload_to_dict(payload: Payload) -> dict[str, Any]:
@@ -288,6 +319,8 @@ _NESTED: dict[tuple[type, str], Any] = {
     (CreateContainer, "etcd"): EtcdHealth, (CreateContainer, "ready"): ApiReady, (Remove, "etcd"): EtcdHealth,
     (SignRequest, "approval"): Condition,
     (ContainerSpec, "mounts"): (Mount,),
+    (RestoreEtcd, "members"): (RestoreMember,), (RestoreMember, "pod"): PodRef,
+    (RestoreMember, "sandbox"): SandboxSpec, (RestoreMember, "restorer"): ContainerSpec,
 }
 
 

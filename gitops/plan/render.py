@@ -66,13 +66,20 @@ def describe(action: Action) -> str:
     return f"{what}: {action.reason}" if action.reason else what
 
 
+#: a cluster's own sections that come before its nodes
+_FIRST = (Kind.BACKUP_ETCD, Kind.RESTORE_ETCD)
+#: what a cluster-wide action is about, where a node's name would go
+_ABOUT = {Kind.BACKUP_ETCD: "etcd", Kind.RESTORE_ETCD: "etcd"}
+
+
 def _groups(plan: Plan) -> "OrderedDict[tuple[str, str, str], list[Action]]":
     groups: OrderedDict[tuple[str, str, str], list[Action]] = OrderedDict()
     # a cluster's backup first, its nodes, what happens inside its API (objects, workers' certificates),
     # then its recorded state
-    for action in sorted(plan.actions, key=lambda a: (a.cluster, a.kind != Kind.BACKUP_ETCD, a.info.phase >= API_PHASE,
-                                                      a.kind == Kind.ADVANCE_CA_ROTATION, a.node)):
-        section = action.kind.value if action.kind in (Kind.BACKUP_ETCD, Kind.ADVANCE_CA_ROTATION) else ""
+    for action in sorted(plan.actions, key=lambda a: (a.cluster, a.kind not in _FIRST, a.kind != Kind.BACKUP_ETCD,
+                                                      a.info.phase >= API_PHASE, a.kind == Kind.ADVANCE_CA_ROTATION,
+                                                      a.node)):
+        section = action.kind.value if action.kind in (*_FIRST, Kind.ADVANCE_CA_ROTATION) else ""
         groups.setdefault((action.cluster, action.node, section), []).append(action)
     for key in groups:
         groups[key].sort(key=Action.sort_key)
@@ -83,6 +90,8 @@ def _what(actions: list[Action]) -> str:
     kinds = {a.kind for a in actions}
     if Kind.BACKUP_ETCD in kinds:
         return "Backup:"
+    if Kind.RESTORE_ETCD in kinds:
+        return "Restore:"
     if Kind.ADVANCE_CA_ROTATION in kinds:
         return "Recorded state:"
     if Kind.LABEL_HOST in kinds:
@@ -134,7 +143,7 @@ def render_markdown(plan: Plan) -> str:
             cluster = cluster_name
             lines += [f"#### Cluster `{cluster_name}`", "", "```diff"]
         for action in actions:
-            where = (node or "recorded state") + (f" on {action.hypervisor}" if action.hypervisor else "")
+            where = (node or _ABOUT.get(action.kind, "recorded state")) + (f" on {action.hypervisor}" if action.hypervisor else "")
             lines.append(f"{symbol[action.symbol]} {where}: {describe(action)}")
             lines += [f"    {d}" for d in action.details]
     if cluster is not None:

@@ -20,6 +20,7 @@ from gitops.model.components import APISERVER, CONTROLPLANE, ETCD, ETCD_MEMBER, 
 from gitops.observe.types import ObservedPod, ObservedState
 from gitops.plan.actions import Action, Kind, Plan, Unknown, UnknownKind
 from gitops.plan.diff import ClusterInputs, DiffOptions, cluster_inputs, compare, unreachable
+from gitops.plan import restore
 from gitops.plan.payloads import ApiReady, BackupEtcd, CreateContainer, EtcdHealth, EtcdMemberChange, Remove
 from gitops.pods import AGENT
 from gitops.state.records import State
@@ -80,9 +81,24 @@ CLUSTER_DIFFS: Memo[bytes, ClusterDiff] = Memo(maxsize=1 << 16)
 
 
 def _cluster_plan(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
+    value = restore.pending(inputs)
+    waits = restore.hold(inputs, value) if value else ""
+    if value and not waits:
+        return _restore_plan(inputs, value, options, now)
     found = compare(inputs, options, now)
     actions, held = roll_out(inputs, found.actions, found.keepers, options.health_timeout)
-    return ClusterDiff(tuple(actions), (*found.warnings, *held), now, found.until, found.unchecked)
+    waiting = [(min(inputs.record.etcd_members), waits)] if waits and inputs.record else []
+    return ClusterDiff(tuple(actions), (*found.warnings, *held, *waiting), now, found.until, found.unchecked)
+
+
+def _restore_plan(inputs: ClusterInputs, value: str, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
+    """The restore, then the cluster's diff against what it leaves (`gitops.plan.restore`)."""
+    view = restore.stopped_view(inputs)
+    found = compare(view, options, now)
+    actions, held = roll_out(view, found.actions, found.keepers, options.health_timeout)
+    actions = restore.restart_gates(view, actions, options.health_timeout)
+    return ClusterDiff((restore.restore_action(inputs, value), *actions), (*found.warnings, *held), now,
+                       found.until, found.unchecked)
 
 
 def roll_out(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, ObservedPod],

@@ -69,6 +69,8 @@ class ClusterRecord:
     ca_generation: int = 1
     #: a CA rotation under way, None otherwise
     rotation: CARotation | None = None
+    #: the spec.restore.snapshot value last restored ("" for none): each value is restored once
+    restored: str = ""
 
     def copy(self) -> ClusterRecord:
         """A deep copy (new records, dicts and lists; the strings are shared)."""
@@ -81,7 +83,13 @@ class ClusterRecord:
             retired_service_account_keys=list(self.retired_service_account_keys),
             ca_generation=self.ca_generation,
             rotation=self.rotation.copy() if self.rotation is not None else None,
+            restored=self.restored,
         )
+
+    def restore_pending(self, snapshot: str | None) -> bool:
+        """Whether spec.restore.snapshot `snapshot` asks for a restore: set, not restored yet, and the
+        cluster has etcd members to restore (a new cluster bootstraps first, then restores)."""
+        return bool(snapshot) and bool(self.etcd_members) and snapshot != self.restored
 
     def next_phase(self) -> ClusterRecord:
         """This record one CA-rotation phase further (a plan's `advance-ca-rotation`, once the phase's
@@ -168,6 +176,9 @@ class State:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["version"] = SCHEMA_VERSION
+        for record in data["clusters"].values():
+            if not record["restored"]:
+                del record["restored"]  # (never restored: state files written before it stay as they were)
         return _sorted(data)
 
     @classmethod
@@ -194,6 +205,7 @@ class State:
                 retired_service_account_keys=list(raw.get("retired_service_account_keys", [])),
                 ca_generation=int(raw.get("ca_generation", 1)),
                 rotation=_rotation(raw.get("rotation")),
+                restored=str(raw.get("restored", "")),
             )
         nodes = {name: NodeRecord(**raw) for name, raw in data.get("nodes", {}).items()}
         sip_labels = {host: dict(labels) for host, labels in data.get("sip_labels", {}).items()}
@@ -238,6 +250,7 @@ STATE_SCHEMA: dict[str, Any] = {
             "etcd_learners": {"type": "array", "items": _STR},
             "retired_service_account_keys": {"type": "array", "items": _STR},
             "ca_generation": _INT,
+            "restored": _STR,
             "rotation": {"anyOf": [{"type": "null"}, {
                 "type": "object", "required": ["generation", "phase"],
                 "properties": {"generation": _INT, "phase": {"enum": list(ROTATION_PHASES)},

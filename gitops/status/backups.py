@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gitops.backup.restic import Snapshot
+from gitops.backup.snapshot import Snapshot
 from gitops.backup.schedule import due
 from gitops.errors import GitopsError
 from gitops.model.config import RepoConfig
