@@ -28,7 +28,7 @@ from gitops.observe.types import ClusterTarget, FilesReuse, ObservedState
 from gitops.plan.actions import Plan, Unknown, UnknownKind
 from gitops.plan.cluster_api import cluster_api_actions
 from gitops.plan.diff import DiffOptions
-from gitops.plan import recorded
+from gitops.plan import recorded, recovery
 from gitops.plan.hosts import label_actions, sip_warnings
 from gitops.plan.rollout import ordered, plan_nodes
 from gitops.plan.rotation import rotation_notes, rotation_steps
@@ -60,6 +60,7 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     """One planning pass (pure): everything apply will do, in order. VersionSkew when the repo skips
     or reverts a Kubernetes minor version; StateMismatch when `state` does not know the clusters that run."""
     recorded.check(state, observed)
+    state, recovery_warnings, recovery_notes = recovery.before_compile(model, state, observed)
     learned, hosts, sip = _compile_inputs(model, config, state, observed)
     compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable,
                                hosts=relabeled(hosts or [], sip))
@@ -79,8 +80,10 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     actions = [*found.actions, *label_actions(sip), *inside]
     steps = rotation_steps(model, compiled.state, actions, unknowns)
     plan = Plan(actions=ordered(actions + steps),
-                warnings=tuple(list(found.warnings) + warnings + inside_warnings + list(compiled.deferred)),
-                source=source, unknowns=tuple(unknowns), notes=tuple(rotation_notes(compiled.state)))
+                warnings=tuple(list(found.warnings) + warnings + inside_warnings + list(compiled.deferred)
+                               + recovery_warnings),
+                source=source, unknowns=tuple(unknowns),
+                notes=tuple(rotation_notes(compiled.state) + recovery_notes))
     return Planned(compiled=compiled, observed=observed, plan=plan, sip=sip)
 
 

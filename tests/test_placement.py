@@ -129,4 +129,5 @@ def test_a_node_recorded_on_a_hypervisor_that_left_the_repo_is_an_error_never_a_
     for name in moved:
         assert (f"Node {name} is recorded on Hypervisor hv-private-2, which left the repo: its pod and data are "
                 "there, and placing it anew would start it empty under the same name. Put Hypervisor hv-private-2 "
-                "back in the repo (spec.cordoned: true keeps new nodes off it)") in str(err.value)
+                "back in the repo: with spec.drain: true its nodes move off it (then it can leave), or, if the "
+                "machine is gone for good, with spec.lost: true") in str(err.value)

@@ -820,3 +820,142 @@ def test_a_restore_runs_once_per_value_and_waits_until_it_can_run_whole(repo):
     held = _restoring(repo, observed_change=agent_exited).plan
     assert Kind.RESTORE_ETCD not in {a.kind for a in held.actions}
     assert any("the pod or files agent of team-a-cp-2 is not running" in w for w in held.warnings), held.warnings
+
+
+def _moved(repo, change_model, change_observed=lambda o: o, state_and_observed=None):
+    """A plan for the settled example after `change_model(model)` (and `change_observed`)."""
+    state, observed = state_and_observed or settle(repo.model)
+    model = change_model(repo.model)
+    return make_plan(model, repo.repo.config, state, change_observed(observed), now=NOW)
+
+
+def _hypervisor(model, name, **fields):
+    return dataclasses.replace(model, hypervisors={**model.hypervisors,
+                                                   name: dataclasses.replace(model.hypervisors[name], **fields)})
+
+
+def _membership(plan: Plan, cluster: str) -> list[tuple]:
+    return [(a.kind, a.node, a.hypervisor) for a in plan.actions if a.cluster == cluster
+            and a.kind in (Kind.ETCD_MEMBER_REMOVE, Kind.ETCD_MEMBER_ADD, Kind.ETCD_MEMBER_PROMOTE,
+                           Kind.REMOVE_POD, Kind.CREATE_POD)]
+
+
+def test_a_member_pinned_elsewhere_leaves_etcd_then_joins_again_from_there(repo):
+    """A controlplane node moved to another hypervisor (issue #29.4) is the same name in a new place: its
+    API server leaves the ingress, its member is removed, its old pod wiped, then it joins again as a
+    learner with its new peer URL and is promoted (without this, its new etcd started empty under a
+    name etcd still knew at the old address)."""
+    def pin(model):
+        node = model.nodes["team-a-cp-1"]
+        return dataclasses.replace(model, nodes={**model.nodes, "team-a-cp-1": dataclasses.replace(
+            node, hypervisor="hv-private-2")})
+    planned = _moved(repo, pin)
+    assert _membership(planned.plan, "team-a") == [
+        (Kind.ETCD_MEMBER_REMOVE, "team-a-cp-1", "hv-private-1"), (Kind.REMOVE_POD, "team-a-cp-1", "hv-private-1"),
+        (Kind.CREATE_POD, "team-a-cp-1", "hv-private-2"), (Kind.ETCD_MEMBER_ADD, "team-a-cp-1", "hv-private-2"),
+        (Kind.ETCD_MEMBER_PROMOTE, "team-a-cp-1", "hv-private-2")]
+    first = planned.plan.actions[0]
+    assert (first.kind, first.component, first.node) == (Kind.REMOVE_CONTAINER, "kube-apiserver", "team-a-cp-1")
+    removal = next(a for a in planned.plan.actions if a.kind == Kind.REMOVE_POD)
+    assert removal.payload.wipe_agent_id
+    record = planned.state.nodes["team-a-cp-1"]
+    assert (record.hypervisor, record.moved_from, record.etcd_initial_state) == ("hv-private-2", "hv-private-1",
+                                                                                "existing")
+    add = next(a for a in planned.plan.actions if a.kind == Kind.ETCD_MEMBER_ADD)
+    assert f"team-a-cp-1={add.payload.peer_url}" in record.etcd_initial_cluster
+    assert "team-a-cp-1" not in " ".join(add.payload.client_urls) and len(add.payload.client_urls) == 2
+    # its new pod generates a new service-account key: every API server trusts it in the same plan
+    assert planned.state.clusters["team-a"].service_account_keys.get("team-a-cp-1") is None
+    bundles = [f for a in planned.plan.actions if a.kind == Kind.WRITE_FILES for f in a.payload.files
+               if f.name == "sa-pub.pem"]
+    assert len(bundles) == 3 and all(f.bundle and f.bundle.generated == ("team-a-cp-1",) for f in bundles)
+    text = text_of(planned.plan)
+    assert "Node team-a-cp-1 on hv-private-1" in text and "Node team-a-cp-1 on hv-private-2" in text
+    assert "remove etcd member: Node team-a-cp-1 moves from hv-private-1 to hv-private-2" in text
+
+
+def test_a_drained_hypervisor_moves_one_member_of_a_cluster_at_a_time(repo):
+    """spec.drain: every node leaves hv-private-1; of team-a's two members there, one moves in this
+    plan and the other waits (a warning naming it) until the first has joined again."""
+    drained = lambda m: _hypervisor(m, "hv-private-1", drain=True)  # noqa: E731
+    planned = _moved(repo, drained)
+    moving = [a.node for a in planned.plan.actions if a.kind == Kind.ETCD_MEMBER_REMOVE and a.cluster == "team-a"]
+    assert moving == ["team-a-cp-1"]
+    assert any("Node team-a-cp-3 waits to move off Hypervisor hv-private-1: one etcd member of cluster team-a "
+               "moves at a time (team-a-cp-1 first)" in w for w in planned.plan.warnings), planned.plan.warnings
+    assert planned.state.nodes["team-a-cp-3"].hypervisor == "hv-private-1"
+    assert not [a for a in planned.plan.actions if a.hypervisor == "hv-private-1" and a.kind in
+                (Kind.CREATE_POD, Kind.CREATE_CONTAINER)]
+    # once team-a-cp-1 joined again (its move recorded done, its pod running there): team-a-cp-3 moves
+    state = planned.state.copy()
+    state.nodes["team-a-cp-1"].moved_from = ""
+    model = drained(repo.model)
+    compiled = compile_desired(model, state, now=NOW)
+    after = make_plan(model, repo.repo.config, compiled.state, converged(compiled.desired, compiled.state, model),
+                      now=NOW)
+    assert [a.node for a in after.plan.actions if a.kind == Kind.ETCD_MEMBER_REMOVE and a.cluster == "team-a"] \
+        == ["team-a-cp-3"]
+
+
+def test_a_lost_hypervisors_member_is_replaced_and_it_is_no_unknown(repo):
+    """spec.lost on hv-private-2 (team-a-cp-2, a minority of team-a): not observed, no unknown; the member
+    is removed by the two that stay, placed on hv-private-1, and joins again; nothing is planned on the
+    lost machine."""
+    def lost(observed):
+        return dataclasses.replace(observed, hypervisors={**observed.hypervisors, "hv-private-2": ObservedHypervisor(
+            "hv-private-2", False, "marked lost (spec.lost)", (), lost=True)})
+    planned = _moved(repo, lambda m: _hypervisor(m, "hv-private-2", lost=True), lost)
+    assert planned.plan.complete, planned.plan.unknowns
+    assert _membership(planned.plan, "team-a") == [
+        (Kind.ETCD_MEMBER_REMOVE, "team-a-cp-2", "hv-private-2"), (Kind.CREATE_POD, "team-a-cp-2", "hv-private-1"),
+        (Kind.ETCD_MEMBER_ADD, "team-a-cp-2", "hv-private-1"), (Kind.ETCD_MEMBER_PROMOTE, "team-a-cp-2", "hv-private-1")]
+    assert not [a for a in planned.plan.actions if a.hypervisor == "hv-private-2" and a.kind != Kind.ETCD_MEMBER_REMOVE]
+
+
+def _lose(name):
+    def lost(observed):
+        return dataclasses.replace(observed, hypervisors={**observed.hypervisors, name: ObservedHypervisor(
+            name, False, "marked lost (spec.lost)", (), lost=True)})
+    return lost
+
+
+def test_a_lost_quorum_says_what_to_set_then_rebuilds_from_the_survivor(repo):
+    """Issue #29.3: hv-private-1 lost takes team-a-cp-1 and team-a-cp-3 (2 of 3): without spec.recovery the
+    plan changes nothing of team-a's etcd and says which field to set; with forceNewClusterFrom:
+    team-a-cp-2, it first rebuilds etcd there, then the two join again from hv-private-2 one at a time."""
+    from gitops.model.resources import ClusterRecovery
+    from gitops.plan.payloads import RecoverEtcd, payload_from_dict, payload_to_dict
+    lost = lambda m: _hypervisor(m, "hv-private-1", lost=True)  # noqa: E731
+    waiting = _moved(repo, lost, _lose("hv-private-1"))
+    assert not [a for a in waiting.plan.actions if a.cluster == "team-a" and a.kind in
+                (Kind.RECOVER_ETCD, Kind.ETCD_MEMBER_REMOVE, Kind.ETCD_MEMBER_ADD)]
+    assert any("cluster team-a: 2 of its 3 etcd members (team-a-cp-1, team-a-cp-3) were on lost hypervisor(s) "
+               "hv-private-1, so it has no quorum" in w and "set spec.recovery.forceNewClusterFrom on Cluster team-a "
+               "to one of: team-a-cp-2" in w for w in waiting.plan.warnings), waiting.plan.warnings
+
+    def recover(model):
+        model = lost(model)
+        cluster = dataclasses.replace(model.clusters["team-a"], recovery=ClusterRecovery("team-a-cp-2"))
+        return dataclasses.replace(model, clusters={**model.clusters, "team-a": cluster})
+    planned = _moved(repo, recover, _lose("hv-private-1"))
+    team_a = [a for a in planned.plan.actions if a.cluster == "team-a"]
+    first = team_a[0]
+    assert (first.kind, first.node, first.hypervisor) == (Kind.RECOVER_ETCD, "team-a-cp-2", "hv-private-2")
+    assert isinstance(first.payload, RecoverEtcd) and first.payload.stop == ("c-team-a-cp-2-etcd",)
+    assert payload_from_dict(payload_to_dict(first.payload)) == first.payload
+    assert [(a.kind, a.node) for a in team_a if a.kind in (Kind.ETCD_MEMBER_ADD, Kind.ETCD_MEMBER_PROMOTE)] == [
+        (Kind.ETCD_MEMBER_ADD, "team-a-cp-1"), (Kind.ETCD_MEMBER_PROMOTE, "team-a-cp-1"),
+        (Kind.ETCD_MEMBER_ADD, "team-a-cp-3"), (Kind.ETCD_MEMBER_PROMOTE, "team-a-cp-3")]
+    adds = [a for a in team_a if a.kind == Kind.ETCD_MEMBER_ADD]
+    assert all(a.payload.client_urls == (first.payload.client_url,) for a in adds)  # asked of the survivor
+    assert not [a for a in planned.plan.actions if a.hypervisor == "hv-private-1" and a.kind != Kind.ETCD_MEMBER_REMOVE]
+    record = planned.state.clusters["team-a"]
+    assert (record.etcd_members, record.forcing) == (["team-a-cp-2"], "team-a-cp-2")
+    assert {planned.state.nodes[n].hypervisor for n in ("team-a-cp-1", "team-a-cp-3")} == {"hv-private-2"}
+    assert any("etcd is rebuilt from team-a-cp-2" in n for n in planned.plan.notes)
+    # team-b lost one member of three there: replaced as a move, no rebuild
+    assert [a.node for a in planned.plan.actions if a.cluster == "team-b" and a.kind == Kind.ETCD_MEMBER_REMOVE] \
+        == ["team-b-cp-2"]
+    text = text_of(planned.plan)
+    assert "~ rebuild etcd: spec.recovery.forceNewClusterFrom: team-a-cp-2" in text
+    assert text.index("Rebuild etcd from team-a-cp-2 on hv-private-2") < text.index("Node team-a-cp-1 on hv-private-2")

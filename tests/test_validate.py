@@ -159,7 +159,7 @@ def test_hypervisor_schema_errors(repo):
         "hv.yaml:8: Hypervisor/hv-2: spec.portRange.low: '30000' is not of type 'integer'",
         "hv.yaml:12: Hypervisor/hv-2: spec.remoteCRIEndpoint: missing required field 'caCertificate'",
         "hv.yaml:12: Hypervisor/hv-2: spec.remoteCRIEndpoint: missing required field 'clientCertificate'",
-        "hv.yaml:14: Hypervisor/hv-2: spec.color: unknown field (allowed: cordoned, ipAddress, localCRIEndpoint, "
+        "hv.yaml:14: Hypervisor/hv-2: spec.color: unknown field (allowed: cordoned, drain, ipAddress, localCRIEndpoint, lost, "
         "portRange, public, remoteCRIEndpoint)",
     ]
 

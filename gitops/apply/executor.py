@@ -49,6 +49,7 @@ from gitops.plan.payloads import (
     LabelHost,
     PodRef,
     PutObject,
+    RecoverEtcd,
     Remove,
     RestoreEtcd,
     RestoreMember,
@@ -56,7 +57,7 @@ from gitops.plan.payloads import (
     SignRequest,
     WriteFiles,
 )
-from gitops.pods import AGENT, RESTORE_LABEL, file_digest
+from gitops.pods import AGENT, RESTORE_LABEL, SPEC_HASH, file_digest
 from gitops.sip.hosts import BMHProvider
 from gitops.sip.providers import apply_change
 from gitops.sip.selection import LabelChange
@@ -291,6 +292,9 @@ class _Runner:
         if p.member not in record.etcd_members:
             record.etcd_members.append(p.member)
             record.etcd_learners.append(p.member)  # until promoted: a run stopped before that promotes next
+        node = self.state.nodes.get(p.member)
+        if node is not None:
+            node.moved_from = ""  # a moved member: joined again from its new place
         self.save()
 
     def etcd_member_promote(self, action: Action, p: EtcdMemberChange) -> None:
@@ -494,6 +498,33 @@ class _Runner:
         snap = back_up(self.connections.backup_target(p.target), action.cluster, p.keep, context, dict(p.members))
         log.info("etcd snapshot %s of %s taken from %s at revision %d (%d bytes) into %s", snap.short_id,
                  action.cluster, snap.member, snap.revision, snap.bytes, p.target)
+
+    def recover_etcd(self, action: Action, p: RecoverEtcd) -> None:
+        """Rebuild etcd from its surviving member: once with --force-new-cluster, then as usual (each time until
+        healthy); then record it the only member. A run repeated after a crash forces again (a one-member
+        cluster forced again is the same cluster)."""
+        for container_id in p.stop:
+            self._remove_container(action.hypervisor, container_id)
+        client = self.client(action.hypervisor)
+        spec = p.create.resolved({f.name: self.content(f) for f in p.create.files},
+                                 self.certificate_digests(action, p.create))
+        # labelled apart: should a crash leave it running, the next plan sees a changed spec and replaces it
+        forced = dataclasses.replace(spec, args=(*spec.args, "--force-new-cluster"),
+                                     labels={**spec.labels, SPEC_HASH: "force-new-cluster"})
+        client.pull_image(spec.image)
+        forced_id = client.create_container(self.pod(action, p.create.pod).sandbox_id, forced, p.create.sandbox)
+        client.start_container(forced_id)
+        with self.etcd(action, (p.client_url,)) as etcd:
+            etcd.wait_healthy([p.client_url], p.timeout, f"after --force-new-cluster on {action.node}")
+        self._remove_container(action.hypervisor, forced_id)
+        self._create_container(action, p.create)
+        with self.etcd(action, (p.client_url,)) as etcd:
+            etcd.wait_healthy([p.client_url], p.timeout, f"after rebuilding etcd on {action.node}")
+        record = self.state.clusters[action.cluster]
+        record.etcd_members, record.etcd_learners = [action.node], []
+        record.recovered, record.forcing = p.record, ""
+        self.save()
+        log.info("etcd of %s rebuilt from %s", action.cluster, action.node)
 
     def restore_etcd(self, action: Action, p: RestoreEtcd) -> None:
         """Stop the cluster's control plane, restore every member's data directory from the snapshot, record

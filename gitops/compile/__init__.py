@@ -99,7 +99,7 @@ def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str,
         endpoint = f"https://{hv.ip_address}:{rec.ports['apiserver']}"
         objects = tuple(_shared_object(o) for o in bootstrap_objects(endpoint, record.trust_bundle("cluster")))
     return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint, objects=objects,
-                                backup=cluster.backup, restore=cluster.restore)
+                                backup=cluster.backup, restore=cluster.restore, recovery=cluster.recovery)
 
 
 def _shared_object(obj: KubeObject) -> KubeObject:
@@ -114,7 +114,8 @@ def _freeze_etcd_flags(state: State, cluster: str, model: RepoModel,
     A cluster with no recorded members bootstraps all its controlplane nodes
     together (`new`). Later nodes join an existing cluster one at a time, in
     name order (`existing`), each listing the surviving members, the nodes
-    that joined before it in this round, and itself.
+    that joined before it in this round, and itself. A member that moves to another hypervisor
+    (`NodeRecord.moved_from`) joins again the same way.
     """
     desired = sorted(n for n in placed if model.nodes[n].role == CONTROLPLANE)
     peer = {n: etcd_member(placed[n][0], model.nodes[n], placed[n][1]).peer_url for n in desired}
@@ -126,9 +127,10 @@ def _freeze_etcd_flags(state: State, cluster: str, model: RepoModel,
             if not record.etcd_initial_cluster:
                 record.etcd_initial_cluster, record.etcd_initial_state = initial, "new"
         return
-    members = [n for n in recorded if n in peer]
+    moving = {n for n in desired if placed[n][1].moved_from}  # removed, then joining again from a new place
+    members = [n for n in recorded if n in peer and n not in moving]
     for n in desired:
-        if n in recorded:
+        if n in recorded and n not in moving:
             continue
         members.append(n)
         record = placed[n][1]

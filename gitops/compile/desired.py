@@ -16,7 +16,7 @@ from typing import Any
 
 from gitops.cri.types import ContainerSpec, SandboxSpec
 from gitops.memo import ContentDigested, OnceSlots
-from gitops.model.resources import ClusterBackup, ClusterRestore
+from gitops.model.resources import ClusterBackup, ClusterRecovery, ClusterRestore
 from gitops.pods import COMPONENT, SPEC_ANNOTATION, SPEC_HASH, file_digest
 
 #: what a plan shows for a value that exists only once earlier actions of the same plan ran
@@ -211,6 +211,8 @@ class DesiredCluster(ContentDigested):
     backup: ClusterBackup | None = None
     #: spec.restore: its etcd restored from a snapshot, once per value
     restore: ClusterRestore | None = None
+    #: spec.recovery: etcd rebuilt from a surviving member once its quorum is lost for good
+    recovery: ClusterRecovery | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,12 @@ Rules:
   error naming the way back (its pod and etcd data are there: placing it anew would start an
   empty member under the same name);
 * a cordoned hypervisor (`spec.cordoned`) takes no new node; the nodes it holds stay;
+* a draining or lost hypervisor (`spec.drain`, `spec.lost`) takes no new node, and its nodes are
+  placed anew elsewhere; so is a node whose pin changed;
+* a node that moves gets a new pod and service-account key (the old key is retired, still trusted);
+  one that moves while it is an etcd member is recorded with `moved_from` (its member is
+  removed there and added back from the new place), and only one member of a cluster moves at a
+  time: the others wait (a note in `deferred`) while one has not joined again;
 * new nodes spread a cluster over hypervisors (fewest nodes of that cluster first,
   then fewest nodes overall, then name);
 * ports come from the hypervisor's range, lowest free first, never shared; a
@@ -49,12 +55,19 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
     errors: list[str] = []
     nodes = sorted(model.nodes.values(), key=lambda n: n.name)
     spread = _Spread(new)
+    moving = _moving(new)
     for node in nodes:
         record = new.nodes.get(node.name)
         if record is not None and _fits(model, node, record):
             continue
         if record is not None and record.hypervisor not in model.hypervisors:
             errors.append(_left_the_repo(node, record))
+            continue
+        member = record is not None and _member(new, node, record)
+        if member and node.cluster in moving:
+            if deferred is not None:
+                deferred.append(f"Node {node.name} waits to move off Hypervisor {record.hypervisor}: one etcd member "
+                                f"of cluster {node.cluster} moves at a time ({moving[node.cluster]} first)")
             continue
         try:
             hypervisor = _choose(model, spread, node, down)
@@ -65,7 +78,13 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
         except PlacementError as err:
             errors.append(str(err))
             continue
-        placed = NodeRecord(cluster=node.cluster, hypervisor=hypervisor.name)
+        placed = NodeRecord(cluster=node.cluster, hypervisor=hypervisor.name,
+                            moved_from=(record.moved_from or record.hypervisor) if member else "")
+        if member:
+            moving[node.cluster] = node.name
+        if record is not None and record.hypervisor != placed.hypervisor and node.cluster in new.clusters:
+            # its new pod generates a new service-account key: the old one stays trusted, retired
+            new.clusters[node.cluster].retire_service_account_key(node.name)
         spread.move(record, placed)
         new.nodes[node.name] = placed
     taken = _ports_by_hypervisor(new)
@@ -109,13 +128,29 @@ def _ports_by_hypervisor(state: State) -> dict[str, Counter[int]]:
     return taken
 
 
+def _member(state: State, node: Node, record: NodeRecord) -> bool:
+    """Whether the node's recorded placement holds a member of its cluster's etcd."""
+    cluster = state.clusters.get(node.cluster)
+    return (node.role == CONTROLPLANE and record.cluster == node.cluster and cluster is not None
+            and node.name in cluster.etcd_members)
+
+
+def _moving(state: State) -> dict[str, str]:
+    """The clusters with an etcd member in motion (moved, not joined again yet, or a learner): the node."""
+    out = {r.cluster: n for n, r in sorted(state.nodes.items()) if r.moved_from}
+    for name, cluster in sorted(state.clusters.items()):
+        if cluster.etcd_learners and name not in out:
+            out[name] = cluster.etcd_learners[0]
+    return out
+
+
 def _eligible(hv: Hypervisor, node: Node) -> bool:
     return hv.public == ROLES[node.role].public
 
 
 def _fits(model: RepoModel, node: Node, record: NodeRecord) -> bool:
     hv = model.hypervisors.get(record.hypervisor)
-    if hv is None or not _eligible(hv, node) or record.cluster != node.cluster:
+    if hv is None or not _eligible(hv, node) or record.cluster != node.cluster or hv.leaving:
         return False
     return node.hypervisor is None or node.hypervisor == record.hypervisor
 
@@ -123,25 +158,27 @@ def _fits(model: RepoModel, node: Node, record: NodeRecord) -> bool:
 def _left_the_repo(node: Node, record: NodeRecord) -> str:
     return (f"Node {node.name} is recorded on Hypervisor {record.hypervisor}, which left the repo: its pod and "
             f"data are there, and placing it anew would start it empty under the same name. Put Hypervisor "
-            f"{record.hypervisor} back in the repo (spec.cordoned: true keeps new nodes off it)")
+            f"{record.hypervisor} back in the repo: with spec.drain: true its nodes move off it (then it can "
+            "leave), or, if the machine is gone for good, with spec.lost: true")
 
 
 def _choose(model: RepoModel, spread: _Spread, node: Node, down: frozenset[str]) -> Hypervisor:
     kind = "public" if ROLES[node.role].public else "private"
     if node.hypervisor is not None:
         hv = model.hypervisors[node.hypervisor]
-        if hv.cordoned:
-            raise PlacementError(f"Node {node.name} is pinned to Hypervisor {hv.name}, which is cordoned "
-                                 "(spec.cordoned): no new node is placed there")
+        if hv.cordoned or hv.leaving:
+            why = "lost (spec.lost)" if hv.lost else "drained (spec.drain)" if hv.drain else "cordoned (spec.cordoned)"
+            raise PlacementError(f"Node {node.name} is pinned to Hypervisor {hv.name}, which is {why}: no new node "
+                                 "is placed there")
         if hv.name in down:
             raise Deferred(f"Node {node.name} is not placed yet: its pinned Hypervisor {hv.name} is unreachable")
         return hv
-    eligible = [hv for hv in model.hypervisors.values() if _eligible(hv, node) and not hv.cordoned]
+    eligible = [hv for hv in model.hypervisors.values() if _eligible(hv, node) and not (hv.cordoned or hv.leaving)]
     candidates = [hv for hv in eligible if hv.name not in down]
     if not eligible:
-        cordoned = any(hv.cordoned for hv in model.hypervisors.values() if _eligible(hv, node))
+        closed = any(hv.cordoned or hv.leaving for hv in model.hypervisors.values() if _eligible(hv, node))
         raise PlacementError(f"Node {node.name} (role {node.role}): no {kind} hypervisor in the repo"
-                             + (" that is not cordoned" if cordoned else ""))
+                             + (" that is not cordoned, drained or lost" if closed else ""))
     if not candidates:
         raise Deferred(f"Node {node.name} is not placed yet: every {kind} hypervisor is unreachable")
     same_cluster = spread.by_cluster.get(node.cluster, Counter())

@@ -14,6 +14,7 @@ from gitops.lab.lab import (
     import_image,
     info,
     kill_containerd,
+    lose_hypervisor,
     start_containerd,
     status,
     up,
@@ -21,6 +22,6 @@ from gitops.lab.lab import (
 
 __all__ = [
     "DownReport", "LabError", "LabHypervisor", "LabInfo", "LabStatus", "alias_image", "default_dir", "down",
-    "hypervisor_document", "hypervisors_yaml", "import_image", "info", "kill_containerd", "start_containerd", "status",
-    "up",
+    "hypervisor_document", "hypervisors_yaml", "import_image", "info", "kill_containerd", "lose_hypervisor",
+    "start_containerd", "status", "up",
 ]

@@ -458,6 +458,14 @@ def start_containerd(lab_dir: Path, name: str) -> procs.Proc:
     return ctrd
 
 
+def lose_hypervisor(lab_dir: Path, name: str) -> None:
+    """Hypervisor `name` dies for good, as a machine switched off would: every pod on it stopped and removed,
+    then its containerd killed (its CRI never answers again; `down` still cleans up after it)."""
+    lab = info(lab_dir)
+    _drain(lab.get(name).local())
+    kill_containerd(lab_dir, name)
+
+
 def _drain(hv: Hypervisor) -> list[str]:
     """Stop and remove every pod sandbox of a lab runtime (best effort)."""
     removed = []
@@ -554,13 +562,16 @@ def status(lab_dir: Path | None = None) -> LabStatus:
                      dict(lab.kubernetes))
 
 
-def import_image(tarball: Path, lab_dir: Path | None = None) -> list[str]:
-    """Import an image tarball (docker or OCI archive) into every lab hypervisor."""
+def import_image(tarball: Path, lab_dir: Path | None = None, only: Iterable[str] | None = None) -> list[str]:
+    """Import an image tarball (docker or OCI archive) into every lab hypervisor (or those named in `only`)."""
     lab = info(lab_dir)
     if not tarball.is_file():
         raise LabError(f"no such image tarball: {tarball}")
+    wanted = None if only is None else set(only)
     done = []
     for hv in lab.hypervisors:
+        if wanted is not None and hv.name not in wanted:
+            continue
         _ctr_import(hv.socket, tarball.absolute(), hv.name)
         done.append(hv.name)
     return done

@@ -12,6 +12,7 @@ from gitops.model.resources import (
     BareMetalHost,
     Cluster,
     ClusterBackup,
+    ClusterRecovery,
     ClusterRestore,
     Hypervisor,
     JumpHostService,
@@ -73,6 +74,8 @@ def hypervisor(doc: Document) -> Hypervisor:
         labels=_labels(doc),
         data_dir=doc.get(("metadata", "annotations", DATA_DIR_ANNOTATION), DEFAULT_DATA_DIR),
         cordoned=bool(spec.get("cordoned", False)),
+        drain=bool(spec.get("drain", False)),
+        lost=bool(spec.get("lost", False)),
     )
 
 
@@ -99,6 +102,7 @@ def cluster(doc: Document) -> Cluster:
         backup=ClusterBackup(spec["backup"]["target"], spec["backup"].get("intervalMinutes", 60),
                              spec["backup"].get("keep", 24)) if "backup" in spec else None,
         restore=ClusterRestore(spec["restore"]["snapshot"]) if "restore" in spec else None,
+        recovery=ClusterRecovery(spec["recovery"]["forceNewClusterFrom"]) if "recovery" in spec else None,
     )
 
 

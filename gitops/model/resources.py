@@ -72,6 +72,15 @@ class Hypervisor:
     data_dir: str = DEFAULT_DATA_DIR
     #: spec.cordoned: no new node is placed here; the nodes already here stay
     cordoned: bool = False
+    #: spec.drain: its nodes move elsewhere, one etcd member of a cluster at a time
+    drain: bool = False
+    #: spec.lost: gone for good: not observed; its nodes are placed elsewhere
+    lost: bool = False
+
+    @property
+    def leaving(self) -> bool:
+        """Its nodes move elsewhere (drained or lost), and no new node comes."""
+        return self.drain or self.lost
 
     def cri_endpoint(self) -> CRIEndpoint:
         """How the CRI client reaches this hypervisor's runtime."""
@@ -127,6 +136,13 @@ LATEST = "latest"
 
 
 @dataclass(frozen=True)
+class ClusterRecovery:
+    """`spec.recovery` of a Cluster: rebuild etcd from this surviving member once its quorum is lost."""
+
+    force_new_cluster_from: str
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     kubernetes_version: str  # always with a leading "v"
@@ -150,6 +166,8 @@ class Cluster:
     backup: ClusterBackup | None = None
     #: spec.restore: restore etcd from a snapshot (None: no restore asked)
     restore: ClusterRestore | None = None
+    #: spec.recovery: rebuild etcd from a survivor when a majority of its members is lost
+    recovery: ClusterRecovery | None = None
 
     def image(self, component: str) -> str:
         """Image of `component` (a `COMPONENTS` name): the override, else the upstream default."""

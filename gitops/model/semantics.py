@@ -208,6 +208,19 @@ def node_counts(docs: list[Document], _everything: list[Document]) -> Iterable[D
                              f"(at most {bounds[role]})")
 
 
+def recovery_survivors(docs: list[Document], everything: list[Document]) -> Iterable[Diagnostic]:
+    """spec.recovery.forceNewClusterFrom names a controlplane Node of the same cluster."""
+    nodes = {d.name: d for d in _of_kind(everything, "Node")}
+    for cluster in _of_kind(docs, "Cluster"):
+        name = cluster.get(("spec", "recovery", "forceNewClusterFrom"))
+        if name is None:
+            continue
+        node = nodes.get(name)
+        if node is None or node.spec.get("cluster") != cluster.name or node.spec.get("role") != CONTROLPLANE:
+            yield cluster.error(("spec", "recovery", "forceNewClusterFrom"),
+                                f"no controlplane Node {name!r} of Cluster {cluster.name!r}")
+
+
 def kubernetes_versions(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
     for doc in _of_kind(docs, "Cluster"):
         why = versions.problem(str(doc.spec.get("kubernetesVersion", "")))
@@ -309,6 +322,7 @@ CHECKS: tuple[Check, ...] = (
     hypervisor_tls,
     hypervisor_data_dirs,
     node_counts,
+    recovery_survivors,
     kubernetes_versions,
     cluster_networks,
     api_server_args,

@@ -67,11 +67,13 @@ def _fields(pod: ObservedPod) -> dict[str, Any]:
 
 def observe(hypervisors: Iterable[Hypervisor], *, timeout: float = 10.0,
             reuse: FilesReuse | None = None) -> ObservedState:
-    """Observe every hypervisor in parallel; unreachable ones are marked, not raised. `reuse`: node
-    files known from an earlier observation, not read again (see `gitops.status.poll`)."""
-    results = read_all([hv.cri_endpoint() for hv in hypervisors], partial(observe_hypervisor, reuse=reuse),
-                       timeout=timeout)
-    out = {}
+    """Observe every hypervisor in parallel (but those marked lost: they are reported lost, never asked);
+    unreachable ones are marked, not raised. `reuse`: node files known from an earlier observation, not read again (see `gitops.status.poll`)."""
+    hypervisors = list(hypervisors)
+    results = read_all([hv.cri_endpoint() for hv in hypervisors if not hv.lost],
+                       partial(observe_hypervisor, reuse=reuse), timeout=timeout)
+    out = {hv.name: ObservedHypervisor(hv.name, reachable=False, error="marked lost (spec.lost)", lost=True)
+           for hv in hypervisors if hv.lost}
     for name, result in results.items():
         if isinstance(result, CRIError):
             log.info("hypervisor unreachable: %s", result)

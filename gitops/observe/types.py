@@ -174,6 +174,15 @@ class ObservedHypervisor:
     reachable: bool
     error: str = ""
     pods: tuple[ObservedPod, ...] = ()
+    #: marked lost in the repo (spec.lost): not asked, nothing planned on it, not an unknown
+    lost: bool = False
+
+
+def _hypervisor(hv: ObservedHypervisor) -> dict[str, Any]:
+    data = asdict(hv)
+    if not hv.lost:
+        del data["lost"]  # (as written before hypervisors could be marked lost)
+    return data
 
 
 @dataclass(frozen=True)
@@ -191,10 +200,15 @@ class ObservedState:
 
     @property
     def unreachable(self) -> list[str]:
-        return sorted(n for n, hv in self.hypervisors.items() if not hv.reachable)
+        """Hypervisors that could not be observed (not the ones marked lost: those are not asked)."""
+        return sorted(n for n, hv in self.hypervisors.items() if not hv.reachable and not hv.lost)
+
+    @property
+    def lost(self) -> list[str]:
+        return sorted(n for n, hv in self.hypervisors.items() if hv.lost)
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"hypervisors": {n: asdict(hv) for n, hv in sorted(self.hypervisors.items())}}
+        data: dict[str, Any] = {"hypervisors": {n: _hypervisor(hv) for n, hv in sorted(self.hypervisors.items())}}
         if self.hosts is not None:
             data["bareMetalHosts"] = [asdict(h) for h in self.hosts]
         if self.clusters:
@@ -216,7 +230,8 @@ class ObservedState:
                     files=NodeFiles(files["digests"], files["certificates"], tuple(files["keys"]),
                                     files["public_keys"]) if files is not None else None,
                 ))
-            hvs[name] = ObservedHypervisor(raw["name"], raw["reachable"], raw.get("error", ""), tuple(pods))
+            hvs[name] = ObservedHypervisor(raw["name"], raw["reachable"], raw.get("error", ""), tuple(pods),
+                                           bool(raw.get("lost", False)))
         hosts = data.get("bareMetalHosts")
         clusters = {n: ObservedCluster.from_dict(c) for n, c in data.get("clusters", {}).items()}
         snapshots = {n: SnapshotListing.from_dict(s) for n, s in data.get("snapshots", {}).items()}

@@ -13,6 +13,7 @@ from gitops.plan.payloads import Payload, payload_from_dict, payload_to_dict
 
 class Kind(str, Enum):
     BACKUP_ETCD = "backup-etcd"
+    RECOVER_ETCD = "recover-etcd"
     ETCD_MEMBER_REMOVE = "etcd-member-remove"
     REMOVE_CONTAINER = "remove-container"
     REMOVE_POD = "remove-pod"
@@ -45,6 +46,8 @@ class KindInfo:
 KINDS: dict[Kind, KindInfo] = {
     # before anything of the plan changes a cluster's etcd membership, a CA or its version (spec.backup)
     Kind.BACKUP_ETCD: KindInfo(-1, "+", "back up etcd"),
+    # a cluster whose etcd lost its quorum for good: rebuilt from its survivor first (spec.recovery)
+    Kind.RECOVER_ETCD: KindInfo(0, "~", "rebuild etcd"),
     Kind.ETCD_MEMBER_REMOVE: KindInfo(0, "-", "remove etcd member"),
     Kind.REMOVE_CONTAINER: KindInfo(1, "-", "remove container"),
     Kind.REMOVE_POD: KindInfo(2, "-", "remove pod"),

@@ -70,6 +70,10 @@ class ClusterInputs:
     down: frozenset[str]
     #: its snapshots, listed while its spec.restore is pending (None: not listed)
     snapshots: SnapshotListing | None = None
+    #: recorded etcd members that move to another hypervisor (removed there, then added back)
+    moving: frozenset[str] = frozenset()
+    #: the hypervisors it involves that are marked lost (spec.lost): nothing is planned there
+    lost: frozenset[str] = frozenset()
 
     def key(self, settings: str) -> bytes:
         """A digest of the inputs (`settings`: the diff options as text): content digests of the pods
@@ -81,7 +85,7 @@ class ClusterInputs:
             parts.append("\n".join(record.etcd_learners))
             for role, authority in sorted(record.authorities.items()):
                 parts += (role, authority.cert_pem)
-        parts.append(repr((self.members_on, sorted(self.down), self.snapshots,
+        parts.append(repr((self.members_on, sorted(self.down), self.snapshots, sorted(self.moving), sorted(self.lost),
                            record.restored if record is not None else None)))
         parts += [p.content_digest for p in self.wants]
         for node in sorted(self.have):
@@ -91,7 +95,7 @@ class ClusterInputs:
 
 
 def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
-                   down: set[str]) -> list[ClusterInputs]:
+                   down: set[str], lost: set[str] = frozenset()) -> list[ClusterInputs]:
     """The diff's inputs split by cluster. An observed pod goes with its node's desired cluster, or,
     when its node left the repo, with the cluster it is labeled with."""
     wants: dict[str, list[DesiredPod]] = {}
@@ -107,14 +111,17 @@ def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
     nodes = state.nodes
     for cluster in sorted(wants.keys() | have.keys() | state.clusters.keys()):
         record = state.clusters.get(cluster)
-        members_on = () if record is None else tuple(
-            (n, nodes[n].hypervisor if n in nodes else "") for n in record.etcd_members)
+        members_on = () if record is None else tuple(  # a moving member is still where it was, until removed
+            (n, (nodes[n].moved_from or nodes[n].hypervisor) if n in nodes else "") for n in record.etcd_members)
+        moving = frozenset() if record is None else frozenset(
+            n for n in record.etcd_members if n in nodes and nodes[n].moved_from)
         mine = wants.get(cluster, [])
-        involved = frozenset()
-        if down:
-            involved = frozenset(down & ({p.hypervisor for p in mine} | {hv for _, hv in members_on}))
+        involved = gone = frozenset()
+        if down or lost:
+            where = {p.hypervisor for p in mine} | {hv for _, hv in members_on}
+            involved, gone = frozenset(down & where), frozenset(lost & where)
         out.append(ClusterInputs(cluster, mine, desired.clusters.get(cluster), have.get(cluster, {}), record,
-                                 members_on, involved, observed.snapshots.get(cluster)))
+                                 members_on, involved, observed.snapshots.get(cluster), moving, gone))
     return out
 
 
@@ -142,7 +149,7 @@ def compare(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime) -> Co
     desired = {p.node: p for p in inputs.wants}
     keepers = _keepers(inputs, desired, options.prune, actions, warnings)
     for node, want in sorted(desired.items()):
-        if want.hypervisor in inputs.down:
+        if want.hypervisor in inputs.down or want.hypervisor in inputs.lost:
             continue
         actions.extend(_pod_actions(want, keepers.get(node), inputs.record, inputs.want, now, deadlines,
                                     unchecked))

@@ -282,11 +282,25 @@ class RestoreEtcd:
     record: str
 
 
+@dataclass(frozen=True)
+class RecoverEtcd:
+    """Rebuild the cluster's etcd from the member `create` starts (spec.recovery): remove its etcd
+    containers `stop`, start it once with --force-new-cluster until healthy at `client_url`, then as
+    `create` says until healthy again (within `timeout` seconds each), and record `record` as done with
+    that member the only one."""
+
+    create: CreateContainer
+    stop: tuple[str, ...]
+    client_url: str
+    timeout: int
+    record: str
+
+
 Payload = Union[CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange, CreateContainer, Remove, LabelHost,
-                PutObject, SignRequest, RotationStep, BackupEtcd, RestoreEtcd]
+                PutObject, SignRequest, RotationStep, BackupEtcd, RestoreEtcd, RecoverEtcd]
 TYPES: dict[str, type] = {t.__name__: t for t in (CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange,
                                                    CreateContainer, Remove, LabelHost, PutObject, SignRequest,
-                                                   RotationStep, BackupEtcd, RestoreEtcd)}
+                                                   RotationStep, BackupEtcd, RestoreEtcd, RecoverEtcd)}
 
 
 def payload_to_dict(payload: Payload) -> dict[str, Any]:
@@ -319,6 +333,7 @@ _NESTED: dict[tuple[type, str], Any] = {
     (CreateContainer, "etcd"): EtcdHealth, (CreateContainer, "ready"): ApiReady, (Remove, "etcd"): EtcdHealth,
     (SignRequest, "approval"): Condition,
     (ContainerSpec, "mounts"): (Mount,),
+    (RecoverEtcd, "create"): CreateContainer,
     (RestoreEtcd, "members"): (RestoreMember,), (RestoreMember, "pod"): PodRef,
     (RestoreMember, "sandbox"): SandboxSpec, (RestoreMember, "restorer"): ContainerSpec,
 }

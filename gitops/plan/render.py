@@ -67,20 +67,22 @@ def describe(action: Action) -> str:
 
 
 #: a cluster's own sections that come before its nodes
-_FIRST = (Kind.BACKUP_ETCD, Kind.RESTORE_ETCD)
+_FIRST = (Kind.BACKUP_ETCD, Kind.RECOVER_ETCD, Kind.RESTORE_ETCD)
 #: what a cluster-wide action is about, where a node's name would go
 _ABOUT = {Kind.BACKUP_ETCD: "etcd", Kind.RESTORE_ETCD: "etcd"}
 
 
-def _groups(plan: Plan) -> "OrderedDict[tuple[str, str, str], list[Action]]":
-    groups: OrderedDict[tuple[str, str, str], list[Action]] = OrderedDict()
+def _groups(plan: Plan) -> "OrderedDict[tuple[str, str, str, str], list[Action]]":
+    groups: OrderedDict[tuple[str, str, str, str], list[Action]] = OrderedDict()
     # a cluster's backup first, its nodes, what happens inside its API (objects, workers' certificates),
     # then its recorded state
     for action in sorted(plan.actions, key=lambda a: (a.cluster, a.kind not in _FIRST, a.kind != Kind.BACKUP_ETCD,
                                                       a.info.phase >= API_PHASE, a.kind == Kind.ADVANCE_CA_ROTATION,
                                                       a.node)):
         section = action.kind.value if action.kind in (*_FIRST, Kind.ADVANCE_CA_ROTATION) else ""
-        groups.setdefault((action.cluster, action.node, section), []).append(action)
+        # a node that moves has a group on each hypervisor (where it leaves, where it comes)
+        where = action.hypervisor if action.node else ""
+        groups.setdefault((action.cluster, action.node, section, where), []).append(action)
     for key in groups:
         groups[key].sort(key=Action.sort_key)
     return groups
@@ -92,6 +94,8 @@ def _what(actions: list[Action]) -> str:
         return "Backup:"
     if Kind.RESTORE_ETCD in kinds:
         return "Restore:"
+    if Kind.RECOVER_ETCD in kinds:
+        return "Rebuild etcd from"
     if Kind.ADVANCE_CA_ROTATION in kinds:
         return "Recorded state:"
     if Kind.LABEL_HOST in kinds:
@@ -110,7 +114,7 @@ def render_text(plan: Plan, console: Console) -> None:
     for note in plan.notes:
         console.print(f"[bold cyan]» {safe(note)}[/bold cyan]")
     cluster = None
-    for (cluster_name, node, _), actions in _groups(plan).items():
+    for (cluster_name, node, _, _), actions in _groups(plan).items():
         if cluster_name != cluster:
             cluster = cluster_name
             console.print(f"\n[bold]Cluster {safe(cluster_name)}[/bold]")
@@ -136,7 +140,7 @@ def render_markdown(plan: Plan) -> str:
         lines += [f"- :arrows_counterclockwise: {n}" for n in plan.notes] + [""]
     symbol = {"+": "+", "-": "-", "~": "!"}
     cluster = None
-    for (cluster_name, node, _), actions in _groups(plan).items():
+    for (cluster_name, node, _, _), actions in _groups(plan).items():
         if cluster_name != cluster:
             if cluster is not None:
                 lines += ["```", ""]

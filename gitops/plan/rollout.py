@@ -20,7 +20,7 @@ from gitops.model.components import APISERVER, CONTROLPLANE, ETCD, ETCD_MEMBER, 
 from gitops.observe.types import ObservedPod, ObservedState
 from gitops.plan.actions import Action, Kind, Plan, Unknown, UnknownKind
 from gitops.plan.diff import ClusterInputs, DiffOptions, cluster_inputs, compare, unreachable
-from gitops.plan import restore
+from gitops.plan import recovery, restore
 from gitops.plan.payloads import ApiReady, BackupEtcd, CreateContainer, EtcdHealth, EtcdMemberChange, Remove
 from gitops.pods import AGENT
 from gitops.state.records import State
@@ -48,7 +48,7 @@ def plan_nodes(desired: DesiredState, observed: ObservedState, state: State, opt
     warnings: list[tuple[str, str]] = []
     settings = repr(options)
     unchecked: list[str] = []
-    for inputs in cluster_inputs(desired, observed, state, down):
+    for inputs in cluster_inputs(desired, observed, state, down, set(observed.lost)):
         part = CLUSTER_DIFFS.get(inputs.key(settings), lambda: _cluster_plan(inputs, options, now),
                                  fresh=lambda part: part.fresh_at(now))
         actions.extend(part.actions)
@@ -81,6 +81,8 @@ CLUSTER_DIFFS: Memo[bytes, ClusterDiff] = Memo(maxsize=1 << 16)
 
 
 def _cluster_plan(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
+    if inputs.record is not None and inputs.record.forcing:
+        return _recovery_plan(inputs, options, now)
     value = restore.pending(inputs)
     waits = restore.hold(inputs, value) if value else ""
     if value and not waits:
@@ -89,6 +91,15 @@ def _cluster_plan(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime)
     actions, held = roll_out(inputs, found.actions, found.keepers, options.health_timeout)
     waiting = [(min(inputs.record.etcd_members), waits)] if waits and inputs.record else []
     return ClusterDiff(tuple(actions), (*found.warnings, *held, *waiting), now, found.until, found.unchecked)
+
+
+def _recovery_plan(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
+    """The survivor's etcd rebuilt first, then the cluster's diff against it (`gitops.plan.recovery`)."""
+    view = recovery.stopped_view(inputs)
+    found = compare(view, options, now)
+    actions, held = roll_out(view, found.actions, found.keepers, options.health_timeout)
+    actions = recovery.recover_action(inputs, actions, options.health_timeout)
+    return ClusterDiff(tuple(actions), (*found.warnings, *held), now, found.until, found.unchecked)
 
 
 def _restore_plan(inputs: ClusterInputs, value: str, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
@@ -263,29 +274,35 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
         """The client URLs of the members that stay, the changing one excluded."""
         return tuple(m.client_url for n, m in sorted(members.items()) if n in recorded and n != exclude)
 
+    moving = inputs.moving
     for node in recorded:
-        if node in members:
+        if node in members and node not in moving:
             continue
         was_on = placed_on.get(node, "")
         if was_on in down:
             continue  # its etcd may still run there: leave the membership until it is reachable
-        actions.append(Action(Kind.ETCD_MEMBER_REMOVE, was_on, cluster, node,
-                              reason=f"Node {node} is no longer a controlplane node of {cluster}",
+        why = (f"Node {node} moves from {was_on} to {location.get(node)}: its member leaves, then joins again "
+               "from there" if node in members else f"Node {node} is no longer a controlplane node of {cluster}")
+        actions.append(Action(Kind.ETCD_MEMBER_REMOVE, was_on, cluster, node, reason=why,
                               details=(f"the {len(ask(node))} member(s) that stay must be healthy first",),
                               payload=EtcdMemberChange(node, ask(node), timeout=timeout)))
     learners = set(record.etcd_learners) if record else set()
     for node, member in sorted(members.items()):
-        if location.get(node) in down or (node in recorded and node not in learners):
+        if location.get(node) in down or location.get(node) in inputs.lost:
             continue
+        if (node in recorded and node not in learners and node not in moving) or placed_on.get(node) in down:
+            continue  # (a moving member whose old hypervisor does not answer: it has not left yet)
         where = location.get(node, "")
-        if node not in recorded:
+        joins = node not in recorded or node in moving
+        if joins:
             actions.append(Action(Kind.ETCD_MEMBER_ADD, where, cluster, node,
-                                  reason="new controlplane node joins etcd, as a learner",
+                                  reason="the moved node joins etcd again from here, as a learner" if node in moving
+                                  else "new controlplane node joins etcd, as a learner",
                                   details=(member.peer_url, f"the {len(ask(node))} member(s) must be healthy first"),
                                   payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout)))
         actions.append(Action(Kind.ETCD_MEMBER_PROMOTE, where, cluster, node, component=ETCD,
                               order=order.get(node, 0),
-                              reason="the learner votes once it has caught up" if node not in recorded
+                              reason="the learner votes once it has caught up" if joins
                               else "a learner added by an earlier run: it votes once it has caught up",
                               details=(f"then waits until it is healthy (up to {timeout}s)",),
                               payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout,
@@ -404,7 +421,8 @@ def hold_votes(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Actio
     of the cluster gets a change that needs quorum (a membership change, a running etcd replaced, a member's
     pod removed). Those nodes' actions wait; the cluster's other changes and other clusters go ahead."""
     away = sorted(n for n, hv in inputs.members_on if hv in inputs.down)
-    if not away:
+    gone = sorted(n for n, hv in inputs.members_on if hv in inputs.lost)
+    if not away and not gone:
         return actions, []
     recorded = {n for n, _ in inputs.members_on}
 
@@ -413,14 +431,24 @@ def hold_votes(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Actio
                 or (a.kind == Kind.REMOVE_POD and a.node in recorded)
                 or _rolls_member(a))
 
-    waiting = sorted({a.node for a in actions if needs_votes(a)})
+    # a member lost for good and moving is replaced (removed, added back); a moving one whose old hypervisor
+    # does not answer cannot leave there yet, so nothing of its move is made
+    replaced = set() if away else set(gone) & inputs.moving
+    stuck = {n for n in inputs.moving if n in away}
+    waiting = sorted(({a.node for a in actions if needs_votes(a)} - replaced) | {a.node for a in actions if a.node in stuck})
     if not waiting:
         return actions, []
     kept = [a for a in actions if a.node not in waiting]
-    where = ", ".join(f"{n} on {hv}" for n, hv in inputs.members_on if n in away)
-    return kept, [(waiting[0], f"cluster {inputs.cluster}: etcd member {where} is unreachable, so no change that "
-                               f"needs its vote is made: {len(actions) - len(kept)} action(s) on "
-                               f"{', '.join(waiting)} wait until it answers")]
+    count = f"{len(actions) - len(kept)} action(s) on {', '.join(waiting)}"
+    if away:
+        where = ", ".join(f"{n} on {hv}" for n, hv in inputs.members_on if n in away)
+        return kept, [(waiting[0], f"cluster {inputs.cluster}: etcd member {where} is unreachable, so no change that "
+                                   f"needs its vote is made: {count} wait until it answers (if it is gone for good, "
+                                   "mark its Hypervisor spec.lost: true)")]
+    where = ", ".join(f"{n} on {hv}" for n, hv in inputs.members_on if n in gone)
+    return kept, [(waiting[0], f"cluster {inputs.cluster}: etcd member {where} is lost (spec.lost) and replaced one at a "
+                               f"time, so no other change that needs a vote is made: {count} wait until it has joined "
+                               "again")]
 
 
 def hold_quorum(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Action], list[tuple[str, str]]]:

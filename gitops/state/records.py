@@ -71,6 +71,10 @@ class ClusterRecord:
     rotation: CARotation | None = None
     #: the spec.restore.snapshot value last restored ("" for none): each value is restored once
     restored: str = ""
+    #: the spec.recovery.forceNewClusterFrom value last forced ("" for none): each value forces once
+    recovered: str = ""
+    #: the member a planned --force-new-cluster rebuilds etcd from, until it ran ("" for none)
+    forcing: str = ""
 
     def copy(self) -> ClusterRecord:
         """A deep copy (new records, dicts and lists; the strings are shared)."""
@@ -84,6 +88,8 @@ class ClusterRecord:
             ca_generation=self.ca_generation,
             rotation=self.rotation.copy() if self.rotation is not None else None,
             restored=self.restored,
+            recovered=self.recovered,
+            forcing=self.forcing,
         )
 
     def restore_pending(self, snapshot: str | None) -> bool:
@@ -152,10 +158,13 @@ class NodeRecord:
     #: etcd bootstrap flags, frozen when the node first joins (etcd ignores them afterwards)
     etcd_initial_cluster: str = ""
     etcd_initial_state: str = ""
+    #: the hypervisor its etcd member still runs on (or ran on, when lost) while the node moves: the
+    #: member is removed there, then added back from `hypervisor` ("" when not moving)
+    moved_from: str = ""
 
     def copy(self) -> NodeRecord:
         return NodeRecord(self.cluster, self.hypervisor, dict(self.ports), self.etcd_initial_cluster,
-                          self.etcd_initial_state)
+                          self.etcd_initial_state, self.moved_from)
 
 
 @dataclass
@@ -177,8 +186,12 @@ class State:
         data = asdict(self)
         data["version"] = SCHEMA_VERSION
         for record in data["clusters"].values():
-            if not record["restored"]:
-                del record["restored"]  # (never restored: state files written before it stay as they were)
+            for name in ("restored", "recovered", "forcing"):
+                if not record[name]:
+                    del record[name]  # (never done: state files written before these fields stay as they were)
+        for record in data["nodes"].values():
+            if not record["moved_from"]:
+                del record["moved_from"]  # (not moving: as above)
         return _sorted(data)
 
     @classmethod
@@ -206,6 +219,8 @@ class State:
                 ca_generation=int(raw.get("ca_generation", 1)),
                 rotation=_rotation(raw.get("rotation")),
                 restored=str(raw.get("restored", "")),
+                recovered=str(raw.get("recovered", "")),
+                forcing=str(raw.get("forcing", "")),
             )
         nodes = {name: NodeRecord(**raw) for name, raw in data.get("nodes", {}).items()}
         sip_labels = {host: dict(labels) for host, labels in data.get("sip_labels", {}).items()}
@@ -251,6 +266,8 @@ STATE_SCHEMA: dict[str, Any] = {
             "retired_service_account_keys": {"type": "array", "items": _STR},
             "ca_generation": _INT,
             "restored": _STR,
+            "recovered": _STR,
+            "forcing": _STR,
             "rotation": {"anyOf": [{"type": "null"}, {
                 "type": "object", "required": ["generation", "phase"],
                 "properties": {"generation": _INT, "phase": {"enum": list(ROTATION_PHASES)},
@@ -258,7 +275,8 @@ STATE_SCHEMA: dict[str, Any] = {
         }}),
         "nodes": _map({"type": "object", "required": ["cluster", "hypervisor"], "additionalProperties": False,
                        "properties": {"cluster": _STR, "hypervisor": _STR, "ports": _map(_INT),
-                                      "etcd_initial_cluster": _STR, "etcd_initial_state": _STR}}),
+                                      "etcd_initial_cluster": _STR, "etcd_initial_state": _STR,
+                                      "moved_from": _STR}}),
         "sip_labels": _map(_map({"type": ["string", "null"]})),
     },
 }

@@ -1,0 +1,135 @@
+"""Retiring and losing hypervisors (issue #29.3, #29.4) on the real v1.20.2 team-a.
+
+A lab of one public and three private containerd hypervisors (the example's two private ones and
+hv-private-3), team-a's three members spread over them. A drained hypervisor hands its member over
+(the member removed, its API server leaving the ingress first, then added back from another
+hypervisor as a learner) under the API probe: no request fails. A hypervisor holding two of the
+three members dies for good (its pods stopped, its containerd killed); marked lost, the plan says
+which field to set; with spec.recovery.forceNewClusterFrom the survivor's etcd is rebuilt with
+--force-new-cluster, the two others join again from the one private hypervisor left, and a ConfigMap
+written before the loss is still there. Each test brings about what it builds on, so any runs alone.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import lab_tempdir, require_root
+from test_apply_lab import World, assert_converged, etcd_members, kubectl, under_probe, wait_ready, world_gitops
+
+SUBNET = "127.0.34"
+MEMBERS = ("team-a-cp-1", "team-a-cp-2", "team-a-cp-3")
+
+
+class Recovery(World):
+    def placed(self) -> dict[str, str]:
+        """team-a's members and the hypervisor each is recorded on."""
+        nodes = json.loads((self.state / "state.json").read_text())["nodes"]
+        return {n: nodes[n]["hypervisor"] for n in MEMBERS}
+
+    def set_hypervisor(self, name: str, **fields: object) -> None:
+        path = self.repo / "hypervisors" / f"{name}.yaml"
+        doc = yaml.safe_load(path.read_text())
+        doc["spec"].update(fields)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def pin(self, node: str, hypervisor: str | None) -> None:
+        path = self.repo / "clusters/team-a/nodes.yaml"
+        docs = list(yaml.safe_load_all(path.read_text()))
+        for doc in docs:
+            if doc and doc["metadata"]["name"] == node:
+                if hypervisor is None:
+                    doc["spec"].pop("hypervisor", None)
+                else:
+                    doc["spec"]["hypervisor"] = hypervisor
+        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+
+    def lab_name(self, hypervisor: str) -> str:
+        """The lab hypervisor behind the repo's Hypervisor `hypervisor` (by its socket)."""
+        socket = yaml.safe_load((self.repo / "hypervisors" / f"{hypervisor}.yaml").read_text())["spec"][
+            "localCRIEndpoint"]["criEndpointPath"]
+        return next(hv.name for hv in self.lab.hypervisors if hv.socket == socket)
+
+
+@pytest.fixture(scope="module")
+def world():
+    require_root()
+    from gitops import lab as labmod
+
+    base = lab_tempdir("gitops-recovery-")
+    try:
+        lab = labmod.up(base / "lab", hypervisors=4, public=1, subnet=SUBNET)
+        repo = base / "repo"
+        world_gitops("lab", "example-repo", "--dir", str(base / "lab"), str(repo))
+        shutil.rmtree(repo / "clusters" / "team-b")  # one cluster is enough here
+        used = {yaml.safe_load(p.read_text())["spec"]["localCRIEndpoint"]["criEndpointPath"]
+                for p in (repo / "hypervisors").glob("*.yaml")}
+        [extra] = [hv for hv in lab.hypervisors if hv.socket not in used]
+        third = labmod.LabHypervisor(**{**extra.__dict__, "name": "hv-private-3"})
+        (repo / "hypervisors" / "hv-private-3.yaml").write_text(
+            yaml.safe_dump(labmod.hypervisor_document(third), sort_keys=False))
+        world = Recovery(base, repo, base / "state", lab)
+        world.apply()
+        yield world
+    finally:
+        try:
+            labmod.down(base / "lab")
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_drained_hypervisor_hands_its_member_over_with_no_failed_request(world):
+    placed = world.placed()
+    node = max(MEMBERS, key=lambda n: (list(placed.values()).count(placed[n]) == 1, n))  # alone on its hypervisor
+    source = placed[node]
+    world.set_hypervisor(source, drain=True)
+    planned = world.plan().stdout
+    assert f"remove etcd member: Node {node} moves from {source} to " in planned, planned
+    assert "add etcd member: the moved node joins etcd again from here, as a learner" in planned
+    applied = under_probe(world, "team-a", "drain", world.apply_stamped)
+    assert "Apply complete: " in applied, applied
+    assert world.placed()[node] != source
+    assert not [n for n, pods in world.sandboxes().items() if any(hv == world.lab_name(source) for hv, _ in pods)]
+    assert etcd_members(world, "team-a") == sorted(MEMBERS)
+    assert_converged(world)
+
+
+def test_a_lost_majority_is_rebuilt_from_the_survivor_with_its_data(world):
+    from gitops import lab as labmod
+
+    placed = world.placed()
+    counts = {hv: list(placed.values()).count(hv) for hv in placed.values()}
+    if max(counts.values()) < 2:  # run alone: put two members together first (a move)
+        alone = sorted(MEMBERS)[-1]
+        target = placed[sorted(MEMBERS)[0]]
+        world.pin(alone, target)
+        world.apply()
+        world.pin(alone, None)
+        placed = world.placed()
+        counts = {hv: list(placed.values()).count(hv) for hv in placed.values()}
+    lost = max(counts, key=lambda hv: counts[hv])
+    [survivor] = [n for n in MEMBERS if placed[n] != lost]
+    wait_ready(world, "team-a")
+    kubectl(world, "team-a", "-n", "default", "create", "configmap", "before-the-loss", "--from-literal=kept=yes")
+    labmod.lose_hypervisor(world.dir / "lab", world.lab_name(lost))
+    world.set_hypervisor(lost, lost=True)
+    waiting = world.plan().stdout
+    assert f"set spec.recovery.forceNewClusterFrom on Cluster team-a to one of: {survivor}" in waiting, waiting
+    spec = world.repo / "clusters/team-a/cluster.yaml"
+    first, sep, rest = spec.read_text().partition("\n---")
+    spec.write_text(first.rstrip("\n") + f"\n  recovery:\n    forceNewClusterFrom: {survivor}" + sep + rest)
+    planned = world.plan().stdout
+    assert f"~ rebuild etcd: spec.recovery.forceNewClusterFrom: {survivor}" in planned, planned
+    applied = world.apply().stdout
+    assert "Apply complete: " in applied, applied
+    wait_ready(world, "team-a")
+    assert kubectl(world, "team-a", "-n", "default", "get", "configmap", "before-the-loss",
+                   "-o", "jsonpath={.data.kept}").stdout == "yes"
+    assert etcd_members(world, "team-a") == sorted(MEMBERS)
+    assert lost not in world.placed().values()
+    record = json.loads((world.state / "state.json").read_text())["clusters"]["team-a"]
+    assert record["recovered"] == survivor and "forcing" not in record
+    assert_converged(world)
