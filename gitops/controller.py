@@ -34,6 +34,7 @@ from gitops.model.config import Coordination, RepoConfig
 from gitops.model.resources import RepoModel
 from gitops.model.validate import Validation, validate_repo
 from gitops.observe.clusters import ClusterReader
+from gitops.observe.etcd import EtcdReader
 from gitops.observe.types import ObservedState
 from gitops.plan.actions import Action, Plan
 from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
@@ -187,6 +188,7 @@ class Controller:
         #: node files read on earlier polls, and the last converged reconcile (None: the next poll does it all)
         self.files = NodeFilesCache(RepoConfig().node_files_interval)
         self.clusters = ClusterReader(RepoConfig().cluster_objects_interval)
+        self.etcd = EtcdReader()
         self._quiet: Quiet | None = None
         #: the commit in force and this replica's scope, as the last reconcile left them (scheduled backups)
         self._in_force: tuple[Target, Scope | None] | None = None
@@ -291,7 +293,8 @@ class Controller:
         with ThreadPoolExecutor(max_workers=1) as pool:  # git fetch while the live state is read
             fetching = pool.submit(self.source.fetch)
             live = scoped_observed(observe_all(scoped_model(quiet.target.model, quiet.scope), quiet.target.config,
-                                               self.store.load(), reuse=self.files.reuse, clusters=self.clusters),
+                                               self.store.load(), reuse=self.files.reuse, clusters=self.clusters,
+                                               etcd=self.etcd),
                                    quiet.scope)
             sha = fetching.result()
         if sha != quiet.target.sha:
@@ -313,11 +316,13 @@ class Controller:
                 or not after.plan.empty or not after.plan.complete):
             self.files.forget()
             self.clusters.forget()
+            self.etcd.forget()
             return
         self.files.interval = target.config.node_files_interval
         self.files.remember(after.observed)
         self.clusters.objects_interval = target.config.cluster_objects_interval
         self.clusters.remember(after.observed.clusters)
+        self.etcd.remember(after.observed.etcd)
         self._quiet = Quiet(target, live_fingerprint(after.observed, self.files.files_digest), dataclasses.replace(
             outcome, actions=0, message=f"commit {target.sha[:12]} in force; nothing changed"), scope)
 

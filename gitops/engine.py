@@ -23,6 +23,7 @@ from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
 from gitops.observe.backups import list_restores
 from gitops.observe.clusters import ClusterReader, observe_clusters
+from gitops.observe.etcd import EtcdReader, observe_etcd
 from gitops.observe.hypervisors import observe
 from gitops.observe.types import ClusterTarget, FilesReuse, ObservedState
 from gitops.plan.actions import Plan, Unknown, UnknownKind
@@ -117,16 +118,20 @@ def relabeled(hosts: list[BareMetalHost], sip: HostSelection) -> list[BareMetalH
 
 
 def observe_all(model: RepoModel, config: RepoConfig, state: State | None = None,
-                reuse: FilesReuse | None = None, clusters: ClusterReader | None = None) -> ObservedState:
-    """Observe the hypervisors, then (with the recorded `state`'s admin credentials) the API of every
-    cluster with a running API server, the snapshots of a cluster whose spec.restore is pending, and the BareMetalHosts of a provider whose hosts are observed.
-    `reuse`: node files known from an earlier observation, `clusters`: the reader that keeps its clients
-    and the objects it listed (both the controller's, for quiet polls)."""
+                reuse: FilesReuse | None = None, clusters: ClusterReader | None = None,
+                etcd: EtcdReader | None = None) -> ObservedState:
+    """Observe the hypervisors, then (with the recorded `state`'s credentials) the API and the etcd space
+    of every cluster that runs them, the snapshots of a cluster whose spec.restore is pending, and the
+    BareMetalHosts of a provider whose hosts are observed. `reuse`: node files known from an earlier
+    observation; `clusters`: the reader that keeps its clients and the objects it listed; `etcd`: the
+    reader that keeps etcd's space a while (all three the controller's, for quiet polls)."""
     observed = observe(model.hypervisors.values(), reuse=reuse)
     if state is not None:
         targets = cluster_targets(model, state, observed)
         found = clusters.observe(targets) if clusters is not None else observe_clusters(targets)
-        observed = dataclasses.replace(observed, clusters=found, snapshots=list_restores(model, config, state))
+        spaces = etcd.observe(model, state, observed) if etcd is not None else observe_etcd(model, state, observed)
+        observed = dataclasses.replace(observed, clusters=found, snapshots=list_restores(model, config, state),
+                                       etcd=spaces)
     if not provider_kind(config.bare_metal).observed or not model.sip_clusters:
         return observed
     try:

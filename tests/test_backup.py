@@ -40,8 +40,10 @@ def work() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def start_etcd(work: Path, ca, name: str = "m1", data: Path | None = None) -> tuple[subprocess.Popen, str]:
-    """One etcd member on IP, clients over mutual TLS signed by `ca`; `data`: an existing data dir."""
+def start_etcd(work: Path, ca, name: str = "m1", data: Path | None = None,
+               extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """One etcd member on IP, clients over mutual TLS signed by `ca`; `data`: an existing data dir; `extra`: more
+    flags."""
     server = issue_cert(ca, "etcd", ip_addresses=[IP], server=True, client=True)
     for file, pem in (("ca.crt", ca.cert_pem), ("server.crt", server.cert_pem), ("server.key", server.key_pem)):
         (work / file).write_text(pem)
@@ -53,7 +55,7 @@ def start_etcd(work: Path, ca, name: str = "m1", data: Path | None = None) -> tu
         f"--listen-peer-urls=http://{IP}:{peer}", f"--initial-advertise-peer-urls=http://{IP}:{peer}",
         f"--initial-cluster={name}=http://{IP}:{peer}", "--listen-metrics-urls=",
         f"--cert-file={work / 'server.crt'}", f"--key-file={work / 'server.key'}", "--client-cert-auth",
-        f"--trusted-ca-file={work / 'ca.crt'}", "--log-level=warn"], stdout=log, stderr=log)
+        f"--trusted-ca-file={work / 'ca.crt'}", "--log-level=warn", *extra], stdout=log, stderr=log)
     log.close()
     wait_listening(IP, client, 30, lambda: "etcd exited" if proc.poll() is not None else None)
     return proc, f"https://{IP}:{client}"

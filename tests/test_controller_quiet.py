@@ -125,7 +125,7 @@ def world(tmp_path: Path, monkeypatch):
     live = {"state": ObservedState({})}
     calls = {"observe": 0, "validate": 0, "plan": 0}
 
-    def observe_all(model, config, state=None, reuse=None, clusters=None):
+    def observe_all(model, config, state=None, reuse=None, clusters=None, etcd=None):
         calls["observe"] += 1
         return live["state"]
 

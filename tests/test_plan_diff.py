@@ -959,3 +959,30 @@ def test_a_lost_quorum_says_what_to_set_then_rebuilds_from_the_survivor(repo):
     text = text_of(planned.plan)
     assert "~ rebuild etcd: spec.recovery.forceNewClusterFrom: team-a-cp-2" in text
     assert text.index("Rebuild etcd from team-a-cp-2 on hv-private-2") < text.index("Node team-a-cp-1 on hv-private-2")
+
+
+def test_etcd_upkeep_runs_only_on_a_cluster_the_plan_leaves_alone(repo):
+    """Issue #29.5: team-a's members have mostly free files: each is defragmented, one at a time; while the
+    plan changes team-a otherwise, no upkeep (it waits for the next plan)."""
+    from gitops.observe.types import EtcdMemberSpace, ObservedEtcd
+    state, observed = settle(repo.model)
+    compiled = compile_desired(repo.model, state, now=NOW)
+    members = compiled.desired.clusters["team-a"].etcd_members
+    spaces = ObservedEtcd(tuple(EtcdMemberSpace(m.node, m.client_url, 400 << 20, 10 << 20, leader=m.node.endswith("1"))
+                                for m in members))
+    observed = dataclasses.replace(observed, etcd={"team-a": spaces})
+    plan = make_plan(repo.model, repo.repo.config, state, observed, now=NOW).plan
+    assert [(a.kind, a.node) for a in plan.actions] == [(Kind.DEFRAGMENT_ETCD, n) for n in
+                                                        ("team-a-cp-2", "team-a-cp-3", "team-a-cp-1")]
+    assert "390.0 MiB of its 400.0 MiB database file is free" in plan.actions[0].reason
+    changed = dataclasses.replace(repo.model, nodes={k: v for k, v in repo.model.nodes.items() if k != "team-a-cp-3"})
+    busy = make_plan(changed, repo.repo.config, state, observed, now=NOW).plan
+    assert busy.actions and Kind.DEFRAGMENT_ETCD not in {a.kind for a in busy.actions}
+    # a controller-manager that exited (it could not renew its Lease while etcd was full) starts after the upkeep
+    exited = _with_pod(observed, "team-a-cp-2", lambda p: dataclasses.replace(p, containers=tuple(
+        dataclasses.replace(c, state="exited") if c.component == "kube-controller-manager" else c
+        for c in p.containers)))
+    both = make_plan(repo.model, repo.repo.config, state, exited, now=NOW).plan
+    assert [(a.kind, a.node) for a in both.actions] == [
+        *((Kind.DEFRAGMENT_ETCD, n) for n in ("team-a-cp-2", "team-a-cp-3", "team-a-cp-1")),
+        (Kind.RECREATE_CONTAINER, "team-a-cp-2")]

@@ -7,7 +7,10 @@ hypervisor as a learner) under the API probe: no request fails. A hypervisor hol
 three members dies for good (its pods stopped, its containerd killed); marked lost, the plan says
 which field to set; with spec.recovery.forceNewClusterFrom the survivor's etcd is rebuilt with
 --force-new-cluster, the two others join again from the one private hypervisor left, and a ConfigMap
-written before the loss is still there. Each test brings about what it builds on, so any runs alone.
+written before the loss is still there. team-a's etcd has a 32 MiB quota: filled until etcd refuses
+writes (NOSPACE), then emptied and compacted, the plan defragments its members one at a time and
+clears the alarm, and writes go through again. Each test brings about what it builds on, so any runs
+alone.
 """
 from __future__ import annotations
 
@@ -18,10 +21,20 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import lab_tempdir, require_root
-from test_apply_lab import World, assert_converged, etcd_members, kubectl, under_probe, wait_ready, world_gitops
+from test_apply_lab import (
+    World,
+    assert_converged,
+    etcd_members,
+    etcdctl,
+    kubectl,
+    under_probe,
+    wait_ready,
+    world_gitops,
+)
 
 SUBNET = "127.0.34"
 MEMBERS = ("team-a-cp-1", "team-a-cp-2", "team-a-cp-3")
+QUOTA = 32 << 20  # team-a's spec.etcd.quotaBackendBytes: small, so the upkeep test fills it quickly
 
 
 class Recovery(World):
@@ -71,6 +84,9 @@ def world():
         third = labmod.LabHypervisor(**{**extra.__dict__, "name": "hv-private-3"})
         (repo / "hypervisors" / "hv-private-3.yaml").write_text(
             yaml.safe_dump(labmod.hypervisor_document(third), sort_keys=False))
+        spec = repo / "clusters/team-a/cluster.yaml"
+        first, sep, rest = spec.read_text().partition("\n---")
+        spec.write_text(first.rstrip("\n") + f"\n  etcd:\n    quotaBackendBytes: {QUOTA}" + sep + rest)
         world = Recovery(base, repo, base / "state", lab)
         world.apply()
         yield world
@@ -132,4 +148,43 @@ def test_a_lost_majority_is_rebuilt_from_the_survivor_with_its_data(world):
     assert lost not in world.placed().values()
     record = json.loads((world.state / "state.json").read_text())["clusters"]["team-a"]
     assert record["recovered"] == survivor and "forcing" not in record
+    assert_converged(world)
+
+
+def test_etcd_out_of_space_is_defragmented_and_its_alarm_cleared(world):
+    """Issue #29.5: etcd over its quota raises NOSPACE (writes refused); the plan says so; once the objects are
+    deleted and compacted, it defragments each member, the leader last, and clears the alarm."""
+    wait_ready(world, "team-a")
+    payload = world.dir / "fill.txt"
+    payload.write_text(("0123456789abcdef" * 63 + "\n") * 900)  # about 900 KiB: a ConfigMap holds at most 1 MiB
+    made, refused = [], ""
+    for i in range(2 * QUOTA // (900 << 10)):
+        name = f"fill-{i:03d}"
+        done = kubectl(world, "team-a", "-n", "default", "create", "configmap", name, f"--from-file=data={payload}",
+                       check=False)
+        if done.returncode != 0:
+            refused = done.stderr
+            break
+        made.append(name)
+    assert "database space exceeded" in refused, (len(made), refused)
+    full = world.plan(check=False).stdout
+    assert "etcd is out of space (NOSPACE alarm on " in full, full
+    kubectl(world, "team-a", "-n", "default", "delete", "configmap", *made)
+    statuses = json.loads(etcdctl(world, "team-a", "endpoint", "status", "-w", "json").stdout)
+    revision = max(int(s["Status"]["header"]["revision"]) for s in statuses)
+    compacted = etcdctl(world, "team-a", "compact", str(revision), "--physical")
+    assert compacted.returncode == 0, compacted.stderr
+    planned = world.plan().stdout
+    assert planned.count("~ defragment etcd: ") == 3, planned
+    for _ in range(3):  # defragmented, then the alarm cleared (in this plan, or the next once etcd counted again)
+        applied = world.apply().stdout
+        assert "Apply complete: " in applied, applied
+        if "clear etcd alarm" not in world.plan().stdout:
+            break
+    alarms = etcdctl(world, "team-a", "alarm", "list")
+    assert alarms.returncode == 0 and "NOSPACE" not in alarms.stdout, alarms.stdout + alarms.stderr
+    wait_ready(world, "team-a")
+    kubectl(world, "team-a", "-n", "default", "create", "configmap", "after-the-upkeep", "--from-literal=ok=yes")
+    statuses = json.loads(etcdctl(world, "team-a", "endpoint", "status", "-w", "json").stdout)
+    assert all(int(s["Status"]["dbSize"]) < QUOTA // 2 for s in statuses), statuses
     assert_converged(world)

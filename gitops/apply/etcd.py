@@ -14,6 +14,8 @@ from gitops.etcdclient import client_context
 from gitops.pki import CertKey
 
 TIMEOUT = 10.0
+#: a defragmentation rewrites the whole database file: a large one takes minutes
+DEFRAGMENT_TIMEOUT = 600.0
 #: how long a membership change keeps retrying while etcd is busy (leader
 #: election after a change, or its strict check that members have been
 #: connected for a few seconds: "unhealthy cluster")
@@ -62,14 +64,15 @@ class EtcdAdmin:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _post(self, path: str, body: dict[str, Any], urls: list[str] | None = None) -> dict[str, Any]:
+    def _post(self, path: str, body: dict[str, Any], urls: list[str] | None = None,
+              timeout: float = TIMEOUT) -> dict[str, Any]:
         """POST to the first of `urls` (default: every member this admin knows) that answers."""
         errors = []
         for url in urls or self.client_urls:
             request = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(),
                                              headers={"Content-Type": "application/json"}, method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=TIMEOUT, context=self._ctx) as response:
+                with urllib.request.urlopen(request, timeout=timeout, context=self._ctx) as response:
                     return json.loads(response.read() or b"{}")
             except urllib.error.HTTPError as err:
                 detail = err.read().decode(errors="replace")
@@ -143,6 +146,41 @@ class EtcdAdmin:
         except (urllib.error.URLError, OSError, ValueError) as err:
             return str(getattr(err, "reason", err))
         return "" if str(data.get("health")) == "true" else (data.get("reason") or "health false")
+
+    def wait_serving(self, urls: list[str], timeout: float, what: str) -> None:
+        """Until every member at `urls` answers its status with a leader known: what a defragmentation needs
+        of the others (unlike /health, true also under a NOSPACE alarm, which the upkeep is there to clear)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            sick = []
+            for url in urls:
+                try:
+                    status = self._post("/v3/maintenance/status", {}, [url])
+                except EtcdError as err:
+                    sick.append(f"{url} ({err})")
+                    continue
+                if str(status.get("leader", "0")) in ("", "0"):
+                    sick.append(f"{url} (no leader)")
+            if not sick:
+                return
+            if time.monotonic() > deadline:
+                raise EtcdError(f"{what}: etcd not serving after {timeout:.0f}s: {'; '.join(sick)}")
+            self._pause(1.0)
+
+    def defragment(self, url: str) -> None:
+        """Rewrite the database file of the member at `url` (it answers nothing meanwhile)."""
+        self._post("/v3/maintenance/defragment", {}, [url], timeout=DEFRAGMENT_TIMEOUT)
+
+    def disarm(self, alarm: str) -> int:
+        """Clear every `alarm` (e.g. NOSPACE) the cluster holds; how many were cleared."""
+        raised = self._post("/v3/maintenance/alarm", {"action": "GET"}).get("alarms") or []
+        cleared = 0
+        for entry in raised:
+            if entry.get("alarm") == alarm:
+                self._post("/v3/maintenance/alarm", {"action": "DEACTIVATE", "memberID": entry.get("memberID"),
+                                                      "alarm": alarm})
+                cleared += 1
+        return cleared
 
     def hand_off_leadership(self, client_url: str, timeout: float = SETTLE, prefer: tuple[str, ...] = ()) -> bool:
         """If the member at `client_url` leads, make another voting member the leader first (the first one

@@ -44,6 +44,8 @@ from gitops.plan.payloads import (
     FileSpec,
     CreateContainer,
     CreatePod,
+    EtcdAlarm,
+    EtcdHealth,
     EtcdMemberChange,
     GenerateKeys,
     LabelHost,
@@ -498,6 +500,20 @@ class _Runner:
         snap = back_up(self.connections.backup_target(p.target), action.cluster, p.keep, context, dict(p.members))
         log.info("etcd snapshot %s of %s taken from %s at revision %d (%d bytes) into %s", snap.short_id,
                  action.cluster, snap.member, snap.revision, snap.bytes, p.target)
+
+    def defragment_etcd(self, action: Action, p: EtcdHealth) -> None:
+        """One member's database file rewritten: the others serving before (a leader known, alarms or not),
+        leadership handed over if it leads, then it serving again."""
+        with self.etcd(action, p.peers or (p.client_url,)) as etcd:
+            etcd.wait_serving(list(p.peers), p.timeout, f"before defragmenting etcd on {action.node}")
+            etcd.hand_off_leadership(p.client_url, p.timeout, p.prefer)
+            etcd.defragment(p.client_url)
+            etcd.wait_serving([p.client_url], p.timeout, f"after defragmenting etcd on {action.node}")
+
+    def disarm_etcd_alarm(self, action: Action, p: EtcdAlarm) -> None:
+        with self.etcd(action, p.client_urls) as etcd:
+            cleared = etcd.disarm(p.alarm)
+        log.info("%d %s alarm(s) of %s cleared", cleared, p.alarm, action.cluster)
 
     def recover_etcd(self, action: Action, p: RecoverEtcd) -> None:
         """Rebuild etcd from its surviving member: once with --force-new-cluster, then as usual (each time until

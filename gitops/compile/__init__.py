@@ -99,7 +99,8 @@ def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str,
         endpoint = f"https://{hv.ip_address}:{rec.ports['apiserver']}"
         objects = tuple(_shared_object(o) for o in bootstrap_objects(endpoint, record.trust_bundle("cluster")))
     return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint, objects=objects,
-                                backup=cluster.backup, restore=cluster.restore, recovery=cluster.recovery)
+                                backup=cluster.backup, restore=cluster.restore, recovery=cluster.recovery,
+                                etcd_quota=cluster.etcd_quota)
 
 
 def _shared_object(obj: KubeObject) -> KubeObject:

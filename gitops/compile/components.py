@@ -229,6 +229,7 @@ def _etcd(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, file
             f"--peer-cert-file={FILES}/etcd-peer.crt",
             f"--peer-key-file={FILES}/etcd-peer.key",
             "--snapshot-count=10000",
+            *((f"--quota-backend-bytes={cluster.etcd_quota}",) if cluster.etcd_quota else ()),
         ),
         mounts=(files_mount, Mount(ETCD_DATA, f"{node_dir(hv, node)}/etcd")),
     )

@@ -213,6 +213,8 @@ class DesiredCluster(ContentDigested):
     restore: ClusterRestore | None = None
     #: spec.recovery: etcd rebuilt from a surviving member once its quorum is lost for good
     recovery: ClusterRecovery | None = None
+    #: spec.etcd.quotaBackendBytes (None: etcd's default)
+    etcd_quota: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

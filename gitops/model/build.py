@@ -103,6 +103,7 @@ def cluster(doc: Document) -> Cluster:
                              spec["backup"].get("keep", 24)) if "backup" in spec else None,
         restore=ClusterRestore(spec["restore"]["snapshot"]) if "restore" in spec else None,
         recovery=ClusterRecovery(spec["recovery"]["forceNewClusterFrom"]) if "recovery" in spec else None,
+        etcd_quota=spec.get("etcd", {}).get("quotaBackendBytes"),
     )
 
 

@@ -99,6 +99,8 @@ class Hypervisor:
 DEFAULT_SERVICE_CIDR = "10.96.0.0/12"
 DEFAULT_POD_CIDR = "10.244.0.0/16"
 DEFAULT_ETCD_VERSION = "3.5.16"
+#: etcd's own --quota-backend-bytes default
+DEFAULT_ETCD_QUOTA = 2 << 30
 #: the kube-apiserver flags gitops sets itself (gitops.compile.components), which
 #: spec.apiServer.extraArgs may not set (a test keeps the two in step)
 API_SERVER_FLAGS = frozenset({
@@ -168,6 +170,8 @@ class Cluster:
     restore: ClusterRestore | None = None
     #: spec.recovery: rebuild etcd from a survivor when a majority of its members is lost
     recovery: ClusterRecovery | None = None
+    #: spec.etcd.quotaBackendBytes (None: etcd's default, DEFAULT_ETCD_QUOTA)
+    etcd_quota: int | None = None
 
     def image(self, component: str) -> str:
         """Image of `component` (a `COMPONENTS` name): the override, else the upstream default."""

@@ -70,6 +70,29 @@ class SnapshotListing:
 
 
 @dataclass(frozen=True)
+class EtcdMemberSpace:
+    """One etcd member's database: its file size and the space in use (etcd 3.4+), whether it leads."""
+
+    node: str
+    client_url: str
+    db_size: int = 0
+    db_in_use: int = 0
+    leader: bool = False
+    #: why it did not answer ("" when it did)
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ObservedEtcd:
+    """A cluster's etcd as its upkeep sees it: each running member's space, and the alarms (node, alarm)."""
+
+    members: tuple[EtcdMemberSpace, ...] = ()
+    alarms: tuple[tuple[str, str], ...] = ()
+    #: the cluster's spec.etcd.quotaBackendBytes when it was read (None: etcd's default)
+    quota: int | None = None
+
+
+@dataclass(frozen=True)
 class ObservedCluster:
     name: str
     reachable: bool
@@ -194,6 +217,9 @@ class ObservedState:
     clusters: dict[str, ObservedCluster] = field(default_factory=dict)
     #: the snapshots of each cluster whose spec.restore is not done yet (listed only then)
     snapshots: dict[str, SnapshotListing] = field(default_factory=dict)
+    #: each cluster's etcd space and alarms (clusters whose etcd runs; see gitops.observe.etcd); live only,
+    #: not in `to_dict` (the sizes change with every write)
+    etcd: dict[str, ObservedEtcd] = field(default_factory=dict)
 
     def pods(self) -> list[ObservedPod]:
         return [p for hv in self.hypervisors.values() for p in hv.pods]
@@ -215,7 +241,7 @@ class ObservedState:
             data["clusters"] = {n: c.to_dict() for n, c in sorted(self.clusters.items())}
         if self.snapshots:
             data["snapshots"] = {n: s.to_dict() for n, s in sorted(self.snapshots.items())}
-        return data
+        return data  # (not `etcd`: database sizes change with every write, the snapshot would change every poll)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ObservedState":

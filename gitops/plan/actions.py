@@ -26,6 +26,8 @@ class Kind(str, Enum):
     CREATE_CONTAINER = "create-container"
     RECREATE_CONTAINER = "recreate-container"
     LABEL_HOST = "label-host"
+    DEFRAGMENT_ETCD = "defragment-etcd"
+    DISARM_ETCD_ALARM = "disarm-etcd-alarm"
     CREATE_OBJECT = "create-object"
     UPDATE_OBJECT = "update-object"
     SIGN_CERTIFICATE_REQUEST = "sign-certificate-request"
@@ -48,6 +50,10 @@ KINDS: dict[Kind, KindInfo] = {
     Kind.BACKUP_ETCD: KindInfo(-1, "+", "back up etcd"),
     # a cluster whose etcd lost its quorum for good: rebuilt from its survivor first (spec.recovery)
     Kind.RECOVER_ETCD: KindInfo(0, "~", "rebuild etcd"),
+    # etcd upkeep, on a cluster whose etcd the plan leaves alone, before anything else of it (a component
+    # that exited while etcd was out of space starts again after): members one at a time, then the alarm
+    Kind.DEFRAGMENT_ETCD: KindInfo(0, "~", "defragment etcd"),
+    Kind.DISARM_ETCD_ALARM: KindInfo(0, "~", "clear etcd alarm"),
     Kind.ETCD_MEMBER_REMOVE: KindInfo(0, "-", "remove etcd member"),
     Kind.REMOVE_CONTAINER: KindInfo(1, "-", "remove container"),
     Kind.REMOVE_POD: KindInfo(2, "-", "remove pod"),
@@ -62,6 +68,7 @@ KINDS: dict[Kind, KindInfo] = {
     Kind.CREATE_CONTAINER: KindInfo(6, "+", "create container"),
     Kind.RECREATE_CONTAINER: KindInfo(6, "~", "recreate container"),
     Kind.LABEL_HOST: KindInfo(7, "~", "label host"),
+
     # inside each cluster's own API, once its control plane runs
     Kind.CREATE_OBJECT: KindInfo(8, "+", "create object"),
     Kind.UPDATE_OBJECT: KindInfo(8, "~", "update object"),
@@ -119,6 +126,8 @@ class Action:
             # API servers, controller-managers, schedulers
             return (phase, self.cluster, 1, f"{self.order:04d}", self.node, 1 + self.step, self.kind.value,
                     self.component, self.target_id)
+        if kind in (Kind.DEFRAGMENT_ETCD, Kind.DISARM_ETCD_ALARM):  # in the order upkeep chose (the leader last)
+            return (phase, self.cluster, -1, f"{self.order:04d}", self.node, self.kind.value)
         sub = 0 if kind == Kind.ETCD_MEMBER_ADD else 1
         return (phase, self.cluster, 0, self.node, f"{self.order:04d}", sub + self.step, self.kind.value,
                 self.component, self.target_id)

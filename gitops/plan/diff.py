@@ -26,7 +26,7 @@ from gitops.compile.desired import (
 )
 from gitops.memo import key_of
 from gitops.model.components import CONTROLPLANE
-from gitops.observe.types import SnapshotListing, ObservedContainer, ObservedPod, ObservedState
+from gitops.observe.types import ObservedEtcd, SnapshotListing, ObservedContainer, ObservedPod, ObservedState
 from gitops.pki.facts import certificate_facts
 from gitops.plan.actions import Action, Kind, Unknown, UnknownKind
 from gitops.plan.payloads import (
@@ -74,6 +74,8 @@ class ClusterInputs:
     moving: frozenset[str] = frozenset()
     #: the hypervisors it involves that are marked lost (spec.lost): nothing is planned there
     lost: frozenset[str] = frozenset()
+    #: its etcd's space and alarms (for its upkeep, decided apart from the memoized diff: not in `key`)
+    etcd: ObservedEtcd | None = None
 
     def key(self, settings: str) -> bytes:
         """A digest of the inputs (`settings`: the diff options as text): content digests of the pods
@@ -121,7 +123,8 @@ def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
             where = {p.hypervisor for p in mine} | {hv for _, hv in members_on}
             involved, gone = frozenset(down & where), frozenset(lost & where)
         out.append(ClusterInputs(cluster, mine, desired.clusters.get(cluster), have.get(cluster, {}), record,
-                                 members_on, involved, observed.snapshots.get(cluster), moving, gone))
+                                 members_on, involved, observed.snapshots.get(cluster), moving, gone,
+                                 observed.etcd.get(cluster)))
     return out
 
 

@@ -283,6 +283,14 @@ class RestoreEtcd:
 
 
 @dataclass(frozen=True)
+class EtcdAlarm:
+    """Clear every `alarm` (NOSPACE) of the cluster's etcd, asking the members at `client_urls`."""
+
+    client_urls: tuple[str, ...]
+    alarm: str
+
+
+@dataclass(frozen=True)
 class RecoverEtcd:
     """Rebuild the cluster's etcd from the member `create` starts (spec.recovery): remove its etcd
     containers `stop`, start it once with --force-new-cluster until healthy at `client_url`, then as
@@ -297,10 +305,11 @@ class RecoverEtcd:
 
 
 Payload = Union[CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange, CreateContainer, Remove, LabelHost,
-                PutObject, SignRequest, RotationStep, BackupEtcd, RestoreEtcd, RecoverEtcd]
+                PutObject, SignRequest, RotationStep, BackupEtcd, RestoreEtcd, RecoverEtcd, EtcdAlarm]
 TYPES: dict[str, type] = {t.__name__: t for t in (CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange,
                                                    CreateContainer, Remove, LabelHost, PutObject, SignRequest,
-                                                   RotationStep, BackupEtcd, RestoreEtcd, RecoverEtcd)}
+                                                   RotationStep, BackupEtcd, RestoreEtcd, RecoverEtcd, EtcdAlarm,
+                                                   EtcdHealth)}
 
 
 def payload_to_dict(payload: Payload) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from gitops.observe.types import ObservedPod, ObservedState
 from gitops.plan.actions import Action, Kind, Plan, Unknown, UnknownKind
 from gitops.plan.diff import ClusterInputs, DiffOptions, cluster_inputs, compare, unreachable
 from gitops.plan import recovery, restore
+from gitops.plan.upkeep import leaves_etcd_alone, upkeep
 from gitops.plan.payloads import ApiReady, BackupEtcd, CreateContainer, EtcdHealth, EtcdMemberChange, Remove
 from gitops.pods import AGENT
 from gitops.state.records import State
@@ -53,6 +54,12 @@ def plan_nodes(desired: DesiredState, observed: ObservedState, state: State, opt
                                  fresh=lambda part: part.fresh_at(now))
         actions.extend(part.actions)
         warnings.extend(part.warnings)
+        if (inputs.etcd is not None and inputs.want is not None
+                and leaves_etcd_alone(part.actions, {m.node for m in inputs.want.etcd_members})):
+            done, said = upkeep(inputs.cluster, inputs.want, inputs.etcd, {p.node: p.hypervisor for p in inputs.wants},
+                                options.health_timeout)
+            actions.extend(done)
+            warnings.extend(("", w) for w in said)
         unchecked.extend(part.unchecked)
     warnings.sort(key=lambda item: item[0])  # by node, as the pods were walked
     if unchecked:

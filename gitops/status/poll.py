@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gitops.observe.types import ObservedPod, ObservedState
+from gitops.plan.upkeep import fragmented
 from gitops.pods import NodeFiles
 
 
@@ -88,7 +89,7 @@ def _files_digest(files: NodeFiles) -> str:
 
 def live_fingerprint(observed: ObservedState, files_digest: Callable[[NodeFiles], str] = _files_digest) -> str:
     """A digest of everything an observation says: reachability, pods, containers, node files, hosts,
-    what each cluster's API holds."""
+    what each cluster's API holds, what its etcd's upkeep would do."""
     h = hashlib.sha256()
     for name, hv in sorted(observed.hypervisors.items()):
         h.update(repr((name, hv.reachable, hv.error)).encode())
@@ -98,4 +99,12 @@ def live_fingerprint(observed: ObservedState, files_digest: Callable[[NodeFiles]
                            tuple(c.created_at for c in pod.containers))).encode())
     h.update(repr(observed.hosts).encode())
     h.update(repr([c.to_dict() for _, c in sorted(observed.clusters.items())]).encode())
+    h.update(repr(upkeep_signature(observed)).encode())
     return h.hexdigest()
+
+
+def upkeep_signature(observed: ObservedState) -> list[tuple]:
+    """What of etcd's space the plan acts on (which members answered, which are fragmented, the alarms),
+    not the sizes themselves: they change with every write."""
+    return [(name, tuple((m.node, bool(m.error), fragmented(m.db_size, m.db_in_use, etcd.quota))
+                         for m in etcd.members), etcd.alarms) for name, etcd in sorted(observed.etcd.items())]

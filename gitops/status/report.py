@@ -16,11 +16,12 @@ from typing import Any
 
 import yaml
 
-from gitops.compile.desired import DesiredPod, DesiredState
+from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState
 from gitops.coordination.scope import Scope
 from gitops.model.resources import RepoModel
-from gitops.observe.types import ObservedPod, ObservedState
+from gitops.observe.types import ObservedEtcd, ObservedPod, ObservedState
 from gitops.plan.actions import Action, Plan
+from gitops.plan.upkeep import space_condition
 from gitops.sip.selection import HostSelection
 from gitops.status.reader import SOURCE, kubeconfig_path, resource_path
 
@@ -261,7 +262,9 @@ def _cluster_documents(model: RepoModel, desired: DesiredState, node_phases: dic
             "phase": phase.phase,
             "observedSourceSHA": outcome.applied_sha,
             "conditions": [condition("Ready", phase.ready, phase.reason, phase.message,
-                                     _previous_conditions(previous, rel), now)],
+                                     _previous_conditions(previous, rel), now),
+                           *_etcd_condition(desired.clusters.get(name), observed.etcd.get(name),
+                                            _previous_conditions(previous, rel), now)],
             "endpoints": {"api": endpoint} if endpoint else {},
             "nodes": phases,
             "workers": workers_status(observed, name),
@@ -270,6 +273,15 @@ def _cluster_documents(model: RepoModel, desired: DesiredState, node_phases: dic
         out[rel] = dump({"apiVersion": API_VERSION, "kind": "ClusterStatus", "metadata": {"name": name},
                          "status": status})
     return out
+
+
+def _etcd_condition(want: DesiredCluster | None, seen: ObservedEtcd | None, before: dict[str, dict[str, Any]],
+                    now: dt.datetime) -> list[dict[str, Any]]:
+    """`EtcdSpace`: the database against its quota, and the alarms (none while etcd was not read)."""
+    if want is None or seen is None or not seen.members:
+        return []
+    ok, reason, message = space_condition(want, seen)
+    return [condition("EtcdSpace", ok, reason, message, before, now)]
 
 
 def _hypervisor_documents(model: RepoModel, observed: ObservedState, previous: Callable[[str], bytes | None],
