@@ -155,18 +155,16 @@ def test_etcd_out_of_space_is_defragmented_and_its_alarm_cleared(world):
     """Issue #29.5: etcd over its quota raises NOSPACE (writes refused); the plan says so; once the objects are
     deleted and compacted, it defragments each member, the leader last, and clears the alarm."""
     wait_ready(world, "team-a")
-    payload = world.dir / "fill.txt"
-    payload.write_text(("0123456789abcdef" * 63 + "\n") * 900)  # about 900 KiB: a ConfigMap holds at most 1 MiB
-    made, refused = [], ""
-    for i in range(2 * QUOTA // (900 << 10)):
-        name = f"fill-{i:03d}"
-        done = kubectl(world, "team-a", "-n", "default", "create", "configmap", name, f"--from-file=data={payload}",
-                       check=False)
-        if done.returncode != 0:
-            refused = done.stderr
-            break
-        made.append(name)
-    assert "database space exceeded" in refused, (len(made), refused)
+    data = ("0123456789abcdef" * 63 + "\n") * 900  # about 900 KiB: a ConfigMap holds at most 1 MiB
+    names = [f"fill-{i:03d}" for i in range(2 * QUOTA // len(data))]
+    listed = {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": n, "namespace": "default"}, "data": {"d": data}}
+        for n in names]}
+    stdin = world.dir / "fill.json"
+    stdin.write_text(json.dumps(listed))
+    filled = kubectl(world, "team-a", "create", "-f", str(stdin), check=False)  # one by one, until etcd refuses
+    made = [n for n in names if f"configmap/{n} created" in filled.stdout]
+    assert "database space exceeded" in filled.stderr, (len(made), filled.stderr[-2000:])
     full = world.plan(check=False).stdout
     assert "etcd is out of space (NOSPACE alarm on " in full, full
     kubectl(world, "team-a", "-n", "default", "delete", "configmap", *made)

@@ -543,15 +543,16 @@ class _Runner:
         log.info("etcd of %s rebuilt from %s", action.cluster, action.node)
 
     def restore_etcd(self, action: Action, p: RestoreEtcd) -> None:
-        """Stop the cluster's control plane, restore every member's data directory from the snapshot, record
-        the restore (the plan's next actions start the containers again). Every step is safe to repeat."""
-        for hypervisor, container_id in p.stop:
-            self._remove_container(hypervisor, container_id)
+        """Copy the snapshot to every member (while the cluster still serves), stop its control plane, restore
+        every member's data directory from the snapshot, record the restore (the plan's next actions start
+        the containers again). Every step is safe to repeat."""
         restic = Restic(self.connections.backup_target(p.target))
         with tempfile.TemporaryFile() as data:  # unlinked from the start: nothing is left behind, even by SIGKILL
             restic.dump(p.snapshot, action.cluster, data)
             for member in p.members:
                 agent.send_snapshot(self.client(member.hypervisor), member.pod.agent_id, data)
+        for hypervisor, container_id in p.stop:
+            self._remove_container(hypervisor, container_id)
         for member in p.members:
             self._restore_member(action, member)
         for member in p.members:

@@ -268,8 +268,8 @@ class RestoreMember:
 @dataclass(frozen=True)
 class RestoreEtcd:
     """Restore the cluster's etcd from snapshot `snapshot` of backup target `target` (by name, as
-    `BackupEtcd`): stop and remove `stop` ((hypervisor, container id), API servers first), copy the
-    snapshot to every member, restore each member's data directory with `token` and `initial_cluster`
+    `BackupEtcd`): copy the snapshot to every member, stop and remove `stop` ((hypervisor, container id),
+    API servers first), restore each member's data directory with `token` and `initial_cluster`
     (the old one kept beside it), then record `record` as the cluster's restored spec.restore value.
     The containers start again in the plan's next actions."""
 

@@ -124,10 +124,11 @@ def restore_action(inputs: ClusterInputs, value: str) -> Action:
         f"{snapshot.revision} from {snapshot.member} ({size})",
         f"LOST: every change to the cluster's API after {when} (revision {snapshot.revision}): objects written "
         "since are gone, objects deleted since are back",
-        f"stops every API server, controller-manager and scheduler, then every etcd member ({nodes}): "
+        f"copies the snapshot to each member, then stops every API server, controller-manager and scheduler, "
+        f"then every etcd member ({nodes}): "
         "the cluster's API is down until they start again below: every etcd member, then each API server, "
         "controller-manager and scheduler",
-        f"copies the snapshot to each member and restores its data directory with the new cluster token {token} "
+        f"restores each member's data directory with the new cluster token {token} "
         f"(its old data kept as {BEFORE_RESTORE} in the node's directory until the next restore)",
         f"records spec.restore.snapshot {value} as restored: it runs once (to restore again, name another "
         "snapshot)",
