@@ -86,7 +86,8 @@ WIPE = r"""
 rm -rf /node/files /node/etcd /node/restore /node/etcd.before-restore /node/etcd.restore-token
 """
 #: a restore's snapshot arrives in pieces (CRI has no file transfer; an argument holds at most 128 KiB):
-#: args: FILE BASE64 BASE64 ...; the first call of a transfer starts the file afresh
+#: RESTORE_BEGIN starts /node/restore/snapshot.db afresh, each RESTORE_APPEND (args: BASE64 BASE64 ...)
+#: adds pieces to it
 RESTORE_BEGIN = r"""
 set -e
 rm -rf /node/restore

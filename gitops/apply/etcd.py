@@ -127,13 +127,22 @@ class EtcdAdmin:
     def wait_healthy(self, urls: list[str], timeout: float, what: str) -> None:
         """Until every member at `urls` answers /health true (it has a leader, no alarm, and serves a
         quorum read), or raise after `timeout` seconds naming the members that are not."""
+        self._wait_all(urls, timeout, what, "healthy", self._unhealthy)
+
+    def wait_serving(self, urls: list[str], timeout: float, what: str) -> None:
+        """Until every member at `urls` answers its status with a leader known: what a defragmentation needs
+        of the others (unlike /health, true also under a NOSPACE alarm, which the upkeep is there to clear)."""
+        self._wait_all(urls, timeout, what, "serving", self._not_serving)
+
+    def _wait_all(self, urls: list[str], timeout: float, what: str, state: str, why_not: Callable[[str], str]) -> None:
+        """Until `why_not` says "" of every member at `urls`, or raise after `timeout` seconds naming the others."""
         deadline = time.monotonic() + timeout
         while True:
-            sick = [f"{url} ({why})" for url in urls if (why := self._unhealthy(url))]
+            sick = [f"{url} ({why})" for url in urls if (why := why_not(url))]
             if not sick:
                 return
             if time.monotonic() > deadline:
-                raise EtcdError(f"{what}: etcd not healthy after {timeout:.0f}s: {'; '.join(sick)}")
+                raise EtcdError(f"{what}: etcd not {state} after {timeout:.0f}s: {'; '.join(sick)}")
             self._pause(1.0)
 
     def _unhealthy(self, url: str) -> str:
@@ -147,25 +156,13 @@ class EtcdAdmin:
             return str(getattr(err, "reason", err))
         return "" if str(data.get("health")) == "true" else (data.get("reason") or "health false")
 
-    def wait_serving(self, urls: list[str], timeout: float, what: str) -> None:
-        """Until every member at `urls` answers its status with a leader known: what a defragmentation needs
-        of the others (unlike /health, true also under a NOSPACE alarm, which the upkeep is there to clear)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            sick = []
-            for url in urls:
-                try:
-                    status = self._post("/v3/maintenance/status", {}, [url])
-                except EtcdError as err:
-                    sick.append(f"{url} ({err})")
-                    continue
-                if str(status.get("leader", "0")) in ("", "0"):
-                    sick.append(f"{url} (no leader)")
-            if not sick:
-                return
-            if time.monotonic() > deadline:
-                raise EtcdError(f"{what}: etcd not serving after {timeout:.0f}s: {'; '.join(sick)}")
-            self._pause(1.0)
+    def _not_serving(self, url: str) -> str:
+        """Why the member at `url` does not answer its status with a leader known, or "" when it does."""
+        try:
+            status = self._post("/v3/maintenance/status", {}, [url])
+        except EtcdError as err:
+            return str(err)
+        return "no leader" if str(status.get("leader", "0")) in ("", "0") else ""
 
     def defragment(self, url: str) -> None:
         """Rewrite the database file of the member at `url` (it answers nothing meanwhile)."""

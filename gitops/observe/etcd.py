@@ -40,7 +40,7 @@ class EtcdReader:
                     and now - at < self.interval and not seen.alarms and not any(m.error for m in seen.members)}
         fresh = observe_etcd(model, state, observed, skip=kept)
         self.remember(fresh, now)
-        return {**{n: s for n, s in kept.items()}, **fresh}
+        return {**kept, **fresh}
 
     def remember(self, seen: dict[str, ObservedEtcd], now: float | None = None) -> None:
         """Readings made elsewhere (the observation after an apply), as of now."""

@@ -68,7 +68,8 @@ def _fields(pod: ObservedPod) -> dict[str, Any]:
 def observe(hypervisors: Iterable[Hypervisor], *, timeout: float = 10.0,
             reuse: FilesReuse | None = None) -> ObservedState:
     """Observe every hypervisor in parallel (but those marked lost: they are reported lost, never asked);
-    unreachable ones are marked, not raised. `reuse`: node files known from an earlier observation, not read again (see `gitops.status.poll`)."""
+    unreachable ones are marked, not raised. `reuse`: node files known from an earlier observation, not
+    read again (see `gitops.status.poll`)."""
     hypervisors = list(hypervisors)
     results = read_all([hv.cri_endpoint() for hv in hypervisors if not hv.lost],
                        partial(observe_hypervisor, reuse=reuse), timeout=timeout)

@@ -68,7 +68,6 @@ KINDS: dict[Kind, KindInfo] = {
     Kind.CREATE_CONTAINER: KindInfo(6, "+", "create container"),
     Kind.RECREATE_CONTAINER: KindInfo(6, "~", "recreate container"),
     Kind.LABEL_HOST: KindInfo(7, "~", "label host"),
-
     # inside each cluster's own API, once its control plane runs
     Kind.CREATE_OBJECT: KindInfo(8, "+", "create object"),
     Kind.UPDATE_OBJECT: KindInfo(8, "~", "update object"),

@@ -26,7 +26,7 @@ from gitops.compile.desired import (
 )
 from gitops.memo import key_of
 from gitops.model.components import CONTROLPLANE
-from gitops.observe.types import ObservedEtcd, SnapshotListing, ObservedContainer, ObservedPod, ObservedState
+from gitops.observe.types import ObservedContainer, ObservedEtcd, ObservedPod, ObservedState, SnapshotListing
 from gitops.pki.facts import certificate_facts
 from gitops.plan.actions import Action, Kind, Unknown, UnknownKind
 from gitops.plan.payloads import (
@@ -88,7 +88,7 @@ class ClusterInputs:
             for role, authority in sorted(record.authorities.items()):
                 parts += (role, authority.cert_pem)
         parts.append(repr((self.members_on, sorted(self.down), self.snapshots, sorted(self.moving), sorted(self.lost),
-                           record.restored if record is not None else None)))
+                           (record.restored, record.forcing) if record is not None else None)))
         parts += [p.content_digest for p in self.wants]
         for node in sorted(self.have):
             parts.append(f"{node}:{len(self.have[node])}")

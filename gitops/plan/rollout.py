@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gitops.compile.components import SHUTDOWN_DELAY
@@ -94,29 +94,30 @@ def _cluster_plan(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime)
     waits = restore.hold(inputs, value) if value else ""
     if value and not waits:
         return _restore_plan(inputs, value, options, now)
+    waiting = ((min(inputs.record.etcd_members), waits),) if waits and inputs.record else ()
+    return _diff(inputs, options, now, waiting=waiting)
+
+
+def _diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime,
+          then: Callable[[list[Action]], list[Action]] = lambda actions: actions,
+          waiting: tuple[tuple[str, str], ...] = ()) -> ClusterDiff:
+    """`inputs` compared and rolled out, the actions passed through `then`, with (node, warning)s `waiting`."""
     found = compare(inputs, options, now)
     actions, held = roll_out(inputs, found.actions, found.keepers, options.health_timeout)
-    waiting = [(min(inputs.record.etcd_members), waits)] if waits and inputs.record else []
-    return ClusterDiff(tuple(actions), (*found.warnings, *held, *waiting), now, found.until, found.unchecked)
+    return ClusterDiff(tuple(then(actions)), (*found.warnings, *held, *waiting), now, found.until, found.unchecked)
 
 
 def _recovery_plan(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
     """The survivor's etcd rebuilt first, then the cluster's diff against it (`gitops.plan.recovery`)."""
-    view = recovery.stopped_view(inputs)
-    found = compare(view, options, now)
-    actions, held = roll_out(view, found.actions, found.keepers, options.health_timeout)
-    actions = recovery.recover_action(inputs, actions, options.health_timeout)
-    return ClusterDiff(tuple(actions), (*found.warnings, *held), now, found.until, found.unchecked)
+    return _diff(recovery.stopped_view(inputs), options, now,
+                 then=lambda actions: recovery.recover_action(inputs, actions, options.health_timeout))
 
 
 def _restore_plan(inputs: ClusterInputs, value: str, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
     """The restore, then the cluster's diff against what it leaves (`gitops.plan.restore`)."""
     view = restore.stopped_view(inputs)
-    found = compare(view, options, now)
-    actions, held = roll_out(view, found.actions, found.keepers, options.health_timeout)
-    actions = restore.restart_gates(view, actions, options.health_timeout)
-    return ClusterDiff((restore.restore_action(inputs, value), *actions), (*found.warnings, *held), now,
-                       found.until, found.unchecked)
+    return _diff(view, options, now, then=lambda actions: [
+        restore.restore_action(inputs, value), *restore.restart_gates(view, actions, options.health_timeout)])
 
 
 def roll_out(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, ObservedPod],
