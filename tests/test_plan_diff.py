@@ -840,30 +840,43 @@ def _membership(plan: Plan, cluster: str) -> list[tuple]:
                            Kind.REMOVE_POD, Kind.CREATE_POD)]
 
 
-def test_a_member_pinned_elsewhere_leaves_etcd_then_joins_again_from_there(repo):
-    """A controlplane node moved to another hypervisor (issue #29.4) is the same name in a new place: its
-    API server leaves the ingress, its member is removed, its old pod wiped, then it joins again as a
-    learner with its new peer URL and is promoted (without this, its new etcd started empty under a
-    name etcd still knew at the old address)."""
+def test_a_member_pinned_elsewhere_joins_from_there_before_its_old_member_leaves(repo):
+    """A controlplane node moved off a live hypervisor (issue #29.4) is the same name in a new place, moved
+    learner-first: its new pod starts, its new member joins as a learner (etcd told of the old one under
+    another name) and is promoted, its new API server is ready; only then its old API server leaves the
+    ingress, its old member is removed (by peer URL: both carry the node's name) and its old pod wiped. The
+    cluster keeps a spare vote throughout (without this, its new etcd started empty under a name etcd still
+    knew at the old address)."""
     def pin(model):
         node = model.nodes["team-a-cp-1"]
         return dataclasses.replace(model, nodes={**model.nodes, "team-a-cp-1": dataclasses.replace(
             node, hypervisor="hv-private-2")})
     planned = _moved(repo, pin)
     assert _membership(planned.plan, "team-a") == [
-        (Kind.ETCD_MEMBER_REMOVE, "team-a-cp-1", "hv-private-1"), (Kind.REMOVE_POD, "team-a-cp-1", "hv-private-1"),
         (Kind.CREATE_POD, "team-a-cp-1", "hv-private-2"), (Kind.ETCD_MEMBER_ADD, "team-a-cp-1", "hv-private-2"),
-        (Kind.ETCD_MEMBER_PROMOTE, "team-a-cp-1", "hv-private-2")]
-    first = planned.plan.actions[0]
-    assert (first.kind, first.component, first.node) == (Kind.REMOVE_CONTAINER, "kube-apiserver", "team-a-cp-1")
+        (Kind.ETCD_MEMBER_PROMOTE, "team-a-cp-1", "hv-private-2"),
+        (Kind.ETCD_MEMBER_REMOVE, "team-a-cp-1", "hv-private-1"), (Kind.REMOVE_POD, "team-a-cp-1", "hv-private-1")]
+    mine = [(a.kind, a.hypervisor, a.component) for a in planned.plan.actions if a.node == "team-a-cp-1"
+            and a.kind in (Kind.CREATE_CONTAINER, Kind.REMOVE_CONTAINER, Kind.ETCD_MEMBER_REMOVE)]
+    assert mine[-3:-1] == [(Kind.CREATE_CONTAINER, "hv-private-2", "kube-scheduler"),
+                           (Kind.REMOVE_CONTAINER, "hv-private-1", "kube-apiserver")], mine
+    new_api = next(a for a in planned.plan.actions if a.node == "team-a-cp-1" and a.component == "kube-apiserver"
+                   and a.kind == Kind.CREATE_CONTAINER)
+    assert new_api.payload.ready is not None  # ready before the old one goes
     removal = next(a for a in planned.plan.actions if a.kind == Kind.REMOVE_POD)
     assert removal.payload.wipe_agent_id
     record = planned.state.nodes["team-a-cp-1"]
-    assert (record.hypervisor, record.moved_from, record.etcd_initial_state) == ("hv-private-2", "hv-private-1",
-                                                                                "existing")
+    assert (record.hypervisor, record.moved_from, record.leaving_from, record.etcd_initial_state) == (
+        "hv-private-2", "hv-private-1", "hv-private-1", "existing")
     add = next(a for a in planned.plan.actions if a.kind == Kind.ETCD_MEMBER_ADD)
-    assert f"team-a-cp-1={add.payload.peer_url}" in record.etcd_initial_cluster
+    leave = next(a for a in planned.plan.actions if a.kind == Kind.ETCD_MEMBER_REMOVE)
+    assert leave.payload.peer_url == record.leaving_peer != add.payload.peer_url
+    # etcd matches members by peer URL: the new one lists the old one too, under a name of its own
+    assert record.etcd_initial_cluster.split(",").count(f"team-a-cp-1={add.payload.peer_url}") == 1
+    assert f"team-a-cp-1.hv-private-1={record.leaving_peer}" in record.etcd_initial_cluster.split(",")
+    assert len(record.etcd_initial_cluster.split(",")) == 4
     assert "team-a-cp-1" not in " ".join(add.payload.client_urls) and len(add.payload.client_urls) == 2
+    assert len(leave.payload.client_urls) == 3  # the new member among those that stay
     # its new pod generates a new service-account key: every API server trusts it in the same plan
     assert planned.state.clusters["team-a"].service_account_keys.get("team-a-cp-1") is None
     bundles = [f for a in planned.plan.actions if a.kind == Kind.WRITE_FILES for f in a.payload.files
@@ -871,7 +884,34 @@ def test_a_member_pinned_elsewhere_leaves_etcd_then_joins_again_from_there(repo)
     assert len(bundles) == 3 and all(f.bundle and f.bundle.generated == ("team-a-cp-1",) for f in bundles)
     text = text_of(planned.plan)
     assert "Node team-a-cp-1 on hv-private-1" in text and "Node team-a-cp-1 on hv-private-2" in text
-    assert "remove etcd member: Node team-a-cp-1 moves from hv-private-1 to hv-private-2" in text
+    assert "remove etcd member: Node team-a-cp-1 moved to hv-private-2: its old member leaves once the new one " \
+        "votes" in text
+
+
+def test_a_learner_first_move_stopped_midway_goes_on_from_its_recorded_step(repo):
+    """A run stopped during a learner-first move goes on from what the state records: the new member
+    added as a learner (recorded a learner) -> its promotion, then the old member's removal; promoted
+    (moved_from cleared, the old member still recorded) -> only the old member's removal."""
+    def pin(model):
+        node = model.nodes["team-a-cp-1"]
+        return dataclasses.replace(model, nodes={**model.nodes, "team-a-cp-1": dataclasses.replace(
+            node, hypervisor="hv-private-2")})
+    model = pin(repo.model)
+    planned = _moved(repo, pin)
+
+    def plan_with(change):
+        state = planned.state.copy()
+        change(state)
+        compiled = compile_desired(model, state, now=NOW)
+        return make_plan(model, repo.repo.config, compiled.state, converged(compiled.desired, compiled.state, model),
+                         now=NOW).plan
+    learner = plan_with(lambda s: s.clusters["team-a"].etcd_learners.append("team-a-cp-1"))
+    assert _membership(learner, "team-a") == [(Kind.ETCD_MEMBER_PROMOTE, "team-a-cp-1", "hv-private-2"),
+                                              (Kind.ETCD_MEMBER_REMOVE, "team-a-cp-1", "hv-private-1")]
+    voting = plan_with(lambda s: setattr(s.nodes["team-a-cp-1"], "moved_from", ""))
+    assert _membership(voting, "team-a") == [(Kind.ETCD_MEMBER_REMOVE, "team-a-cp-1", "hv-private-1")]
+    removal = next(a for a in voting.actions if a.kind == Kind.ETCD_MEMBER_REMOVE)
+    assert removal.payload.peer_url == planned.state.nodes["team-a-cp-1"].leaving_peer
 
 
 def test_a_drained_hypervisor_moves_one_member_of_a_cluster_at_a_time(repo):
@@ -888,7 +928,8 @@ def test_a_drained_hypervisor_moves_one_member_of_a_cluster_at_a_time(repo):
                 (Kind.CREATE_POD, Kind.CREATE_CONTAINER)]
     # once team-a-cp-1 joined again (its move recorded done, its pod running there): team-a-cp-3 moves
     state = planned.state.copy()
-    state.nodes["team-a-cp-1"].moved_from = ""
+    moved = state.nodes["team-a-cp-1"]
+    moved.moved_from = moved.leaving_from = moved.leaving_peer = ""
     model = drained(repo.model)
     compiled = compile_desired(model, state, now=NOW)
     after = make_plan(model, repo.repo.config, compiled.state, converged(compiled.desired, compiled.state, model),

@@ -2,8 +2,9 @@
 
 A lab of one public and three private containerd hypervisors (the example's two private ones and
 hv-private-3), team-a's three members spread over them. A drained hypervisor hands its member over
-(the member removed, its API server leaving the ingress first, then added back from another
-hypervisor as a learner) under the API probe: no request fails. A hypervisor holding two of the
+learner-first (the new member added from another hypervisor as a learner and promoted, its new API
+server ready; then the old API server leaves the ingress and the old member is removed) under the
+API probe: no request fails. A hypervisor holding two of the
 three members dies for good (its pods stopped, its containerd killed); marked lost, the plan says
 which field to set; with spec.recovery.forceNewClusterFrom the survivor's etcd is rebuilt with
 --force-new-cluster, the two others join again from the one private hypervisor left, and a ConfigMap
@@ -103,8 +104,11 @@ def test_a_drained_hypervisor_hands_its_member_over_with_no_failed_request(world
     source = placed[node]
     world.set_hypervisor(source, drain=True)
     planned = world.plan().stdout
-    assert f"remove etcd member: Node {node} moves from {source} to " in planned, planned
-    assert "add etcd member: the moved node joins etcd again from here, as a learner" in planned
+    # learner-first: the new member joins and votes before the old one leaves
+    joins = planned.index(f"add etcd member: Node {node} moves from {source}: its new member joins from here, "
+                          "as a learner, beside the old one")
+    leaves = planned.index(f"remove etcd member: Node {node} moved to ")
+    assert joins < planned.index("promote etcd member") < leaves, planned
     applied = under_probe(world, "team-a", "drain", world.apply_stamped)
     assert "Apply complete: " in applied, applied
     assert world.placed()[node] != source
@@ -166,7 +170,10 @@ def test_etcd_out_of_space_is_defragmented_and_its_alarm_cleared(world):
     made = [n for n in names if f"configmap/{n} created" in filled.stdout]
     assert "database space exceeded" in filled.stderr, (len(made), filled.stderr[-2000:])
     full = world.plan(check=False).stdout
-    assert "etcd is out of space (NOSPACE alarm on " in full, full
+    # the plan says so: a warning while the data in use is near the quota, or, when the API server's periodic
+    # compaction (every 5 minutes) already freed enough, the defragmentation and the alarm cleared after it
+    # (tests/test_etcd_upkeep.py holds each case still)
+    assert "etcd is out of space (NOSPACE alarm on " in full or "clear etcd alarm: NOSPACE alarm on " in full, full
     kubectl(world, "team-a", "-n", "default", "delete", "configmap", *made)
     statuses = json.loads(etcdctl(world, "team-a", "endpoint", "status", "-w", "json").stdout)
     revision = max(int(s["Status"]["header"]["revision"]) for s in statuses)

@@ -41,7 +41,8 @@ def test_copy_is_deep_and_misses_no_field():
                                       retired_service_account_keys=["OLD"], ca_generation=2,
                                       rotation=CARotation(3, "drop-old", {"etcd": CertRecord("NEW", "NK")},
                                                           {"etcd": "CROSS"}), restored="latest", recovered="n1", forcing="n1")},
-        nodes={"n1": NodeRecord("c1", "hv-1", {"etcd-client": 31000}, "n1=https://x:1", "new", "hv-0")},
+        nodes={"n1": NodeRecord("c1", "hv-1", {"etcd-client": 31000}, "n1=https://x:1", "new", "hv-0", "hv-0",
+                                   "https://x:0")},
         sip_labels={"metal3/host-1": {"role": "lb", "gone": None}},
     )
     for record in (state, *state.clusters.values(), *state.nodes.values(), state.clusters["c1"].admin,

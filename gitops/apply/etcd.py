@@ -189,12 +189,14 @@ class EtcdAdmin:
             return False
         return self._move_leadership(me, [client_url], timeout, prefer)
 
-    def hand_off_from(self, name: str, timeout: float = SETTLE, prefer: tuple[str, ...] = ()) -> bool:
-        """If the member called `name` leads (asked of this admin's members), move leadership away from it
-        first (to the first voting member holding a URL of `prefer`): a leader removed outright leaves
-        the others without one until they elect another. True when leadership moved."""
+    def hand_off_from(self, name: str, timeout: float = SETTLE, prefer: tuple[str, ...] = (),
+                      peer_url: str = "") -> bool:
+        """If the member called `name` (the one holding `peer_url`, when given) leads (asked of this admin's
+        members), move leadership away from it first (to the first voting member holding a URL of
+        `prefer`): a leader removed outright leaves the others without one until they elect another. True
+        when leadership moved."""
         leader = str(self._post("/v3/maintenance/status", {}).get("leader", ""))
-        member = next((m for m in self.members() if m.name == name), None)
+        member = next((m for m in self.members() if _is(m, name, peer_url)), None)
         if member is None or member.id != leader or not member.client_urls:
             return False
         return self._move_leadership(member.id, list(member.client_urls), timeout, prefer)
@@ -213,12 +215,18 @@ class EtcdAdmin:
             self._pause(0.2)
         return True
 
-    def remove(self, name: str, peer_url: str | None = None) -> bool:
-        """Remove the member called `name` (or holding `peer_url`); False when absent."""
+    def remove(self, name: str, peer_url: str = "") -> bool:
+        """Remove the member called `name` (the one holding `peer_url`, when given); False when absent."""
         def change() -> bool:
             for m in self.members():
-                if m.name == name or (peer_url and peer_url in m.peer_urls):
+                if _is(m, name, peer_url):
                     self._post("/v3/cluster/member/remove", {"ID": m.id})
                     return True
             return False
         return bool(self._settled(change))
+
+
+def _is(member: Member, name: str, peer_url: str) -> bool:
+    """Whether `member` is the one holding `peer_url` (when given: names repeat while a member moves
+    learner-first) or else the one called `name`."""
+    return peer_url in member.peer_urls if peer_url else member.name == name

@@ -116,7 +116,8 @@ def _freeze_etcd_flags(state: State, cluster: str, model: RepoModel,
     together (`new`). Later nodes join an existing cluster one at a time, in
     name order (`existing`), each listing the surviving members, the nodes
     that joined before it in this round, and itself. A member that moves to another hypervisor
-    (`NodeRecord.moved_from`) joins again the same way.
+    (`NodeRecord.moved_from`) joins again the same way, beside its old member when that one stays until
+    the new one votes (`NodeRecord.leaving_peer`).
     """
     desired = sorted(n for n in placed if model.nodes[n].role == CONTROLPLANE)
     peer = {n: etcd_member(placed[n][0], model.nodes[n], placed[n][1]).peer_url for n in desired}
@@ -128,13 +129,17 @@ def _freeze_etcd_flags(state: State, cluster: str, model: RepoModel,
             if not record.etcd_initial_cluster:
                 record.etcd_initial_cluster, record.etcd_initial_state = initial, "new"
         return
-    moving = {n for n in desired if placed[n][1].moved_from}  # removed, then joining again from a new place
+    moving = {n for n in desired if placed[n][1].moved_from}  # joining again from a new place
     members = [n for n in recorded if n in peer and n not in moving]
+    # a learner-first move joins beside its old member, which etcd still counts (listed under another name:
+    # etcd matches an existing cluster's members by peer URL, and a name may appear only once)
+    leaving = [f"{n}.{placed[n][1].leaving_from}={placed[n][1].leaving_peer}" for n in desired
+               if n in moving and placed[n][1].leaving_peer]
     for n in desired:
         if n in recorded and n not in moving:
             continue
         members.append(n)
         record = placed[n][1]
         if not record.etcd_initial_cluster:
-            record.etcd_initial_cluster = ",".join(f"{m}={peer[m]}" for m in sorted(members))
+            record.etcd_initial_cluster = ",".join([*(f"{m}={peer[m]}" for m in sorted(members)), *leaving])
             record.etcd_initial_state = "existing"

@@ -12,9 +12,11 @@ Rules:
 * a draining or lost hypervisor (`spec.drain`, `spec.lost`) takes no new node, and its nodes are
   placed anew elsewhere; so is a node whose pin changed;
 * a node that moves gets a new pod and service-account key (the old key is retired, still trusted);
-  one that moves while it is an etcd member is recorded with `moved_from` (its member is
-  removed there and added back from the new place), and only one member of a cluster moves at a
-  time: the others wait (a note in `deferred`) while one has not joined again;
+  one that moves while it is an etcd member is recorded with `moved_from`; off a live hypervisor
+  it moves learner-first (`leaving_from`/`leaving_peer`: its new member joins as a learner and votes,
+  then the old one is removed), off a lost one its member is removed there first, then added back
+  from the new place; only one member of a cluster moves at a time: the others wait (a note in
+  `deferred`) until the one moving has joined again and its old member left;
 * new nodes spread a cluster over hypervisors (fewest nodes of that cluster first,
   then fewest nodes overall, then name);
 * ports come from the hypervisor's range, lowest free first, never shared; a
@@ -26,6 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
+from gitops.compile.components import etcd_member
 from gitops.errors import GitopsError
 from gitops.model.components import CONTROLPLANE, ROLES
 from gitops.model.resources import Hypervisor, Node, RepoModel
@@ -80,6 +83,10 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
             continue
         placed = NodeRecord(cluster=node.cluster, hypervisor=hypervisor.name,
                             moved_from=(record.moved_from or record.hypervisor) if member else "")
+        if member and not record.moved_from and not model.hypervisors[record.hypervisor].lost:
+            # learner-first: the old member keeps its vote until the new one votes, then leaves
+            placed.leaving_from = record.hypervisor
+            placed.leaving_peer = etcd_member(model.hypervisors[record.hypervisor], node, record).peer_url
         if member:
             moving[node.cluster] = node.name
         if record is not None and record.hypervisor != placed.hypervisor and node.cluster in new.clusters:
@@ -136,8 +143,9 @@ def _member(state: State, node: Node, record: NodeRecord) -> bool:
 
 
 def _moving(state: State) -> dict[str, str]:
-    """The clusters with an etcd member in motion (moved, not joined again yet, or a learner): the node."""
-    out = {r.cluster: n for n, r in sorted(state.nodes.items()) if r.moved_from}
+    """The clusters with an etcd member in motion (moved, not joined again yet, its old member not removed
+    yet, or a learner): the node."""
+    out = {r.cluster: n for n, r in sorted(state.nodes.items()) if r.moved_from or r.leaving_from}
     for name, cluster in sorted(state.clusters.items()):
         if cluster.etcd_learners and name not in out:
             out[name] = cluster.etcd_learners[0]

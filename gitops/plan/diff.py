@@ -70,12 +70,15 @@ class ClusterInputs:
     down: frozenset[str]
     #: its snapshots, listed while its spec.restore is pending (None: not listed)
     snapshots: SnapshotListing | None = None
-    #: recorded etcd members that move to another hypervisor (removed there, then added back)
+    #: recorded etcd members that move to another hypervisor, not voting from there yet
     moving: frozenset[str] = frozenset()
     #: the hypervisors it involves that are marked lost (spec.lost): nothing is planned there
     lost: frozenset[str] = frozenset()
     #: its etcd's space and alarms (for its upkeep, decided apart from the memoized diff: not in `key`)
     etcd: ObservedEtcd | None = None
+    #: members moving learner-first: (node, hypervisor, peer URL) of the old member, removed once the new
+    #: one votes
+    leaving: tuple[tuple[str, str, str], ...] = ()
 
     def key(self, settings: str) -> bytes:
         """A digest of the inputs (`settings`: the diff options as text): content digests of the pods
@@ -88,7 +91,7 @@ class ClusterInputs:
             for role, authority in sorted(record.authorities.items()):
                 parts += (role, authority.cert_pem)
         parts.append(repr((self.members_on, sorted(self.down), self.snapshots, sorted(self.moving), sorted(self.lost),
-                           (record.restored, record.forcing) if record is not None else None)))
+                           self.leaving, (record.restored, record.forcing) if record is not None else None)))
         parts += [p.content_digest for p in self.wants]
         for node in sorted(self.have):
             parts.append(f"{node}:{len(self.have[node])}")
@@ -117,6 +120,9 @@ def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
             (n, (nodes[n].moved_from or nodes[n].hypervisor) if n in nodes else "") for n in record.etcd_members)
         moving = frozenset() if record is None else frozenset(
             n for n in record.etcd_members if n in nodes and nodes[n].moved_from)
+        leaving = () if record is None else tuple(
+            (n, nodes[n].leaving_from, nodes[n].leaving_peer) for n in record.etcd_members
+            if n in nodes and nodes[n].leaving_peer)
         mine = wants.get(cluster, [])
         involved = gone = frozenset()
         if down or lost:
@@ -124,7 +130,7 @@ def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
             involved, gone = frozenset(down & where), frozenset(lost & where)
         out.append(ClusterInputs(cluster, mine, desired.clusters.get(cluster), have.get(cluster, {}), record,
                                  members_on, involved, observed.snapshots.get(cluster), moving, gone,
-                                 observed.etcd.get(cluster)))
+                                 observed.etcd.get(cluster), leaving))
     return out
 
 

@@ -69,7 +69,9 @@ class WriteFiles:
 
 @dataclass(frozen=True)
 class EtcdMemberChange:
-    """Add (`peer_url` set: as a learner), promote or remove `member`, asking the members at `client_urls`.
+    """Add (`peer_url` set: as a learner), promote or remove `member`, asking the members at `client_urls`
+    (a removal with `peer_url`: the old member of a learner-first move, known by its peer URL; the node's
+    new member, under the same name, stays).
 
     Before the change every member at `client_urls` must be healthy with a leader; a promotion
     waits until the learner has caught up, then until it is healthy; all within `timeout` seconds.

@@ -125,7 +125,7 @@ def roll_out(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, Ob
     """One cluster's raw actions gated and placed, with the etcd membership changes they need, less the
     ones that must wait (with a (node, warning) each)."""
     actions = _agents_first(gate(inputs, actions, keepers, timeout))
-    actions += etcd_membership(inputs, timeout)
+    actions = leave_last(inputs, actions + etcd_membership(inputs, timeout))
     actions = drain_api_servers(inputs, actions, keepers, timeout)
     actions, votes = hold_votes(inputs, actions)
     actions, quorum = hold_quorum(inputs, actions)
@@ -283,8 +283,9 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
         return tuple(m.client_url for n, m in sorted(members.items()) if n in recorded and n != exclude)
 
     moving = inputs.moving
+    leaving = {node for node, _, _ in inputs.leaving}
     for node in recorded:
-        if node in members and node not in moving:
+        if (node in members and node not in moving) or node in leaving:
             continue
         was_on = placed_on.get(node, "")
         if was_on in down:
@@ -301,11 +302,13 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
         if (node in recorded and node not in learners and node not in moving) or placed_on.get(node) in down:
             continue  # (a moving member whose old hypervisor does not answer: it has not left yet)
         where = location.get(node, "")
-        joins = node not in recorded or node in moving
+        joins = node not in recorded or (node in moving and node not in learners)
         if joins:
-            actions.append(Action(Kind.ETCD_MEMBER_ADD, where, cluster, node,
-                                  reason="the moved node joins etcd again from here, as a learner" if node in moving
-                                  else "new controlplane node joins etcd, as a learner",
+            reason = ("new controlplane node joins etcd, as a learner" if node not in moving else
+                      f"Node {node} moves from {placed_on.get(node)}: its new member joins from here, as a learner, "
+                      "beside the old one" if node in leaving else
+                      "the moved node joins etcd again from here, as a learner")
+            actions.append(Action(Kind.ETCD_MEMBER_ADD, where, cluster, node, reason=reason,
                                   details=(member.peer_url, f"the {len(ask(node))} member(s) must be healthy first"),
                                   payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout)))
         actions.append(Action(Kind.ETCD_MEMBER_PROMOTE, where, cluster, node, component=ETCD,
@@ -315,7 +318,28 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
                               details=(f"then waits until it is healthy (up to {timeout}s)",),
                               payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout,
                                                        member.client_url)))
+    for node, was_on, peer_url in inputs.leaving:
+        if node not in members:
+            continue
+        staying = (*ask(node), members[node].client_url)
+        actions.append(Action(Kind.ETCD_MEMBER_REMOVE, was_on, cluster, node, **_AFTER_THE_MOVE, step=2,
+                              reason=f"Node {node} moved to {location.get(node)}: its old member leaves once the "
+                                     "new one votes",
+                              details=(peer_url, f"the {len(staying)} member(s) that stay must be healthy first"),
+                              payload=EtcdMemberChange(node, staying, peer_url, timeout)))
     return actions
+
+
+#: a learner-first move ends after its node's new containers (the new member voting): its old API server
+#: stops, its old member is removed, its old pod goes (steps 1, 2, 3)
+_AFTER_THE_MOVE = dict(anchor=Kind.ETCD_MEMBER_PROMOTE, order=9999)
+
+
+def leave_last(inputs: ClusterInputs, actions: list[Action]) -> list[Action]:
+    """The old pod of a node moving learner-first is removed last, after its old member."""
+    old = {(node, hv) for node, hv, _ in inputs.leaving}
+    return [dataclasses.replace(a, **_AFTER_THE_MOVE, step=3) if a.kind == Kind.REMOVE_POD
+            and (a.node, a.hypervisor) in old else a for a in actions]
 
 
 def _rolls_member(action: Action) -> bool:
@@ -359,7 +383,8 @@ def drain_api_servers(inputs: ClusterInputs, actions: list[Action], keepers: dic
     taken: set[int] = set()
     for action in actions:
         if action.kind == Kind.ETCD_MEMBER_REMOVE:
-            out.extend(_before_removal(action, inputs.have.get(action.node, [])))
+            out.extend(_before_removal(action, [p for p in inputs.have.get(action.node, [])
+                                                if p.hypervisor == action.hypervisor]))
         elif _rolls_member(action):
             steps, used = _around_member(action, own.get(action.node), desired.get(action.node),
                                          keepers.get(action.node), timeout)
@@ -377,7 +402,8 @@ def _before_removal(removal: Action, pods: list[ObservedPod]) -> list[Action]:
         return []
     staying = EtcdHealth("", removal.payload.client_urls, removal.payload.timeout)
     return [Action(Kind.REMOVE_CONTAINER, pod.hypervisor, removal.cluster, removal.node, component=APISERVER,
-                   anchor=removal.kind, step=-1, target_id=running.id,
+                   anchor=removal.anchor or removal.kind, order=removal.order, step=removal.step - 1,
+                   target_id=running.id,
                    reason="its etcd member (the only one it talks to) leaves next",
                    details=(_healthy_first(staying), _GRACEFUL_STOP), payload=Remove(running.id, etcd=staying))
             for pod in pods if (running := pod.running(APISERVER)) is not None]
@@ -469,10 +495,12 @@ def hold_quorum(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Acti
         return actions, []
     running = _etcd_running(inputs)
     current = list(inputs.record.etcd_members)
+    leaving = {node for node, _, _ in inputs.leaving}
     waiting: set[str] = set()
     held: list[tuple[str, str]] = []
     for action in removals:
-        after = [m for m in current if m != action.node]
+        # (the old member of a learner-first move leaves beside its node's new one, which stays)
+        after = current if action.node in leaving else [m for m in current if m != action.node]
         alive = [m for m in after if m in running]
         quorum = len(after) // 2 + 1
         if len(alive) < quorum:

@@ -158,13 +158,17 @@ class NodeRecord:
     #: etcd bootstrap flags, frozen when the node first joins (etcd ignores them afterwards)
     etcd_initial_cluster: str = ""
     etcd_initial_state: str = ""
-    #: the hypervisor its etcd member still runs on (or ran on, when lost) while the node moves: the
-    #: member is removed there, then added back from `hypervisor` ("" when not moving)
+    #: the hypervisor its etcd member still votes from (or voted from, when lost) while the node moves, until
+    #: its member votes from `hypervisor` ("" when not moving)
     moved_from: str = ""
+    #: a move off a live hypervisor is learner-first: the old member (on `leaving_from`, at `leaving_peer`)
+    #: stays until the new one votes, then is removed ("" otherwise). A move off a lost one removes first.
+    leaving_from: str = ""
+    leaving_peer: str = ""
 
     def copy(self) -> NodeRecord:
         return NodeRecord(self.cluster, self.hypervisor, dict(self.ports), self.etcd_initial_cluster,
-                          self.etcd_initial_state, self.moved_from)
+                          self.etcd_initial_state, self.moved_from, self.leaving_from, self.leaving_peer)
 
 
 @dataclass
@@ -190,8 +194,9 @@ class State:
                 if not record[name]:
                     del record[name]  # (never done: state files written before these fields stay as they were)
         for record in data["nodes"].values():
-            if not record["moved_from"]:
-                del record["moved_from"]  # (not moving: as above)
+            for name in ("moved_from", "leaving_from", "leaving_peer"):
+                if not record[name]:
+                    del record[name]  # (not moving: as above)
         return _sorted(data)
 
     @classmethod
@@ -276,7 +281,7 @@ STATE_SCHEMA: dict[str, Any] = {
         "nodes": _map({"type": "object", "required": ["cluster", "hypervisor"], "additionalProperties": False,
                        "properties": {"cluster": _STR, "hypervisor": _STR, "ports": _map(_INT),
                                       "etcd_initial_cluster": _STR, "etcd_initial_state": _STR,
-                                      "moved_from": _STR}}),
+                                      "moved_from": _STR, "leaving_from": _STR, "leaving_peer": _STR}}),
         "sip_labels": _map(_map({"type": ["string", "null"]})),
     },
 }
