@@ -137,6 +137,9 @@ class Applied:
     after: Planned | None = None
     #: a Lease lost or stale stopped the run before this action ("" when not)
     fenced: str = ""
+    #: seconds each action took (the failed one last), and the whole apply stage
+    seconds: tuple[float, ...] = ()
+    duration: float | None = None
 
 
 class Commits:
@@ -361,13 +364,15 @@ class Controller:
             restrict, fence = (lambda planned: _restricted(planned, scope)), self.replica.fence(scope)
             assert self.member is not None
             self.member.busy = set(scope.held)  # not given up for fair share while this runs
+        began = time.monotonic()
         try:
             result = apply_repo(model, config, store, allow_mass_delete=self.config.allow_mass_delete,
                                 should_stop=self.stop.is_set, source=sha, progress=_progress(scope),
                                 observe_fn=watch, restrict=restrict, fence=fence)
         except ApplyError as err:
             log.error("apply failed", extra={"sha": sha, "error": str(err)})
-            return Applied(Result.FAILED, str(err), len(err.executed), err.plan, error=str(err))
+            return Applied(Result.FAILED, str(err), len(err.executed), err.plan, error=str(err),
+                           seconds=tuple(err.seconds), duration=round(time.monotonic() - began, 1))
         except PlacementRaced as err:  # nothing ran; plan again at once, from the branch as it is now
             log.warning("placement raced another replica", extra={"sha": sha, "error": str(err)})
             self.trigger.set()
@@ -378,7 +383,8 @@ class Controller:
         finally:
             if self.member is not None:
                 self.member.busy = set()
-        return _applied(sha, result)
+        return dataclasses.replace(_applied(sha, result), seconds=tuple(result.seconds),
+                                   duration=round(time.monotonic() - began, 1))
 
     def _report(self, target: Target, applied: Applied, refused: Outcome | None, applied_before: str,
                 status: StatusBranch, now: dt.datetime, scope: Scope | None = None) -> Outcome:
@@ -393,7 +399,8 @@ class Controller:
         record = None
         if applied.plan is not None and (applied.actions or applied.error or applied.follow_up is not None):
             record = apply_document(sha, applied.plan, applied.actions, applied.error, applied.stopped,
-                                    applied.follow_up, list(applied.surprises), now)
+                                    applied.follow_up, list(applied.surprises), now, applied.seconds,
+                                    applied.duration)
         last = applied.after
         if last is not None:  # its observation is the live state after the apply
             observed, compiled, sip = last.observed, last.compiled, last.sip

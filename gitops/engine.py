@@ -203,6 +203,8 @@ class ApplyResult:
     after: Planned | None = None
     #: why the fence stopped the run ("" when it did not)
     fenced: str = ""
+    #: seconds each executed action took
+    seconds: list[float] = field(default_factory=list)
 
     @property
     def converged(self) -> bool:
@@ -251,7 +253,7 @@ def apply_plan(the_plan: Plan, state: State, model: RepoModel, config: RepoConfi
         err.plan = the_plan
         raise
     result.executed, result.stopped, result.surprises = execution.executed, execution.stopped, execution.surprises
-    result.fenced = execution.fenced
+    result.fenced, result.seconds = execution.fenced, execution.seconds
     if result.stopped:
         return result
     after = narrow(make_plan(model, config, store.load(), watch(model), source=the_plan.source))

@@ -1,15 +1,16 @@
-"""Prometheus metrics and health for `gitops watch`: /metrics and /healthz on one small HTTP server."""
+"""Prometheus metrics and health for `gitops watch`: /metrics and /healthz, served as a WSGI app (beside the UI
+with `--ui`)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gitops.httpserve import Server, WSGIApp, start
 
 
 class Metrics:
@@ -54,34 +55,32 @@ class Metrics:
         self.last_loop = time.time()
 
 
-def serve(metrics: Metrics, address: str, stale_after: float) -> ThreadingHTTPServer:
-    """Serve /metrics and /healthz on `host:port` in a daemon thread.
+def wsgi(metrics: Metrics, stale_after: float, fallback: WSGIApp | None = None) -> WSGIApp:
+    """/metrics and /healthz; any other path goes to `fallback` (the UI of `gitops watch --ui`), else 404.
 
     /healthz is 200 while the reconcile loop has turned within `stale_after` seconds.
     """
-    host, _, port = address.rpartition(":")
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            body, code, kind = generate_latest(metrics.registry), "200 OK", CONTENT_TYPE_LATEST
+        elif path == "/healthz":
+            age = time.time() - metrics.last_loop
+            fresh = age <= stale_after
+            code = "200 OK" if fresh else "503 Service Unavailable"
+            body = json.dumps({"ok": fresh, "secondsSinceLoop": round(age, 1),
+                               "lastResult": metrics.last_result}).encode()
+            kind = "application/json"
+        elif fallback is not None:
+            return fallback(environ, start_response)
+        else:
+            body, code, kind = b"not found\n", "404 Not Found", "text/plain"
+        start_response(code, [("Content-Type", kind), ("Content-Length", str(len(body)))])
+        return [body]
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            if self.path == "/metrics":
-                body, code, kind = generate_latest(metrics.registry), 200, CONTENT_TYPE_LATEST
-            elif self.path == "/healthz":
-                age = time.time() - metrics.last_loop
-                code = 200 if age <= stale_after else 503
-                body = json.dumps({"ok": code == 200, "secondsSinceLoop": round(age, 1),
-                                   "lastResult": metrics.last_result}).encode()
-                kind = "application/json"
-            else:
-                body, code, kind = b"not found\n", 404, "text/plain"
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    return app
 
-        def log_message(self, *args: object) -> None:
-            pass
 
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
-    return server
+def serve(metrics: Metrics, address: str, stale_after: float, fallback: WSGIApp | None = None) -> Server:
+    """Serve /metrics and /healthz (and `fallback` on every other path) on `host:port` in a daemon thread."""
+    return start(wsgi(metrics, stale_after, fallback), address, "metrics")

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything gitops and its tests need on a fresh Debian machine:
 # the real components (containerd, runc, haproxy, etcd, sshd, age, restic and rclone; buildah and
-# mmdebstrap for the controller image) from Debian packages, and the Python package with its test extras in ./.venv.
+# mmdebstrap for the controller image; chromium for the UI's browser tests) from Debian packages, and the Python package with its test extras in ./.venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(containerd runc haproxy etcd-server etcd-client openssh-server openssh-client openssl git age iproute2
     containernetworking-plugins iptables conntrack procps busybox-static  # worker nodes (kubelet CNI, kube-proxy, lab workload image)
     buildah mmdebstrap util-linux  # the controller image (scripts/build-image.sh: a Debian base, buildah, unshare)
-    restic rclone)  # etcd backups: restic repositories, and `rclone serve restic` as a REST target in tests
+    restic rclone  # etcd backups: restic repositories, and `rclone serve restic` as a REST target in tests
+    chromium chromium-driver)  # the web UI's browser tests (Selenium drives Debian's Chromium, no download)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -353,14 +353,14 @@ def _signed_push(loop: Loop, key: Path) -> str:
     return loop.git("rev-parse", "HEAD")
 
 
-def start_watch(loop: Loop) -> tuple[subprocess.Popen, int]:
+def start_watch(loop: Loop, *extra: str) -> tuple[subprocess.Popen, int]:
     """`gitops watch` polling every second, its /metrics and /healthz on a free loopback port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([GITOPS, "watch", "--repo", str(loop.origin), "--workdir", str(loop.workdir),
                              "--identity", str(loop.controller_key), "--interval", "1s",
-                             "--metrics-address", f"127.0.0.1:{port}"],
+                             "--metrics-address", f"127.0.0.1:{port}", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, port
 
@@ -509,3 +509,66 @@ def test_the_controller_backs_up_etcd_on_schedule_and_reports_it(loop):
         assert [s["id"] for s in json.loads(listed.stdout)] == [last["id"], made.stdout.strip()]
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_the_ui_in_chromium_shows_the_fleet_a_cluster_the_applies_and_a_branch_plan(loop):
+    """Issue #30: `gitops watch --ui` beside /metrics, driven in Debian's headless Chromium: the fleet lists
+    team-a and team-b Ready, team-a's page shows its 3 etcd members, the applies page leads to the last
+    apply's actions, and the plan page shows a change made on a branch. Screenshots of the fleet and a
+    cluster page go to $GITOPS_UI_SCREENSHOTS when set (the README's)."""
+    from browser import chromium
+    from selenium.webdriver.common.by import By
+
+    loop.with_cluster("team-b")
+    # a pull request's branch: team-b without team-b-cp-3 (main stays as it is)
+    main = loop.git("rev-parse", "HEAD")
+    loop.git("checkout", "-q", "-b", "ui-drop-node")
+    nodes = loop.work / "clusters/team-b/nodes.yaml"
+    docs = [d for d in yaml.safe_load_all(nodes.read_text()) if d and d["metadata"]["name"] != "team-b-cp-3"]
+    nodes.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    loop.git("commit", "-q", "-am", "team-b: two controlplane nodes")
+    loop.git("push", "-q", "-f", "origin", "HEAD:ui-drop-node")
+    loop.git("checkout", "-q", "main")
+    assert loop.git("rev-parse", "HEAD") == main
+    shots = Path(os.environ.get("GITOPS_UI_SCREENSHOTS") or loop.base / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    proc, port = start_watch(loop, "--ui")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert 'gitops_reconcile_total{result="applied"}' in scrape_until(port, 'result="applied"')
+        with chromium() as driver:
+            driver.get(base + "/")
+            phases = {row.get_attribute("data-cluster"): row.find_element(By.CSS_SELECTOR, ".phase").text
+                      for row in driver.find_elements(By.CSS_SELECTOR, "#clusters tbody tr")}
+            assert phases.get("team-a") == "Ready" and phases.get("team-b") == "Ready", phases
+            driver.save_screenshot(str(shots / "ui-fleet.png"))
+
+            driver.find_element(By.LINK_TEXT, "team-a").click()
+            assert driver.current_url == base + "/clusters/team-a"
+            members = driver.find_element(By.ID, "etcd-members").text
+            assert members.startswith("3:") and "(leader)" in members, members
+            assert len(driver.find_elements(By.CSS_SELECTOR, "table.nodes td.running")) >= 12  # 3 nodes x 4
+            driver.save_screenshot(str(shots / "ui-cluster.png"))
+
+            driver.get(base + "/applies")
+            rows = driver.find_elements(By.CSS_SELECTOR, "#applies tbody tr")
+            done = [r for r in rows if r.get_attribute("data-kind") == "Applied"
+                    and not r.find_element(By.CSS_SELECTOR, "td:nth-child(4)").text.startswith("0")]
+            assert done, [r.text for r in rows]
+            done[0].find_element(By.CSS_SELECTOR, "td:last-child a").click()
+            results = [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#actions tbody tr td:nth-child(5)")]
+            assert results and set(results) == {"Done"}, results
+
+            driver.get(base + "/plan")
+            field = driver.find_element(By.NAME, "ref")
+            field.send_keys("ui-drop-node")
+            field.submit()
+            headline = driver.find_element(By.ID, "headline").text
+            assert headline.startswith("Plan: ") and "to remove" in headline, headline
+            removed = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#plan .line.remove")]
+            assert any("remove pod: Node team-b-cp-3 left the repo" in t for t in removed), removed
+            driver.save_screenshot(str(shots / "ui-plan.png"))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]

@@ -13,8 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gitops"
 
 RANK = {
     # bottom: no repo model, no I/O policy
-    "errors": 0, "__version__": 0, "apipaths": 0, "printable": 0, "memo": 0,
-    "safeio": 1, "pki": 1,
+    "errors": 0, "__version__": 0, "apipaths": 0, "printable": 0, "memo": 0, "units": 0,
+    "safeio": 1, "pki": 1, "httpserve": 0.5,
     "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1, "procs": 2,
     "cri": 2, "state": 2, "kubeapi": 2, "pods": 2,
     "agent": 3, "model": 3, "kubeconfig": 3, "coordination": 3, "etcdclient": 3,
@@ -28,6 +28,8 @@ RANK = {
     "apply": 7,
     "engine": 8,
     "status": 9, "source": 9,
+    # the web UI reads the status branch and plans a branch against it; `gitops watch --ui` serves it
+    "ui": 9.5,
     "controller": 10,
     "cli": 11, "__main__": 12,
 }

@@ -83,6 +83,8 @@ class ApplyError(GitopsError):
         self.executed = list(executed or [])
         #: the plan that was being executed
         self.plan: Plan | None = None
+        #: seconds each action took, the failed one last
+        self.seconds: list[float] = []
 
 
 def _no_target(name: str) -> BackupTarget:
@@ -108,6 +110,8 @@ class Execution:
     surprises: list[str] = field(default_factory=list)
     #: why the fence stopped the run before an action ("" when it did not)
     fenced: str = ""
+    #: seconds each executed action took
+    seconds: list[float] = field(default_factory=list)
 
 
 def execute(plan: Plan, state: State, connections: Connections, store: StateStore, *,
@@ -164,14 +168,18 @@ class _Runner:
                 self.outcome.stopped, self.outcome.fenced = True, refused
                 return self.outcome
             self._report(index, len(actions), action, "start")
+            began = time.monotonic()
             try:
                 if action.payload is None:
                     raise ApplyError("the action carries no payload (a plan from an older gitops?)")
                 getattr(self, action.kind.value.replace("-", "_"))(action, action.payload)
             except (GitopsError, OSError) as err:
                 self._report(index, len(actions), action, "failed")
-                raise ApplyError(f"action {index + 1}/{len(actions)} failed: {action.symbol} {action.subject} "
-                                 f"{action.kind.value}: {err}", self.outcome.executed) from None
+                failed = ApplyError(f"action {index + 1}/{len(actions)} failed: {action.symbol} {action.subject} "
+                                    f"{action.kind.value}: {err}", self.outcome.executed)
+                failed.seconds = [*self.outcome.seconds, round(time.monotonic() - began, 3)]
+                raise failed from None
+            self.outcome.seconds.append(round(time.monotonic() - began, 3))
             self.outcome.executed.append(action)
             self._report(index, len(actions), action, "done")
         return self.outcome

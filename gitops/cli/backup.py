@@ -11,7 +11,7 @@ from gitops.backup.restic import Restic
 from gitops.backup.snapshot import Snapshot
 from gitops.cli.reconcile import load, repo_argument, state_option, state_store
 from gitops.cli.secrets import identity_option
-from gitops.cli.units import human_age, human_size
+from gitops.units import human_age, human_size
 from gitops.snapshots import back_up_cluster, backup_of
 
 cluster_option = click.option("--cluster", required=True, help="Cluster name (its spec.backup names the target).")

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from gitops import logs
 from gitops.cli.secrets import read_identity
-from gitops.cli.units import human_age, human_size
+from gitops.units import human_age, human_size
 from gitops.controller import Controller, ControllerConfig, CoordinationFlags
 from gitops.errors import GitopsError
 from gitops.gitclone import as_url
@@ -120,13 +120,27 @@ def reconcile(once: bool, **options) -> None:
               help="host:port for /metrics and /healthz ($GITOPS_METRICS_ADDRESS); empty to disable.")
 @click.option("--watch-local/--no-watch-local", default=True, show_default=True,
               help="When --repo is a local working copy, reconcile as soon as a commit lands (debounced).")
-def watch(interval: str, metrics_address: str, watch_local: bool, **options) -> None:
+@click.option("--ui", "with_ui", is_flag=True,
+              help="Also serve the read-only web UI (as `gitops ui`) on --metrics-address, beside /metrics.")
+def watch(interval: str, metrics_address: str, watch_local: bool, with_ui: bool, **options) -> None:
     """Run the controller: reconcile every --interval until SIGTERM (which finishes the current action)."""
     seconds = parse_duration(interval)
     controller = build(**options, interval=seconds)
+    if with_ui and not metrics_address:
+        raise click.UsageError("--ui is served on --metrics-address: give one")
     if metrics_address:
-        serve(controller.metrics, metrics_address, stale_after=max(3 * seconds, 300))
-        log.info("serving /metrics and /healthz", extra={"address": metrics_address})
+        fallback = None
+        if with_ui:
+            from gitops.cli.ui import ui_app  # here: the web framework loads only when asked for
+
+            config = controller.config
+            fallback = ui_app(config.repo, config.branch, config.status_branch or "",
+                              config.workdir / "ui-mirror", refresh=5.0, strict=False)
+        server = serve(controller.metrics, metrics_address, stale_after=max(3 * seconds, 300), fallback=fallback)
+        log.info("serving /metrics and /healthz" + (" and the UI" if with_ui else ""),
+                 extra={"address": server.address})
+        if with_ui:
+            click.echo(f"gitops ui: http://{server.address}/", err=True)
     trigger = controller.trigger
 
     def stop(signum, _frame) -> None:

@@ -23,8 +23,7 @@ from gitops.printable import printable
 from gitops.secrets import load_identities, public_recipient
 from gitops.state import LocalDirStore
 from gitops.state.records import ClusterRecord
-from gitops.status.reader import SOURCE, SourceStatus, StatusReader
-from gitops.status.sealed_state import merge
+from gitops.status.against import snapshot_from_status
 
 STATE_ENV = "GITOPS_STATE_DIR"
 
@@ -128,14 +127,6 @@ def detailed_exit_code(the_plan: Plan) -> int:
     if not the_plan.complete:
         return EXIT_INCOMPLETE
     return EXIT_CHANGES if the_plan.actions else 0
-
-
-def snapshot_from_status(repo: Path, ref: str):
-    """(public state, observed snapshot, label) from a status-branch ref of REPO's git."""
-    reader = StatusReader.at_ref(repo, ref)
-    observed, public = reader.observed(), reader.public_state()
-    applied = SourceStatus.parse(reader.require(SOURCE)).applied_sha
-    return merge(public, None), observed, f"snapshot {ref} (applied {applied[:12]})"
 
 
 def show(the_plan: Plan, fmt: str, output: str) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.markup import escape
@@ -72,6 +73,27 @@ _FIRST = (Kind.BACKUP_ETCD, Kind.RECOVER_ETCD, Kind.RESTORE_ETCD)
 _ABOUT = {Kind.BACKUP_ETCD: "etcd", Kind.RESTORE_ETCD: "etcd"}
 
 
+@dataclass(frozen=True)
+class Section:
+    """One group of a plan as people read it: a cluster's node on a hypervisor (a node that moves has one
+    on each), its backup, restore or rebuild, what happens inside its API, its recorded state."""
+
+    cluster: str
+    #: "Node team-a-cp-1", "Backup:", "In its API:", "Worker team-a-w1"...
+    title: str
+    hypervisor: str
+    actions: tuple[Action, ...]
+
+
+def sections(plan: Plan) -> list[Section]:
+    """The plan's groups in the order they are shown (text, Markdown, the UI)."""
+    out = []
+    for (cluster, node, _, _), actions in _groups(plan).items():
+        title = _what(actions) + (f" {node}" if node else "")
+        out.append(Section(cluster, title, next((a.hypervisor for a in actions if a.hypervisor), ""), tuple(actions)))
+    return out
+
+
 def _groups(plan: Plan) -> "OrderedDict[tuple[str, str, str, str], list[Action]]":
     groups: OrderedDict[tuple[str, str, str, str], list[Action]] = OrderedDict()
     # a cluster's backup first, its nodes, what happens inside its API (objects, workers' certificates),
@@ -114,14 +136,13 @@ def render_text(plan: Plan, console: Console) -> None:
     for note in plan.notes:
         console.print(f"[bold cyan]» {safe(note)}[/bold cyan]")
     cluster = None
-    for (cluster_name, node, _, _), actions in _groups(plan).items():
-        if cluster_name != cluster:
-            cluster = cluster_name
-            console.print(f"\n[bold]Cluster {safe(cluster_name)}[/bold]")
-        hv = next((a.hypervisor for a in actions if a.hypervisor), "")
-        console.print(f"  {_what(actions)}" + (f" {safe(node)}" if node else "")
-                      + (f" [dim]on {safe(hv)}[/dim]" if hv else ""))
-        for action in actions:
+    for section in sections(plan):
+        if section.cluster != cluster:
+            cluster = section.cluster
+            console.print(f"\n[bold]Cluster {safe(cluster)}[/bold]")
+        hv = section.hypervisor
+        console.print(f"  {safe(section.title)}" + (f" [dim]on {safe(hv)}[/dim]" if hv else ""))
+        for action in section.actions:
             colour = COLOUR[action.symbol]
             console.print(f"    [{colour}]{action.symbol} {safe(describe(action))}[/{colour}]")
             for detail in action.details:

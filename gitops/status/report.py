@@ -20,6 +20,7 @@ from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState
 from gitops.coordination.scope import Scope
 from gitops.model.resources import RepoModel
 from gitops.observe.types import ObservedEtcd, ObservedPod, ObservedState
+from gitops.pki.facts import certificate_facts
 from gitops.plan.actions import Action, Plan
 from gitops.plan.upkeep import space_condition
 from gitops.sip.selection import HostSelection
@@ -110,16 +111,21 @@ def source_document(outcome: Outcome, previous: Callable[[str], bytes | None], n
 
 
 def apply_document(sha: str, plan: Plan, executed: int, error: str, stopped: bool, follow_up: Plan | None,
-                   surprises: list[str], now: dt.datetime) -> bytes:
-    """The plan the controller executed for `sha`, each action with its result, and the follow-up plan.
+                   surprises: list[str], now: dt.datetime, seconds: tuple[float, ...] = (),
+                   duration: float | None = None) -> bytes:
+    """The plan the controller executed for `sha`, each action with its result (and the seconds it took),
+    and the follow-up plan.
 
     `executed`: how many actions (from the first) completed; the next one failed when `error` is set.
+    `duration`: the seconds the whole apply stage took (planning, actions, the plan after).
     """
     def row(index: int, action: Action, result: str | None) -> dict[str, Any]:
         data = {"index": index + 1, "kind": action.kind.value, "subject": action.subject,
                 "hypervisor": action.hypervisor, "reason": action.reason, "details": list(action.details)}
         if result is not None:
             data["result"] = result
+            if index < len(seconds):
+                data["seconds"] = seconds[index]
         return data
 
     def result(index: int) -> str:
@@ -130,6 +136,7 @@ def apply_document(sha: str, plan: Plan, executed: int, error: str, stopped: boo
     outcome = "Failed" if error else ("Stopped" if stopped else "Applied")
     status: dict[str, Any] = {
         "sha": sha, "time": now.isoformat(timespec="seconds"), "result": outcome,
+        **({"durationSeconds": duration} if duration is not None else {}),
         "summary": {**plan.summary(), "executed": executed, "planned": len(plan.actions)},
         "actions": [row(i, a, result(i)) for i, a in enumerate(plan.actions)],
     }
@@ -161,7 +168,7 @@ def resource_documents(model: RepoModel, desired: DesiredState, observed: Observ
     node_phase = {name: phase for name, (phase, _) in nodes.items()}
     out = {rel: doc for _, (_, (rel, doc)) in nodes.items()}
     out.update(_cluster_documents(model, desired, node_phase, outcome, previous, now, observed))
-    out.update(_hypervisor_documents(model, observed, previous, now))
+    out.update(_hypervisor_documents(model, observed, previous, now, placements))
     return out
 
 
@@ -215,6 +222,8 @@ def _node_documents(model: RepoModel, desired: DesiredState, observed: ObservedS
                                      _previous_conditions(previous, rel), now)],
             "components": components,
         }
+        if components:
+            status["containers"] = _containers(desired.pods.get(name), pods.get(name))
         if placed:
             status["hypervisor"], status["ports"] = placed
         out[name] = (phase.phase, (rel, dump({"apiVersion": API_VERSION, "kind": "NodeStatus",
@@ -222,6 +231,39 @@ def _node_documents(model: RepoModel, desired: DesiredState, observed: ObservedS
                                               "spec": {"cluster": node.cluster, "role": node.role},
                                               "status": status})))
     return out
+
+
+def _containers(want: DesiredPod | None, have: ObservedPod | None) -> dict[str, dict[str, Any]]:
+    """Each desired container's image, and how many exited containers of it the pod holds (its restarts
+    seen: a container gitops replaces is removed, one that died stays until it is started again)."""
+    if want is None:
+        return {}
+    seen = have.containers if have is not None else ()
+    return {c.spec.name: {"image": c.spec.image,
+                          "restarts": sum(1 for o in seen if o.component == c.spec.name and o.state == "exited")}
+            for c in want.containers}
+
+
+def _certificates(pods: dict[str, list[ObservedPod]], nodes: Iterable[str]) -> dict[str, str]:
+    """The earliest expiry of the certificates the cluster's nodes hold (`pods`: observed pods by node), and
+    which one it is ({} when none was read)."""
+    earliest: tuple[dt.datetime, str] | None = None
+    for pod in (p for node in nodes for p in pods.get(node, ()) if p.files is not None):
+        for name, pem in pod.files.certificates.items():  # type: ignore[union-attr]
+            facts = certificate_facts(pem, None)
+            if facts is not None and (earliest is None or facts.not_after < earliest[0]):
+                earliest = (facts.not_after, f"{pod.node}/{name}")
+    if earliest is None:
+        return {}
+    return {"earliestExpiry": earliest[0].isoformat(timespec="seconds"), "certificate": earliest[1]}
+
+
+def _etcd(seen: ObservedEtcd | None) -> dict[str, Any]:
+    """The cluster's etcd members as last read, and the one that leads."""
+    if seen is None or not seen.members:
+        return {}
+    leader = next((m.node for m in seen.members if m.leader), "")
+    return {"members": sorted(m.node for m in seen.members), **({"leader": leader} if leader else {})}
 
 
 def cluster_phase(phases: dict[str, str], endpoint: str | None) -> Phase:
@@ -253,6 +295,9 @@ def _cluster_documents(model: RepoModel, desired: DesiredState, node_phases: dic
                        previous: Callable[[str], bytes | None], now: dt.datetime,
                        observed: ObservedState) -> dict[str, bytes]:
     out = {}
+    pods: dict[str, list[ObservedPod]] = {}
+    for pod in observed.pods():
+        pods.setdefault(pod.node, []).append(pod)
     for name in sorted(model.clusters):
         rel = resource_path("Cluster", name)
         phases = {n: node_phases[n] for n in sorted(node.name for node in model.nodes_of(name))}
@@ -260,6 +305,7 @@ def _cluster_documents(model: RepoModel, desired: DesiredState, node_phases: dic
         phase = cluster_phase(phases, endpoint)
         status = {
             "phase": phase.phase,
+            "version": model.clusters[name].kubernetes_version,
             "observedSourceSHA": outcome.applied_sha,
             "conditions": [condition("Ready", phase.ready, phase.reason, phase.message,
                                      _previous_conditions(previous, rel), now),
@@ -270,6 +316,9 @@ def _cluster_documents(model: RepoModel, desired: DesiredState, node_phases: dic
             "workers": workers_status(observed, name),
             "kubeconfig": kubeconfig_path(name) if endpoint else None,
         }
+        for key, value in (("certificates", _certificates(pods, phases)), ("etcd", _etcd(observed.etcd.get(name)))):
+            if value:
+                status[key] = value
         out[rel] = dump({"apiVersion": API_VERSION, "kind": "ClusterStatus", "metadata": {"name": name},
                          "status": status})
     return out
@@ -285,7 +334,10 @@ def _etcd_condition(want: DesiredCluster | None, seen: ObservedEtcd | None, befo
 
 
 def _hypervisor_documents(model: RepoModel, observed: ObservedState, previous: Callable[[str], bytes | None],
-                          now: dt.datetime) -> dict[str, bytes]:
+                          now: dt.datetime, placements: dict[str, tuple[str, dict[str, int]]]) -> dict[str, bytes]:
+    used: dict[str, int] = {}
+    for hypervisor, ports in placements.values():
+        used[hypervisor] = used.get(hypervisor, 0) + len(ports)
     out = {}
     for name in sorted(model.hypervisors):
         rel = resource_path("Hypervisor", name)
@@ -297,6 +349,7 @@ def _hypervisor_documents(model: RepoModel, observed: ObservedState, previous: C
                                      "" if reachable else (seen.error if seen else "not observed"),
                                      _previous_conditions(previous, rel), now)],
             "pods": sorted(p.node for p in seen.pods) if seen else [],
+            "ports": {"used": used.get(name, 0), "total": len(model.hypervisors[name].port_range)},
         }
         out[rel] = dump({"apiVersion": API_VERSION, "kind": "HypervisorStatus", "metadata": {"name": name},
                          "status": status})

@@ -1,0 +1,130 @@
+"""`gitops ui` over a real status branch, with nothing reachable (no lab, fast): the pages, their filters, a
+refused commit's errors with file:line, the plan of a branch, and no secret anywhere.
+
+The repo is the example's; its hypervisors are not running, so its clusters stay Progressing, and the
+controller applies only the SIPCluster's BareMetalHost labels. `tests/test_controller_lab.py` drives the
+same pages in Chromium against a lab the controller converged.
+"""
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from repo_helpers import EXAMPLE_REPO
+
+GITOPS = str(Path(sys.executable).parent / "gitops")
+GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
+BAD_NODE = """\
+apiVersion: gitops.infra/v1alpha1
+kind: Node
+metadata:
+  name: lost
+spec:
+  cluster: team-a
+  role: controlplan
+"""
+
+
+def git(cwd: Path, *args: str) -> str:
+    proc = subprocess.run(["git", *GIT_ID, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stderr}"
+    return proc.stdout.strip()
+
+
+def push(work: Path, message: str, branch: str = "main") -> str:
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", message)
+    git(work, "push", "-q", "origin", f"HEAD:{branch}")
+    return git(work, "rev-parse", "HEAD")
+
+
+def reconcile(origin: Path, workdir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([GITOPS, "reconcile", "--repo", str(origin), "--workdir", str(workdir),
+                           "--insecure-plaintext-secrets", "--log-format", "text"],
+                          capture_output=True, text=True, timeout=180)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def text_of(page: str) -> str:
+    """The page's main part as text, one line per element."""
+    main = page[page.find("<main>"):]
+    return html.unescape(re.sub(r"\s*\n\s*", "\n", re.sub(r"<[^>]+>", "\n", main))).strip()
+
+
+def test_ui_shows_the_fleet_the_applies_a_refusal_and_a_branch_plan(tmp_path: Path):
+    origin, work, workdir = tmp_path / "origin.git", tmp_path / "work", tmp_path / "controller"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+    shutil.copytree(EXAMPLE_REPO, work)
+    git(work, "init", "-q", "-b", "main")
+    git(work, "remote", "add", "origin", str(origin))
+    good = push(work, "the example")
+    applied = reconcile(origin, workdir)
+    assert applied.stdout.startswith("Applied: "), applied.stdout + applied.stderr
+    (work / "clusters" / "team-a" / "lost.yaml").write_text(BAD_NODE)
+    bad = push(work, "a typo")
+    refused = reconcile(origin, workdir)
+    assert refused.stdout.startswith("Refused: "), refused.stdout + refused.stderr
+    # a pull request's branch: one worker host fewer for tenant-1 (its BareMetalHost labels change)
+    git(work, "checkout", "-q", "-b", "fewer-workers", good)
+    sip = work / "sip" / "tenant-1.yaml"
+    sip.write_text(sip.read_text().replace("active: 2", "active: 1", 1))
+    branch = push(work, "tenant-1: one worker", "fewer-workers")
+
+    ui = subprocess.Popen([GITOPS, "ui", "--repo", str(origin), "--address", "127.0.0.1:0", "--refresh", "0"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ui.stdout.readline()  # type: ignore[union-attr]
+        found = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert found, line + ui.stderr.read()  # type: ignore[union-attr]
+        base = found.group(0)
+
+        code, page = get(base)
+        assert code == 200
+        fleet = text_of(page)
+        assert "team-a\nProgressing\nv1.20.2\n0/3" in fleet and "team-b" in fleet, fleet
+        assert "Refused" in fleet and good[:12] in fleet  # the commit in force stays the good one
+        assert "hv-private-1\nUnknown\n0\n0 of 1,000" in fleet, fleet
+        filtered = text_of(get(base + "?q=TEAM-B")[1])
+        assert "team-b" in filtered and "team-a\n" not in filtered
+        assert "No cluster matches." in text_of(get(base + "?phase=Ready")[1])
+
+        cluster = text_of(get(base + "clusters/team-a")[1])
+        assert "Cluster team-a\nProgressing" in cluster and "team-a-cp-1\ncontrolplane\nPending" in cluster, cluster
+        assert get(base + "clusters/nope")[0] == 404
+
+        applies = text_of(get(base + "applies")[1])
+        assert f"Refused\n{bad[:12]}" in applies and f"Applied\n{good[:12]}" in applies, applies
+        assert "clusters/team-a/lost.yaml:" in applies  # the refusal's errors, with file and line
+        rows = re.findall(r'href="/applies/([0-9a-f]{40})"', get(base + "applies")[1])
+        assert rows, applies
+        last_apply = git(origin, "log", "-n1", "--format=%H", "gitops/status", "--", "status/apply.yaml")
+        detail = text_of(get(base + f"applies/{last_apply}")[1])
+        assert f"Applied\n{good[:12]}" in detail and "label-host" in detail and "Done" in detail, detail
+        assert re.search(r"\n\d+\.\d s\n", detail), detail  # each action's time
+
+        code, plan = get(base + "plan?ref=fewer-workers")
+        assert code == 200
+        shown = text_of(plan)
+        assert f"branch fewer-workers at\n{branch[:12]}" in shown, shown
+        assert "~ label host" in shown and "Cluster tenant-1" in shown, shown
+        assert 'class="line change"' in plan
+        assert "no branch 'nope'" in text_of(get(base + "plan?ref=nope")[1])
+
+        for path in ("", "clusters/team-a", "clusters/team-b", "applies", "shards", "plan?ref=fewer-workers"):
+            assert "PRIVATE KEY" not in get(base + path)[1], path  # no secret is ever rendered
+    finally:
+        ui.terminate()
+        ui.wait(timeout=30)
