@@ -417,7 +417,8 @@ def test_watch_reconciles_a_local_working_copy_as_soon_as_a_commit_lands(loop):
         time.sleep(3)  # settled: the watch reacts to nothing of its own (status commits, its lease)
         counts.append(reconciles())
         (loop.work / "README.md").write_text("edited locally\n")
-        loop.git("commit", "-qam", "local edit")  # no push: the working copy itself is the source
+        loop.git("add", "README.md")  # (tracked already when an earlier test committed one)
+        loop.git("commit", "-qm", "local edit")  # no push: the working copy itself is the source
         deadline = time.monotonic() + 30  # far sooner than the 10 minute interval
         while reconciles() < counts[0] + 1 and time.monotonic() < deadline:
             time.sleep(0.5)
