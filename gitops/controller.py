@@ -19,7 +19,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -339,9 +339,23 @@ class Controller:
                               f" (and {len(refusal) - 1} more)" if len(refusal) > 1 else "")
                           + (f"; {applied_before[:12]} stays in force" if applied_before else ""))
         if scope is None or scope.owns_global:  # one replica reports the commit itself
-            status.publish(lambda s: s.write_tree({SOURCE: source_document(outcome, s.read, now)}, (SOURCE,)),
-                           f"refuse {sha[:12]}: {len(refusal)} error(s)")
+            committed = status.publish(
+                lambda s: s.write_tree({SOURCE: source_document(outcome, s.read, now)}, (SOURCE,)),
+                f"refuse {sha[:12]}: {len(refusal)} error(s)")
+            self._note(status, sha, committed, f"gitops: Refused: {len(refusal)} error(s)", refusal)
         return outcome
+
+    def _note(self, status: StatusBranch, sha: str, committed: str | None, headline: str,
+              lines: Iterable[str] = ()) -> None:
+        """The commit's outcome as its git note (`git log --notes=gitops`), when a status commit recorded it.
+        A note that cannot be written is logged: it never fails the reconcile."""
+        if not committed:
+            return
+        text = "\n".join([headline, *lines, f"status commit {committed}"])
+        try:
+            status.note(sha, self.config.branch, text)
+        except GitopsError as err:
+            log.warning("commit note not written", extra={"sha": sha, "error": str(err)})
 
     def _apply(self, target: Target, status: StatusBranch, live: ObservedState | None = None,
                scope: Scope | None = None) -> Applied:
@@ -427,6 +441,10 @@ class Controller:
         committed = status.publish(write, summary)
         log.info("reconciled", extra={"sha": sha, "result": report.result.value, "actions": applied.actions,
                                       "status_commit": committed or ""})
+        if scope is None or scope.owns_global:
+            done = f"{applied.actions} action(s)" + (f" of {len(applied.plan.actions)}" if applied.plan else "")
+            self._note(status, sha, committed, f"gitops: {report.result.value}: {done}",
+                       [applied.error] if applied.error else [])
         return report
 
     # ------------------------------------------------------------------ the loop

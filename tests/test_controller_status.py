@@ -77,6 +77,11 @@ def test_a_refused_commit_is_reported_on_the_status_branch_in_force(tmp_path: Pa
     assert git(origin, "rev-parse", "--verify", "--quiet", "refs/heads/gitops/status", check=False).returncode == 1
     log = git(origin, "log", "--format=%s", "something-else").stdout.splitlines()
     assert log[0] == f"refuse {bad[:12]}: {len(source['errors'])} error(s)"
+    # each outcome is also a git note on the commit itself (issue #30.3)
+    noted = git(origin, "log", "--notes=gitops", "--format=%H%n%N--", "main").stdout
+    assert f"{bad}\ngitops: Refused: {len(source['errors'])} error(s)\n" in noted, noted
+    assert "node.yaml" in noted.split(bad)[1].split("--")[0]
+    assert f"{good}\ngitops: Applied: 0 action(s)" in noted, noted
 
     # the CLI finds the same branch from the clone's gitops.yaml and reads it
     clone = tmp_path / "clone"

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 AUTHOR = git.Actor("gitops", "gitops@localhost")
 PUSH_ATTEMPTS = 8
+#: each applied or refused commit's outcome, as a git note (`git log --notes=gitops`)
+NOTES_REF = "refs/notes/gitops"
 #: In a controller's workdir: the statusBranch of the commit in force, for reporting a refused commit there.
 IN_FORCE_BRANCH = "status-branch"
 
@@ -164,6 +166,31 @@ class StatusBranch:
                     continue
                 raise StatusError(f"cannot push {self.branch}: {git_message(err)}") from None
         raise StatusError(f"cannot push {self.branch}: still racing other writers after {PUSH_ATTEMPTS} attempts")
+
+
+    def note(self, commit: str, source_branch: str, text: str) -> None:
+        """Record `text` as the git note of the infra repo's `commit` (on `source_branch`) in `NOTES_REF`, and
+        push it, so `git log --notes=gitops` shows each commit's outcome beside it. Notes of other
+        writers are fetched first (a push that raced one is made again on top of it)."""
+        repo = self.repo
+        for attempt in range(1, PUSH_ATTEMPTS + 1):
+            try:
+                repo.git.fetch("origin", f"+refs/heads/{source_branch}:refs/remotes/origin/{source_branch}")
+                found = repo.git.ls_remote("origin", NOTES_REF).strip()
+                if found:
+                    repo.git.fetch("origin", f"+{NOTES_REF}:{NOTES_REF}")
+                else:
+                    repo.git.update_ref("-d", NOTES_REF)  # none there: start from nothing
+                repo.git.notes(f"--ref={NOTES_REF}", "add", "-f", "-m", text, commit)
+                repo.git.push("origin", f"{NOTES_REF}:{NOTES_REF}")
+                return
+            except git.GitCommandError as err:
+                message = str(err)
+                if "non-fast-forward" in message or "fetch first" in message or "rejected" in message:
+                    time.sleep(random.uniform(0, 0.2 * attempt))
+                    continue
+                raise StatusError(f"cannot write the note of {commit[:12]}: {git_message(err)}") from None
+        raise StatusError(f"cannot push {NOTES_REF}: still racing other writers after {PUSH_ATTEMPTS} attempts")
 
 
 def in_force_branch(workdir: Path) -> str:
