@@ -29,8 +29,9 @@ from gitops.coordination.member import Member
 from gitops.coordination.scope import PlacementRaced, Scope
 from gitops.engine import ApplyResult, Planned, apply_repo, desired_for, observe_all
 from gitops.errors import GitopsError
+from gitops.notify import Event, Notifier
 from gitops.metrics import Metrics
-from gitops.model.config import Coordination, RepoConfig
+from gitops.model.config import Coordination, NotificationTarget, RepoConfig
 from gitops.model.resources import RepoModel
 from gitops.model.validate import Validation, validate_repo
 from gitops.observe.clusters import ClusterReader
@@ -187,6 +188,7 @@ class Controller:
         self.holder = holder_id(config.workdir)
         self.stop = threading.Event()
         self.metrics = metrics or Metrics()
+        self.notifier = Notifier()
         self._status: dict[str, StatusBranch] = {}
         #: node files read on earlier polls, and the last converged reconcile (None: the next poll does it all)
         self.files = NodeFilesCache(RepoConfig().node_files_interval)
@@ -273,10 +275,12 @@ class Controller:
         applied_before = status.reader.applied_sha()
         refused: Outcome | None = None
         if refusal:
-            refused = self._refuse(revision.sha, refusal, applied_before, status, now, scope)
-            if not applied_before:
+            good = self.commits.last_good(applied_before) if applied_before else None
+            refused = self._refuse(revision.sha, refusal, applied_before, status, now, scope,
+                                   good.repo.config.notifications if good is not None else ())
+            if good is None:
                 return refused
-            target = Target(applied_before, self.commits.last_good(applied_before))  # keeps healing drift
+            target = Target(applied_before, good)  # keeps healing drift
             scope = self.replica.scope(target.model)
         else:
             assert validation is not None
@@ -332,7 +336,8 @@ class Controller:
     # ------------------------------------------------------------------ stages
 
     def _refuse(self, sha: str, refusal: list[str], applied_before: str, status: StatusBranch,
-                now: dt.datetime, scope: Scope | None = None) -> Outcome:
+                now: dt.datetime, scope: Scope | None = None,
+                notify: tuple[NotificationTarget, ...] = ()) -> Outcome:
         log.warning("commit refused", extra={"sha": sha, "errors": len(refusal)})
         outcome = Outcome(sha=sha, result=Result.REFUSED, errors=tuple(refusal), applied_sha=applied_before,
                           message=f"commit {sha[:12]} refused: {refusal[0]}" + (
@@ -343,6 +348,9 @@ class Controller:
                 lambda s: s.write_tree({SOURCE: source_document(outcome, s.read, now)}, (SOURCE,)),
                 f"refuse {sha[:12]}: {len(refusal)} error(s)")
             self._note(status, sha, committed, f"gitops: Refused: {len(refusal)} error(s)", refusal)
+            if committed:
+                self.notifier.send(notify, Event(sha, "Refused", outcome.message, errors=tuple(refusal),
+                                                 status_commit=committed, time=now.isoformat(timespec="seconds")))
         return outcome
 
     def _note(self, status: StatusBranch, sha: str, committed: str | None, headline: str,
@@ -445,7 +453,28 @@ class Controller:
             done = f"{applied.actions} action(s)" + (f" of {len(applied.plan.actions)}" if applied.plan else "")
             self._note(status, sha, committed, f"gitops: {report.result.value}: {done}",
                        [applied.error] if applied.error else [])
+        if committed:
+            self._notify(config.notifications, sha, applied, report, committed, now)
         return report
+
+    def _notify(self, targets: tuple[NotificationTarget, ...], sha: str, applied: Applied, report: Outcome,
+                committed: str, now: dt.datetime) -> None:
+        """Queue the outcome for `targets`: Failed; Incomplete (applied, some source not observed); Applied
+        only with changes."""
+        plans = [p for p in (applied.plan, applied.after.plan if applied.after is not None else None) if p is not None]
+        unknown = tuple(dict.fromkeys(u.describe() for p in plans for u in p.unknowns))
+        result = report.result.value
+        if report.result == Result.APPLIED and unknown:
+            result = "Incomplete"
+        elif report.result == Result.APPLIED and not applied.actions:
+            return
+        if result not in ("Applied", "Failed", "Incomplete"):
+            return
+        self.notifier.send(targets, Event(
+            sha, result, report.message, actions_done=applied.actions, actions_failed=1 if applied.error else 0,
+            actions_planned=len(applied.plan.actions) if applied.plan else 0,
+            errors=(applied.error,) if applied.error else (), incomplete=unknown, status_commit=committed,
+            time=now.isoformat(timespec="seconds")))
 
     # ------------------------------------------------------------------ the loop
 
@@ -467,7 +496,9 @@ class Controller:
 
     def release(self) -> None:
         """Give up what this controller holds: its Leases (others take over at once), the git lock, its
-        clients of the clusters' APIs."""
+        clients of the clusters' APIs; first, notifications still queued get up to 30 s to go out."""
+        if not self.notifier.flush(30):
+            log.warning("notifications still queued at exit were not sent")
         self.clusters.close()
         if self.member is not None:
             self.replica.stop()

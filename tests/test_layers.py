@@ -18,7 +18,7 @@ RANK = {
     "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1, "procs": 2,
     "cri": 2, "state": 2, "kubeapi": 2, "pods": 2,
     "agent": 3, "model": 3, "kubeconfig": 3, "coordination": 3, "etcdclient": 3,
-    "backup": 4,
+    "backup": 4, "notify": 4,
     "sip": 4,
     # the stages: compile and observe feed plan, plan feeds apply, the engine owns the loop
     "compile": 5, "observe": 5,

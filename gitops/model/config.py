@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 CONFIG_FILE = "gitops.yaml"
 #: `statusBranch` when gitops.yaml does not set it (read by `gitops.status.reader`).
@@ -57,6 +58,17 @@ class BackupTarget:
 
 
 @dataclass(frozen=True)
+class NotificationTarget:
+    """One of `spec.notifications.targets`: where each commit's outcome is POSTed (gitops.notify)."""
+
+    name: str
+    kind: str  # webhook | slack
+    #: decrypted in memory when the repo was loaded with an identity (a secret field)
+    url: str = field(repr=False)
+    events: tuple[str, ...] = ("Applied", "Failed", "Refused", "Incomplete")
+
+
+@dataclass(frozen=True)
 class RepoConfig:
     paths: tuple[str, ...] = (".",)
     status_branch: str = DEFAULT_STATUS_BRANCH
@@ -76,6 +88,8 @@ class RepoConfig:
     coordination: Coordination = field(default_factory=Coordination)
     #: spec.backup.targets by name
     backup_targets: dict[str, BackupTarget] = field(default_factory=dict, hash=False)
+    #: spec.notifications.targets
+    notifications: tuple[NotificationTarget, ...] = ()
 
     @property
     def allow_plaintext(self) -> bool:
@@ -109,8 +123,21 @@ class RepoConfig:
                 recipients=tuple(spec.get("secrets", {}).get("recipients", ())),
                 allow_plaintext=spec.get("secrets", {}).get("allowPlaintext", False),
             ),
-            backup_targets=backup_targets(spec),
+            **secret_settings(spec),
         )
+
+
+def secret_settings(spec: dict) -> dict[str, Any]:
+    """The settings that hold secret fields, as RepoConfig fields: built again once the fields of the
+    in-memory `spec` are decrypted (`gitops.model.validate`)."""
+    return {"backup_targets": backup_targets(spec), "notifications": notification_targets(spec)}
+
+
+def notification_targets(spec: dict) -> tuple[NotificationTarget, ...]:
+    """`spec.notifications.targets` (their URLs as decrypted, when they were)."""
+    return tuple(NotificationTarget(t["name"], t.get("type", "webhook"), t["url"].strip(),
+                                    tuple(t.get("events", NotificationTarget.events)))
+                 for t in spec.get("notifications", {}).get("targets", ()))
 
 
 def backup_targets(spec: dict) -> dict[str, BackupTarget]:

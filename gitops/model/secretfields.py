@@ -26,7 +26,7 @@ from gitops.secrets import SecretsError, decrypt, dearmor, is_armored
 ANY = "*"
 SECRET_FIELDS: dict[str, tuple[FieldPath, ...]] = {
     "Hypervisor": (("spec", "remoteCRIEndpoint", "clientCertificate", "privateKey"),),
-    "GitopsConfig": (("spec", "backup", "targets", ANY, "password"),),
+    "GitopsConfig": (("spec", "backup", "targets", ANY, "password"), ("spec", "notifications", "targets", ANY, "url")),
 }
 
 #: both PEM keys and armored age files start with it: a cheap test before the others (repos at scale)

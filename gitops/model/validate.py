@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from gitops.errors import GitopsError
 from gitops.model.build import build_model
-from gitops.model.config import CONFIG_FILE, RepoConfig, SecretsPolicy, backup_targets
+from gitops.model.config import CONFIG_FILE, RepoConfig, SecretsPolicy, secret_settings
 from gitops.model.diagnostics import Diagnostic, capped
 from gitops.model.repo import LoadedRepo, load_repo, read_documents, schema_errors
 from gitops.model.resources import Hypervisor, RepoModel
@@ -52,8 +52,8 @@ def validate_repo(root: str | os.PathLike[str], identity: str | None = None, *,
     identities = load_identities(identity) if identity else None
     config_docs = [repo.config_document] if repo.config_document is not None else []
     opened = open_secrets(config_docs + repo.documents, repo.config, identities)
-    if config_docs:  # the targets again, with their passwords as decrypted
-        repo.config = dataclasses.replace(repo.config, backup_targets=backup_targets(config_docs[0].spec))
+    if config_docs:  # the settings with secret fields again, as decrypted
+        repo.config = dataclasses.replace(repo.config, **secret_settings(config_docs[0].spec))
     diagnostics = (list(repo.diagnostics) + opened.errors + check_all(repo.valid, repo.documents)
                    + backup_references(repo))
     if not sealed_ok:

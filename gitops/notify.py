@@ -1,0 +1,136 @@
+"""Notifications: each commit's outcome POSTed to `spec.notifications.targets` (a generic JSON webhook, or a
+Slack-compatible payload), from a background thread with retries and backoff, so that a receiver that is
+slow or down never blocks a reconcile (I/O)."""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+
+from gitops.model.config import NotificationTarget
+
+log = logging.getLogger(__name__)
+
+#: the outcomes a target may ask for (`events`)
+EVENTS = ("Applied", "Failed", "Refused", "Incomplete")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One commit's outcome, as sent: `result` is Applied, Failed, Refused or Incomplete (applied, but some
+    source could not be observed: `incomplete` names them)."""
+
+    commit: str
+    result: str
+    message: str
+    actions_done: int = 0
+    actions_failed: int = 0
+    actions_planned: int = 0
+    errors: tuple[str, ...] = ()
+    incomplete: tuple[str, ...] = ()
+    status_commit: str = ""
+    time: str = ""
+
+
+def webhook_payload(event: Event) -> dict:
+    """gitops's own JSON: every field of the event, camelCase."""
+    data = asdict(event)
+    return {"source": "gitops", "commit": data["commit"], "result": data["result"], "message": data["message"],
+            "actions": {"done": event.actions_done, "failed": event.actions_failed, "planned": event.actions_planned},
+            "errors": list(event.errors), "incomplete": list(event.incomplete), "statusCommit": event.status_commit,
+            "time": event.time}
+
+
+_ICON = {"Applied": ":white_check_mark:", "Failed": ":x:", "Refused": ":no_entry:", "Incomplete": ":warning:"}
+
+
+def slack_payload(event: Event) -> dict:
+    """A Slack incoming-webhook message (`text`, Slack's mrkdwn), which Mattermost and others also take."""
+    lines = [f"{_ICON.get(event.result, '')} gitops *{event.result}* `{event.commit[:12]}`: {event.message}".strip(),
+             f"actions: {event.actions_done} done, {event.actions_failed} failed of {event.actions_planned} planned"]
+    lines += [f"• {e}" for e in event.errors[:10]]
+    lines += [f"• not observed: {s}" for s in event.incomplete[:10]]
+    return {"text": "\n".join(lines)}
+
+
+def payload(target: NotificationTarget, event: Event) -> bytes:
+    body = slack_payload(event) if target.kind == "slack" else webhook_payload(event)
+    return json.dumps(body, sort_keys=True).encode()
+
+
+class Notifier:
+    """Sends events from one daemon thread: each POST retried `attempts` times, waiting `backoff` seconds,
+    then twice that, and so on (with jitter). `send` only queues; `flush` waits for the queue (a one-shot
+    `gitops reconcile` before it exits)."""
+
+    def __init__(self, attempts: int = 5, backoff: float = 1.0, timeout: float = 10.0):
+        self.attempts, self.backoff, self.timeout = attempts, backoff, timeout
+        self._queue: queue.Queue[tuple[NotificationTarget, Event]] = queue.Queue(maxsize=1000)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def send(self, targets: tuple[NotificationTarget, ...], event: Event) -> None:
+        """Queue `event` for every target that asks for its result (dropped, with a log line, when the queue
+        is full: receivers down for long)."""
+        for target in targets:
+            if event.result not in target.events:
+                continue
+            try:
+                self._queue.put_nowait((target, event))
+            except queue.Full:
+                log.warning("notification dropped: too many waiting", extra={"target": target.name})
+                continue
+            self._start()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queued event was sent or given up (True), or `timeout` seconds passed (False)."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="notify", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            target, event = self._queue.get()
+            try:
+                self._deliver(target, event)
+            finally:
+                self._queue.task_done()
+
+    def _deliver(self, target: NotificationTarget, event: Event) -> None:
+        body = payload(target, event)
+        if not target.url.startswith(("http://", "https://")):
+            log.error("notification not sent: its url is not http(s) (still encrypted? give the controller "
+                      "its identity)", extra={"target": target.name})
+            return
+        for attempt in range(1, self.attempts + 1):
+            request = urllib.request.Request(target.url, data=body, method="POST",
+                                             headers={"Content-Type": "application/json",
+                                                      "User-Agent": "gitops-notifier"})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as answer:
+                    answer.read()
+                log.info("notification sent", extra={"target": target.name, "result": event.result,
+                                                     "commit": event.commit[:12], "attempt": attempt})
+                return
+            except (urllib.error.URLError, OSError) as err:
+                error = getattr(err, "code", None) or getattr(err, "reason", None) or err
+                if attempt == self.attempts:
+                    log.error("notification given up", extra={"target": target.name, "commit": event.commit[:12],
+                                                              "attempts": attempt, "error": str(error)})
+                    return
+                time.sleep(self.backoff * 2 ** (attempt - 1) * random.uniform(0.8, 1.2))

@@ -1,0 +1,127 @@
+"""Notifications (issue #30.2) to a real local HTTP receiver: retried with backoff, never blocking; the
+controller's events for an applied-but-incomplete commit and a refused one, with an age-encrypted URL."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from repo_helpers import EXAMPLE_REPO
+
+from gitops.model.config import NotificationTarget
+from gitops.notify import Event, Notifier
+
+GITOPS = str(Path(sys.executable).parent / "gitops")
+GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
+
+
+class Receiver:
+    """A loopback HTTP server that answers 503 to its first `failures` POSTs, then 200; keeps the bodies."""
+
+    def __init__(self, failures: int = 0):
+        self.failures, self.bodies, self.tries = failures, [], 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.tries += 1
+                ok = receiver.tries > receiver.failures
+                if ok:
+                    receiver.bodies.append((self.path, json.loads(body)))
+                self.send_response(200 if ok else 503)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_receiver_that_fails_first_gets_the_event_after_retries_and_send_never_waits():
+    receiver = Receiver(failures=2)
+    try:
+        notifier = Notifier(attempts=4, backoff=0.1)
+        hook = NotificationTarget("hook", "webhook", receiver.url + "/hook")
+        slack = NotificationTarget("chat", "slack", receiver.url + "/slack", events=("Failed",))
+        event = Event("a" * 40, "Failed", "action 3/7 failed", actions_done=2, actions_failed=1, actions_planned=7,
+                      errors=("action 3/7 failed: ...",), status_commit="b" * 40, time="2026-11-26T08:00:00+00:00")
+        started = time.monotonic()
+        notifier.send((hook, slack), event)
+        assert time.monotonic() - started < 0.05  # queued, not sent inline
+        assert notifier.flush(30)
+        assert receiver.tries == 4  # two refused, then one per target
+        by_path = dict(receiver.bodies)
+        assert by_path["/hook"] == {"source": "gitops", "commit": "a" * 40, "result": "Failed",
+                                    "message": "action 3/7 failed", "actions": {"done": 2, "failed": 1, "planned": 7},
+                                    "errors": ["action 3/7 failed: ..."], "incomplete": [], "statusCommit": "b" * 40,
+                                    "time": "2026-11-26T08:00:00+00:00"}
+        assert by_path["/slack"]["text"].startswith(":x: gitops *Failed* `aaaaaaaaaaaa`: action 3/7 failed")
+        notifier.send((slack,), Event("c" * 40, "Applied", "applied"))  # not one of its events
+        assert notifier.flush(5) and receiver.tries == 4
+    finally:
+        receiver.close()
+
+
+def git(cwd: Path, *args: str) -> str:
+    proc = subprocess.run(["git", *GIT_ID, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stderr}"
+    return proc.stdout.strip()
+
+
+def test_the_controller_notifies_an_incomplete_apply_and_a_refusal_with_an_encrypted_url(tmp_path: Path):
+    receiver = Receiver()
+    try:
+        origin, work, workdir = tmp_path / "origin.git", tmp_path / "work", tmp_path / "controller"
+        key = tmp_path / "controller.key"
+        recipient = subprocess.run(["age-keygen", "-o", str(key)], capture_output=True, text=True,
+                                   check=True).stderr.split("Public key:")[1].strip()
+        subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+        shutil.copytree(EXAMPLE_REPO, work)
+        config = work / "gitops.yaml"
+        text = config.read_text().replace("  secrets:\n    recipients:\n", f"  secrets:\n    recipients:\n      - {recipient}\n", 1)
+        config.write_text(text + f"  notifications:\n    targets:\n      - name: hook\n        url: {receiver.url}/hook\n")
+        encrypted = subprocess.run([GITOPS, "secrets", "encrypt", str(config)], capture_output=True, text=True)
+        assert encrypted.returncode == 0, encrypted.stdout + encrypted.stderr
+        assert receiver.url not in config.read_text() and "BEGIN AGE ENCRYPTED FILE" in config.read_text()
+        git(work, "init", "-q", "-b", "main")
+        git(work, "remote", "add", "origin", str(origin))
+        git(work, "add", "-A")
+        git(work, "commit", "-q", "-m", "the example, notifying")
+        git(work, "push", "-q", "origin", "HEAD:main")
+        good = git(work, "rev-parse", "HEAD")
+
+        def reconcile() -> subprocess.CompletedProcess:
+            return subprocess.run([GITOPS, "reconcile", "--repo", str(origin), "--workdir", str(workdir),
+                                   "--identity", str(key), "--log-format", "text"],
+                                  capture_output=True, text=True, timeout=180)
+
+        applied = reconcile()
+        assert applied.stdout.startswith("Applied: "), applied.stdout + applied.stderr
+        (work / "clusters" / "team-a" / "typo.yaml").write_text("kind: Node\n")
+        git(work, "add", "-A")
+        git(work, "commit", "-q", "-m", "a typo")
+        git(work, "push", "-q", "origin", "HEAD:main")
+        bad = git(work, "rev-parse", "HEAD")
+        refused = reconcile()
+        assert refused.stdout.startswith("Refused: "), refused.stdout + refused.stderr
+        events = [body for _, body in receiver.bodies]
+        assert [(e["commit"], e["result"]) for e in events] == [(good, "Incomplete"), (bad, "Refused")], events
+        first, second = events
+        assert first["actions"]["done"] == first["actions"]["planned"] > 0  # the SIPCluster's host labels
+        assert any("hv-private-1" in source for source in first["incomplete"]), first["incomplete"]
+        assert any("clusters/team-a/typo.yaml" in e for e in second["errors"]), second["errors"]
+        assert receiver.url not in applied.stderr + refused.stderr  # the URL is a secret: never logged
+    finally:
+        receiver.close()
