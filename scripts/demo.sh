@@ -7,8 +7,10 @@
 # haproxy ingress), then kubectl through the ingress; then a worker joins team-a
 # (a machine of its own: a network namespace joined to the host by a veth; real
 # kubelet and kube-proxy, gitops signing its certificates) and runs a Deployment
-# of 2 pods behind a ClusterIP Service; an etcd backup of team-a with restic, listed. Last, a check that nothing of the lab is
-# on the host's network (no address outside 127.0.0.0/8 added, no KUBE-* chain).
+# of 2 pods behind a ClusterIP Service; an etcd backup of team-a with restic, listed; a check that nothing of the
+# lab is on the host's network (no address outside 127.0.0.0/8 added, no KUBE-* chain). Last, the lab is handed
+# to a controller (the repo pushed to a local bare repo, the state to its status branch, `gitops watch --ui`),
+# and the demo prints the web UI's URL.
 # The lab stays up afterwards so you can look around; the last lines say how
 # to inspect it and tear it down.
 set -euo pipefail
@@ -21,6 +23,12 @@ LAB=$WORK/lab
 REPO=$WORK/repo
 STATE=$WORK/state
 
+if [ -f "$WORK/controller.pid" ]; then
+    echo "== the previous demo controller stops"
+    kill "$(cat "$WORK/controller.pid")" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$(cat "$WORK/controller.pid")" 2>/dev/null || break; sleep 1; done
+    rm -f "$WORK/controller.pid"
+fi
 if [ -f "$WORK/worker/worker.json" ]; then
     echo "== the previous demo worker leaves"
     $G lab exec --dir "$LAB" lab-worker-1 -- $G leave --dir "$WORK/worker" || $G leave --dir "$WORK/worker"
@@ -29,7 +37,7 @@ if [ -f "$LAB/lab.json" ]; then
     echo "== tearing down the previous demo lab"
     $G lab down --dir "$LAB"
 fi
-rm -rf "$REPO" "$STATE"
+rm -rf "$REPO" "$STATE" "$WORK/origin.git" "$WORK/controller"
 mkdir -p "$WORK"
 
 echo "== gitops lab up: 3 containerd hypervisors (1 public), mTLS fronts"
@@ -127,17 +135,41 @@ $G lab exec --dir "$LAB" lab-worker-1 -- ip -br addr show dev eth0
 echo "KUBE-* chains in the worker's iptables: $($G lab exec --dir "$LAB" lab-worker-1 -- iptables-save | grep -c '^:KUBE-')"
 $G lab check-host --dir "$LAB"
 
+echo "== handing the lab to a controller: the repo in git, the state pushed to its status branch, gitops watch --ui"
+ORIGIN=$WORK/origin.git
+git init -q --bare -b main "$ORIGIN"
+git -C "$REPO" init -q -b main
+git -C "$REPO" add -A
+git -C "$REPO" -c user.name="gitops demo" -c user.email=demo@example.invalid commit -qm "the demo's repo"
+git -C "$REPO" push -q "$ORIGIN" HEAD:main
+$G state push --repo "$ORIGIN" --state-dir "$STATE" --identity "$WORK/controller.key"
+PORT=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+nohup $G watch --repo "$ORIGIN" --workdir "$WORK/controller" --identity "$WORK/controller.key" --interval 30s \
+    --metrics-address "127.0.0.1:$PORT" --ui > "$WORK/controller.log" 2>&1 &
+echo $! > "$WORK/controller.pid"
+for _ in $(seq 1 180); do  # its first reconcile restores the pushed state, finds nothing to change, reports
+    curl -fs "http://127.0.0.1:$PORT/metrics" | grep -q 'gitops_reconcile_total{result="applied"}' && break
+    sleep 1
+done
+curl -fs "http://127.0.0.1:$PORT/metrics" | grep '^gitops_reconcile_total'
+git -C "$ORIGIN" log --oneline -3 gitops/status
+
 cat <<MSG
 
-Done. The lab is still running (plan and apply decrypt the repo's keys with
+Done. A controller now runs the lab (its log: $WORK/controller.log). Its web UI:
+  http://127.0.0.1:$PORT/
+Stop it with: kill \$(cat $WORK/controller.pid)
+Commit to $REPO and push to $ORIGIN (git -C $REPO push $ORIGIN HEAD:main): it applies on its next poll.
+
+The lab is still running (plan and apply decrypt the repo's keys with
 GITOPS_IDENTITY=$WORK/controller.key: export it first):
   $G lab status --dir $LAB
   $G cri ps $REPO
-  $G plan $REPO --state-dir $STATE
   $G backup list $REPO --cluster team-a
+  $G status --repo $REPO --ref gitops/status  (after: git -C $REPO fetch $ORIGIN gitops/status:gitops/status)
   $KUBECTL --kubeconfig $WORK/team-a.kubeconfig get --raw /readyz
-Edit $REPO (e.g. delete a Node), then plan and apply again.
 Tear it all down with:
+  kill \$(cat $WORK/controller.pid)
   $G lab exec --dir $LAB lab-worker-1 -- $G leave --dir $WORK/worker
   $G lab down --dir $LAB
 MSG

@@ -9,7 +9,7 @@ APT_PACKAGES=(containerd runc haproxy etcd-server etcd-client openssh-server ope
     containernetworking-plugins iptables conntrack procps busybox-static  # worker nodes (kubelet CNI, kube-proxy, lab workload image)
     buildah mmdebstrap util-linux  # the controller image (scripts/build-image.sh: a Debian base, buildah, unshare)
     restic rclone  # etcd backups: restic repositories, and `rclone serve restic` as a REST target in tests
-    chromium chromium-driver)  # the web UI's browser tests (Selenium drives Debian's Chromium, no download)
+    curl chromium chromium-driver)  # the demo asks its controller; the web UI's browser tests (Selenium drives Debian's Chromium, no download)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
