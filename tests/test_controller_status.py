@@ -36,10 +36,10 @@ def git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProces
     return proc
 
 
-def push(work: Path, message: str) -> str:
+def push(work: Path, message: str, branch: str = "main") -> str:
     git(work, "add", "-A")
     git(work, "commit", "-q", "-m", message)
-    git(work, "push", "-q", "origin", "HEAD:main")
+    git(work, "push", "-q", "origin", f"HEAD:{branch}")
     return git(work, "rev-parse", "HEAD").stdout.strip()
 
 

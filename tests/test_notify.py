@@ -12,12 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from repo_helpers import EXAMPLE_REPO
+from test_controller_status import git as status_git
 
 from gitops.model.config import NotificationTarget
 from gitops.notify import Event, Notifier
 
 GITOPS = str(Path(sys.executable).parent / "gitops")
-GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
 
 
 class Receiver:
@@ -75,9 +75,7 @@ def test_a_receiver_that_fails_first_gets_the_event_after_retries_and_send_never
 
 
 def git(cwd: Path, *args: str) -> str:
-    proc = subprocess.run(["git", *GIT_ID, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stderr}"
-    return proc.stdout.strip()
+    return status_git(cwd, *args).stdout.strip()
 
 
 def test_the_controller_notifies_an_incomplete_apply_and_a_refusal_with_an_encrypted_url(tmp_path: Path):

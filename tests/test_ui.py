@@ -17,9 +17,9 @@ import urllib.request
 from pathlib import Path
 
 from repo_helpers import EXAMPLE_REPO
+from test_controller_status import git as status_git
+from test_controller_status import push, reconcile
 
-GITOPS = str(Path(sys.executable).parent / "gitops")
-GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
 BAD_NODE = """\
 apiVersion: gitops.infra/v1alpha1
 kind: Node
@@ -29,25 +29,11 @@ spec:
   cluster: team-a
   role: controlplan
 """
+GITOPS = str(Path(sys.executable).parent / "gitops")
 
 
 def git(cwd: Path, *args: str) -> str:
-    proc = subprocess.run(["git", *GIT_ID, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stderr}"
-    return proc.stdout.strip()
-
-
-def push(work: Path, message: str, branch: str = "main") -> str:
-    git(work, "add", "-A")
-    git(work, "commit", "-q", "-m", message)
-    git(work, "push", "-q", "origin", f"HEAD:{branch}")
-    return git(work, "rev-parse", "HEAD")
-
-
-def reconcile(origin: Path, workdir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([GITOPS, "reconcile", "--repo", str(origin), "--workdir", str(workdir),
-                           "--insecure-plaintext-secrets", "--log-format", "text"],
-                          capture_output=True, text=True, timeout=180)
+    return status_git(cwd, *args).stdout.strip()
 
 
 def get(url: str) -> tuple[int, str]:
