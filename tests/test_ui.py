@@ -7,6 +7,7 @@ same pages in Chromium against a lab the controller converged.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import html
 import re
 import shutil
@@ -108,6 +109,12 @@ def test_ui_shows_the_fleet_the_applies_a_refusal_and_a_branch_plan(tmp_path: Pa
         assert "~ label host" in shown and "Cluster tenant-1" in shown, shown
         assert 'class="line change"' in plan
         assert "no branch 'nope'" in text_of(get(base + "plan?ref=nope")[1])
+
+        # pages asked at once (the server's threads share the mirror) all answer the same
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            pages = list(pool.map(lambda path: get(base + path), ["applies", "", "clusters/team-a"] * 6))
+        assert all(code == 200 for code, _ in pages)
+        assert len({re.sub(r"\d+[smhd] ago", "", text_of(body)) for _, body in pages[0::3]}) == 1  # (ages tick)
 
         for path in ("", "clusters/team-a", "clusters/team-b", "applies", "shards", "plan?ref=fewer-workers"):
             assert "PRIVATE KEY" not in get(base + path)[1], path  # no secret is ever rendered

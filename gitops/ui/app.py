@@ -100,7 +100,7 @@ def create_app(source: StatusSource, planner: Callable[[Path, Path, str], object
         if planner is None:
             abort(404, "this UI plans no branch")
         status_ref = source.status_ref()
-        status_sha = source.repo.git.rev_parse(status_ref)
+        status_sha = source.commit_of(status_ref)
         try:
             with source.checkout(ref) as (files, commit):
                 key = (commit, status_sha)

@@ -46,7 +46,8 @@ class StatusSource:
         self.url, self.cache, self.branch, self.refresh = url, cache, branch, refresh
         self._status_branch = status_branch
         self._fetched = -1e9
-        self._lock = threading.Lock()
+        #: one page at a time talks to the mirror: GitPython's `cat-file --batch` process is not thread-safe
+        self._lock = threading.RLock()
         if not (cache / "HEAD").exists():
             git.Repo.init(cache, bare=True)
         self.repo = git.Repo(cache)
@@ -66,18 +67,25 @@ class StatusSource:
 
     def resolve(self, name: str) -> str | None:
         """The full ref of a branch name in the mirror (its own branch, else a clone's remote-tracking one)."""
-        for ref in (f"refs/heads/{name}", f"refs/remotes/origin/{name}"):
-            try:
-                self.repo.git.rev_parse("--verify", "--quiet", ref)
-                return ref
-            except git.GitCommandError:
-                continue
+        with self._lock:
+            for ref in (f"refs/heads/{name}", f"refs/remotes/origin/{name}"):
+                try:
+                    self.repo.git.rev_parse("--verify", "--quiet", ref)
+                    return ref
+                except git.GitCommandError:
+                    continue
         return None
+
+    def commit_of(self, ref: str) -> str:
+        with self._lock:
+            return self.repo.git.rev_parse(ref)
 
     def branches(self) -> list[str]:
         """The repo's branch names (the status branch left out)."""
         out = set()
-        for line in self.repo.git.for_each_ref("--format=%(refname)", "refs/heads", "refs/remotes/origin").split():
+        with self._lock:
+            names = self.repo.git.for_each_ref("--format=%(refname)", "refs/heads", "refs/remotes/origin").split()
+        for line in names:
             name = line.removeprefix("refs/heads/").removeprefix("refs/remotes/origin/")
             if name != "HEAD" and name != self.status_branch:
                 out.add(name)
@@ -91,7 +99,8 @@ class StatusSource:
         name = DEFAULT_STATUS_BRANCH
         if ref is not None:
             try:
-                _sha, _kind, _size, data = self.repo.git.get_object_data(f"{ref}:{CONFIG_FILE}")
+                with self._lock:
+                    _sha, _kind, _size, data = self.repo.git.get_object_data(f"{ref}:{CONFIG_FILE}")
                 docs = load_yaml_documents(data)
                 spec = docs[0].data.get("spec") if docs and isinstance(docs[0].data, dict) else None
                 found = spec.get("statusBranch") if isinstance(spec, dict) else None
@@ -119,12 +128,13 @@ class StatusSource:
         self.fetch()
         ref = self.status_ref()
         out = []
-        lines = self.repo.git.log("--first-parent", f"-n{limit}", "--format=%H%x00%ct%x00%s", ref).splitlines()
-        changed = set(self.repo.git.log("--first-parent", f"-n{limit}", "--format=%H", ref, "--", APPLY).split())
-        for line in lines:
-            sha, stamp, subject = line.split("\x00", 2)
-            out.append(StatusCommit(sha, int(stamp), subject, self._blob(sha, SOURCE), self._blob(sha, APPLY),
-                                    sha in changed))
+        with self._lock:
+            lines = self.repo.git.log("--first-parent", f"-n{limit}", "--format=%H%x00%ct%x00%s", ref).splitlines()
+            changed = set(self.repo.git.log("--first-parent", f"-n{limit}", "--format=%H", ref, "--", APPLY).split())
+            for line in lines:
+                sha, stamp, subject = line.split("\x00", 2)
+                out.append(StatusCommit(sha, int(stamp), subject, self._blob(sha, SOURCE), self._blob(sha, APPLY),
+                                        sha in changed))
         return out
 
     def _blob(self, commit: str, rel: str) -> bytes | None:
@@ -141,10 +151,11 @@ class StatusSource:
         ref = self.resolve(branch)
         if ref is None:
             raise GitopsError(f"no branch {branch!r} in {self.url}")
-        sha = self.repo.git.rev_parse(ref)
+        sha = self.commit_of(ref)
         with tempfile.TemporaryDirectory(prefix="gitops-ui-") as tmp:
             archive = io.BytesIO()
-            self.repo.archive(archive, sha, format="tar")
+            with self._lock:
+                self.repo.archive(archive, sha, format="tar")
             archive.seek(0)
             with tarfile.open(fileobj=archive) as tar:
                 tar.extractall(tmp, filter="data")
