@@ -8,10 +8,12 @@ the shared state; one is killed with SIGKILL and another takes its shards over.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -132,6 +134,15 @@ def test_replicas_share_the_shards_and_take_over_a_killed_one(server, tmp_path):
         assert table.returncode == 0, table.stderr
         for lease in shard_leases(SHARDS):
             assert any(lease in line and survivor in line for line in table.stdout.splitlines()), table.stdout
+        # the web UI's shards page shows the same holders (issue #30)
+        ui = subprocess.Popen([GITOPS, "ui", "--repo", str(origin), "--address", "127.0.0.1:0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        procs["ui"] = ui
+        url = re.search(r"http://127\.0\.0\.1:\d+/", ui.stdout.readline())  # type: ignore[union-attr]
+        assert url, "gitops ui printed no URL"
+        page = urllib.request.urlopen(url.group(0) + "shards", timeout=60).read().decode()
+        rows = re.findall(r"<tr><td>(gitops-shard-[^<]+)</td><td>([^<]*)</td>", page)
+        assert sorted(rows) == sorted((lease, survivor) for lease in shard_leases(SHARDS)), page
     finally:
         for proc in procs.values():
             if proc.poll() is None:
