@@ -521,16 +521,16 @@ def test_the_ui_in_chromium_shows_the_fleet_a_cluster_the_applies_and_a_branch_p
     from selenium.webdriver.common.by import By
 
     loop.with_cluster("team-b")
-    # a pull request's branch: team-b without team-b-cp-3 (main stays as it is)
-    main = loop.git("rev-parse", "HEAD")
-    loop.git("checkout", "-q", "-b", "ui-drop-node")
-    nodes = loop.work / "clusters/team-b/nodes.yaml"
-    docs = [d for d in yaml.safe_load_all(nodes.read_text()) if d and d["metadata"]["name"] != "team-b-cp-3"]
-    nodes.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    loop.git("commit", "-q", "-am", "team-b: two controlplane nodes")
-    loop.git("push", "-q", "-f", "origin", "HEAD:ui-drop-node")
-    loop.git("checkout", "-q", "main")
-    assert loop.git("rev-parse", "HEAD") == main
+    # a pull request's branch, made in a clone of its own: team-b without its last controlplane node
+    pr = loop.base / "ui-pr"
+    shutil.rmtree(pr, ignore_errors=True)
+    loop.git("clone", "-q", str(loop.origin), str(pr), cwd=loop.base)
+    nodes = pr / "clusters/team-b/nodes.yaml"
+    docs = [d for d in yaml.safe_load_all(nodes.read_text()) if d]
+    victim = max(d["metadata"]["name"] for d in docs if d["spec"]["role"] == "controlplane")
+    nodes.write_text(yaml.safe_dump_all([d for d in docs if d["metadata"]["name"] != victim], sort_keys=False))
+    loop.git("commit", "-q", "-am", f"team-b: without {victim}", cwd=pr)
+    loop.git("push", "-q", "-f", "origin", "HEAD:ui-drop-node", cwd=pr)
     shots = Path(os.environ.get("GITOPS_UI_SCREENSHOTS") or loop.base / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
     proc, port = start_watch(loop, "--ui")
@@ -567,7 +567,7 @@ def test_the_ui_in_chromium_shows_the_fleet_a_cluster_the_applies_and_a_branch_p
             headline = driver.find_element(By.ID, "headline").text
             assert headline.startswith("Plan: ") and "to remove" in headline, headline
             removed = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#plan .line.remove")]
-            assert any("remove pod: Node team-b-cp-3 left the repo" in t for t in removed), removed
+            assert any(f"remove pod: Node {victim} left the repo" in t for t in removed), removed
             driver.save_screenshot(str(shots / "ui-plan.png"))
     finally:
         proc.send_signal(signal.SIGTERM)

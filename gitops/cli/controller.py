@@ -162,11 +162,12 @@ def watch(interval: str, metrics_address: str, watch_local: bool, with_ui: bool,
 
 def _watch_local(path: Path, trigger: threading.Event, stop: threading.Event) -> None:
     """Fire `trigger` when the working copy's git refs change (a commit), debounced. The refs the
-    controller writes there itself (its status branch, its apply lease under refs/gitops/) are not
-    commits to reconcile: reacting to them would reconcile again after every status commit."""
+    controller writes there itself (its status branch, its apply lease under refs/gitops/, the commits'
+    outcome notes under refs/notes/) are not commits to reconcile: reacting to them would reconcile
+    again after every status commit."""
     from watchfiles import watch as watch_files
 
-    own = (f"/refs/heads/{branch_of_checkout(path)}", "/refs/gitops")
+    own = (f"/refs/heads/{branch_of_checkout(path)}", "/refs/gitops", "/refs/notes")
 
     def is_commit(_change: object, name: str) -> bool:
         ref = name.replace(os.sep, "/")
