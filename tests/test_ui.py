@@ -8,6 +8,7 @@ same pages in Chromium against a lab the controller converged.
 from __future__ import annotations
 
 import concurrent.futures
+import datetime as dt
 import html
 import re
 import shutil
@@ -19,17 +20,8 @@ from pathlib import Path
 
 from repo_helpers import EXAMPLE_REPO
 from test_controller_status import git as status_git
-from test_controller_status import push, reconcile
+from test_controller_status import BAD_NODE, push, reconcile
 
-BAD_NODE = """\
-apiVersion: gitops.infra/v1alpha1
-kind: Node
-metadata:
-  name: lost
-spec:
-  cluster: team-a
-  role: controlplan
-"""
 GITOPS = str(Path(sys.executable).parent / "gitops")
 
 
@@ -121,3 +113,16 @@ def test_ui_shows_the_fleet_the_applies_a_refusal_and_a_branch_plan(tmp_path: Pa
     finally:
         ui.terminate()
         ui.wait(timeout=30)
+
+
+def test_an_apply_pages_symbols_are_the_plans():
+    """An apply's actions are shown with the plan's own `+ ~ -` of their kind (apply.yaml holds the kind)."""
+    from gitops.plan.actions import KINDS
+    from gitops.ui.views import apply_page, apply_row
+
+    record = "status:\n  actions:\n" + "".join(f"  - {{index: {i}, kind: {k.value}, subject: c/n}}\n"
+                                               for i, k in enumerate(KINDS, 1))
+    now = dt.datetime.now(dt.timezone.utc)
+    page = apply_page(apply_row("s" * 40, 0, "applied x", None, record.encode(), True, now), record.encode())
+    assert [(a.kind, a.symbol) for a in page.actions] == [(k.value, info.symbol) for k, info in KINDS.items()]
+    assert ("etcd-member-add", "+") in [(a.kind, a.symbol) for a in page.actions]  # (once shown as ~)

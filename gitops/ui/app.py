@@ -50,12 +50,11 @@ def create_app(source: StatusSource, planner: Callable[[Path, Path, str], object
     def fleet() -> str:
         reader = source.reader()
         src = reader.source()
-        history = source.history(HISTORY)
-        applied = next((c for c in history if c.applied_here), None)
+        applied = source.last_apply_time()  # (one `git log`, not the history's records)
         page = views.fleet(src, reader.documents("Cluster"), reader.documents("Node"), reader.documents("Hypervisor"),
                            reader.documents_in(BACKUPS_DIR), now(), request.args.get("phase", ""),
                            request.args.get("q", "").strip(),
-                           dt.datetime.fromtimestamp(applied.time, dt.timezone.utc) if applied else None)
+                           dt.datetime.fromtimestamp(applied, dt.timezone.utc) if applied else None)
         return render_template("fleet.html", page=page, phase=request.args.get("phase", ""),
                                q=request.args.get("q", ""), shards=bool(reader.documents("Shard")))
 

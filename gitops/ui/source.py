@@ -137,6 +137,14 @@ class StatusSource:
                                         sha in changed))
         return out
 
+    def last_apply_time(self) -> int | None:
+        """When the newest status commit that wrote an apply's record was made (unix time), if any."""
+        self.fetch()
+        ref = self.status_ref()
+        with self._lock:
+            stamp = self.repo.git.log("--first-parent", "-n1", "--format=%ct", ref, "--", APPLY).strip()
+        return int(stamp) if stamp else None
+
     def _blob(self, commit: str, rel: str) -> bytes | None:
         try:
             _sha, kind, _size, data = self.repo.git.get_object_data(f"{commit}:{rel}")

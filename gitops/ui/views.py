@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from gitops.plan.actions import Plan
+from gitops.plan.actions import KINDS, Kind, Plan
 from gitops.plan.render import Section, describe, headline, sections
 from gitops.status.reader import SourceStatus
 from gitops.units import human_age, human_size
@@ -32,10 +32,10 @@ def _ago(when: dt.datetime | None, now: dt.datetime) -> str:
     return f"{human_age((now - when).total_seconds())} ago" if when is not None else ""
 
 
-def _ready(status: dict[str, Any]) -> dict[str, Any]:
-    """The Ready condition (or the first one)."""
+def _ready(status: dict[str, Any], kind: str = "Ready") -> dict[str, Any]:
+    """The condition of type `kind` (or the first one)."""
     conditions = status.get("conditions") or [{}]
-    return next((c for c in conditions if c.get("type") == "Ready"), conditions[0])
+    return next((c for c in conditions if c.get("type") == kind), conditions[0])
 
 
 # ------------------------------------------------------------------------------ the fleet
@@ -104,16 +104,11 @@ def fleet(source: SourceStatus, clusters: Mapping[str, Doc], nodes: Mapping[str,
     for name, doc in sorted(hypervisors.items()):
         status = _status(doc)
         ports = status.get("ports") or {}
-        hvs.append(HypervisorRow(name, str(status.get("phase", "?")), str(_ready_or(status, "Reachable")),
+        hvs.append(HypervisorRow(name, str(status.get("phase", "?")), str(_ready(status, "Reachable").get("message", "")),
                                  len(status.get("pods") or ()),
                                  f"{ports.get('used', 0):,} of {ports.get('total', 0):,}" if ports else ""))
     phases = tuple(sorted({str(_status(d).get("phase", "?")) for d in clusters.values()}))
     return Fleet(source, _ago(applied_at, now), tuple(rows), tuple(hvs), phases)
-
-
-def _ready_or(status: dict[str, Any], kind: str) -> str:
-    condition = next((c for c in status.get("conditions") or () if c.get("type") == kind), {})
-    return str(condition.get("message", ""))
 
 
 # ------------------------------------------------------------------------------ one cluster
@@ -245,12 +240,12 @@ class ApplyRow:
     clusters: tuple[str, ...]  # the clusters its actions touched
 
 
-_SYMBOLS = {"create": "+", "add": "+", "generate": "+", "sign": "+", "back": "+",
-            "remove": "-", "delete": "-"}
-
-
 def _symbol(kind: str) -> str:
-    return _SYMBOLS.get(kind.split("-")[0], "~")
+    """The plan's `+ ~ -` of an action kind as apply.yaml writes it (`~` for a kind this gitops does not know)."""
+    try:
+        return KINDS[Kind(kind)].symbol
+    except ValueError:
+        return "~"
 
 
 def apply_row(sha: str, at: int, subject: str, source: bytes | None, apply: bytes | None, applied_here: bool,
