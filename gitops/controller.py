@@ -41,7 +41,7 @@ from gitops.plan.actions import Action, Plan
 from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
 from gitops.status.backups import BACKUPS_DIR, take_due
 from gitops.status.branch import StatusBranch, in_force_branch, record_in_force_branch
-from gitops.status.commit import commit_documents, kubeconfig_files, placements_of
+from gitops.status.commit import commit_documents, converged_files, kubeconfig_files, placements_of
 from gitops.status.lease import ApplyLease, holder_id, lock_workdir
 from gitops.status.poll import NodeFilesCache, live_fingerprint
 from gitops.status.reader import MANAGED, PUBLIC, SOURCE
@@ -435,6 +435,7 @@ class Controller:
         def write(branch: StatusBranch) -> None:
             files = commit_documents(report, record, model, compiled.desired, observed, sip, placements,
                                      branch.read, now)
+            files.update(converged_files(last, model, config, self.store.state, files))
             files.update(kubeconfig_files(compiled.desired, self.store.state, self.sealer,
                                           config.kubeconfig_recipients, branch.read))
             if share is not None:

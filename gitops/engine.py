@@ -29,7 +29,7 @@ from gitops.observe.types import ClusterTarget, FilesReuse, ObservedState
 from gitops.plan.actions import Plan, Unknown, UnknownKind
 from gitops.plan.cluster_api import cluster_api_actions
 from gitops.plan.diff import DiffOptions
-from gitops.plan import recorded, recovery
+from gitops.plan import converged, recorded, recovery
 from gitops.plan.hosts import label_actions, sip_warnings
 from gitops.plan.rollout import ordered, plan_nodes
 from gitops.plan.rotation import rotation_notes, rotation_steps
@@ -49,6 +49,11 @@ class Planned:
     plan: Plan
     #: SIP host selection and the label changes it needs
     sip: HostSelection = field(default_factory=lambda: HostSelection((), ()))
+    #: each planned cluster's first certificate renewal time (until then its diff holds)
+    renew_at: dict[str, dt.datetime] = field(default_factory=dict)
+    #: no warning, note or unknown of the plan comes from a cluster's part (SIPClusters and their hosts are
+    #: planned every time): what `gitops.plan.converged` needs to record clusters as converged
+    settled: bool = False
 
     @property
     def state(self) -> State:
@@ -57,16 +62,22 @@ class Planned:
 
 
 def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: ObservedState,
-              *, now: dt.datetime | None = None, source: str = "") -> Planned:
+              *, now: dt.datetime | None = None, source: str = "",
+              unchanged: frozenset[str] = frozenset()) -> Planned:
     """One planning pass (pure): everything apply will do, in order. VersionSkew when the repo skips
-    or reverts a Kubernetes minor version; StateMismatch when `state` does not know the clusters that run."""
+    or reverts a Kubernetes minor version; StateMismatch when `state` does not know the clusters that run.
+    `unchanged`: clusters known to plan nothing (`gitops.plan.converged`), neither compiled nor diffed;
+    `observed` may lack their pods. Only a plan for people leaves clusters out: apply plans them all."""
+    model = converged.without(model, unchanged)
     recorded.check(state, observed)
     state, recovery_warnings, recovery_notes = recovery.before_compile(model, state, observed)
     learned, hosts, sip = _compile_inputs(model, config, state, observed)
     compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable,
                                hosts=relabeled(hosts or [], sip))
     options = DiffOptions(prune=config.prune.enabled, health_timeout=config.health_timeout)
-    found = plan_nodes(compiled.desired, observed, compiled.state, options, now=now)
+    renew_at: dict[str, dt.datetime] = {}
+    found = plan_nodes(compiled.desired, observed, compiled.state, options, now=now, skip=unchanged,
+                       renew_at=renew_at)
     inside, inside_warnings, inside_unknowns = cluster_api_actions(compiled.desired, observed, config.health_timeout)
     check_versions(model, observed)
     warnings: list[str] = []
@@ -84,8 +95,10 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
                 warnings=tuple(list(found.warnings) + warnings + inside_warnings + list(compiled.deferred)
                                + recovery_warnings),
                 source=source, unknowns=tuple(unknowns),
-                notes=tuple(rotation_notes(compiled.state) + recovery_notes))
-    return Planned(compiled=compiled, observed=observed, plan=plan, sip=sip)
+                notes=tuple(rotation_notes(compiled.state) + recovery_notes), unchanged=tuple(sorted(unchanged)))
+    settled = not (found.warnings or inside_warnings or compiled.deferred or recovery_warnings or plan.notes
+                   or any(u.kind != UnknownKind.BARE_METAL_HOSTS for u in unknowns))
+    return Planned(compiled=compiled, observed=observed, plan=plan, sip=sip, renew_at=renew_at, settled=settled)
 
 
 def desired_for(model: RepoModel, config: RepoConfig, state: State, observed: ObservedState,

@@ -317,6 +317,12 @@ def test_pull_request_plan_against_the_status_branch(loop):
     unchanged = subprocess.run([GITOPS, "plan", str(pr), "--against-status", "origin/gitops/status",
                                 "--detailed-exitcode"], capture_output=True, text=True)
     assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr
+    # the controller recorded each converged cluster: the cold plan compiles none of them (issue #31)
+    recorded = subprocess.run(["git", "ls-tree", "--name-only", "origin/gitops/status:observed/converged"], cwd=pr,
+                              capture_output=True, text=True, check=True).stdout.split()
+    clusters = sorted(p.name for p in (pr / "clusters").iterdir())
+    assert recorded == [f"{c}.json" for c in clusters], recorded
+    assert f"{len(clusters)} cluster(s) not planned again" in unchanged.stdout, unchanged.stdout
     docs = [d for d in yaml.safe_load_all((pr / "clusters/team-c/nodes.yaml").read_text())
             if d and d["metadata"]["name"] != "team-c-cp-1"]
     (pr / "clusters/team-c/nodes.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
@@ -324,6 +330,7 @@ def test_pull_request_plan_against_the_status_branch(loop):
                               "--format", "markdown", "--detailed-exitcode"], capture_output=True, text=True)
     assert changed.returncode == 2, changed.stdout + changed.stderr
     assert "- team-c-cp-1 on " in changed.stdout and "remove pod: Node team-c-cp-1 left the repo" in changed.stdout
+    assert f"{len(clusters) - 1} cluster(s) not planned again" in changed.stdout, changed.stdout
     status = subprocess.run([GITOPS, "status", "--repo", str(pr), "-o", "json"], capture_output=True, text=True)
     data = json.loads(status.stdout)
     assert data["clusters"]["team-c"]["phase"] == "Ready"

@@ -57,9 +57,9 @@ def converged(desired: DesiredState, state: State, model, now=NOW) -> ObservedSt
     """What observe() reports once every desired pod runs with all its files."""
     pods: dict[str, list[ObservedPod]] = {n: [] for n in model.hypervisors}
     for i, pod in enumerate(desired.pods.values()):
-        authorities = state.clusters[pod.cluster].authorities
         certs = {}
         for spec in pod.certificates:
+            authorities = state.clusters[pod.cluster].authorities
             cert = sign_public_key(authority(authorities, spec.signer), generate_key().public_key(), spec.common_name,
                                    organizations=spec.organizations, dns_names=spec.dns_names,
                                    ip_addresses=spec.ip_addresses, server=spec.server, client=spec.client,

@@ -23,7 +23,7 @@ from gitops.printable import printable
 from gitops.secrets import load_identities, public_recipient
 from gitops.state import LocalDirStore
 from gitops.state.records import ClusterRecord
-from gitops.status.against import snapshot_from_status
+from gitops.status.against import plan_against_status
 
 STATE_ENV = "GITOPS_STATE_DIR"
 
@@ -95,11 +95,11 @@ def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exi
     if status_ref and out:
         raise click.UsageError("--out needs the live state: it cannot be used with --against-status")
     if status_ref:
-        state, observed, source = snapshot_from_status(repo, status_ref)
+        planned = plan_against_status(model, result.repo.config, repo, status_ref)
     else:
         state = state_store(repo, state_dir).load()
-        observed, source = observe_all(model, result.repo.config, state), ""
-    planned = make_plan(model, result.repo.config, state, observed, source=source)
+        observed = observe_all(model, result.repo.config, state)
+        planned = make_plan(model, result.repo.config, state, observed)
     show(planned.plan, fmt, output)
     if out is not None:
         identity_text = read_identity(identity)

@@ -46,9 +46,9 @@ def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None =
     new = place(placement_model, state, unavailable, deferred, fixed=pinned_ports(model))
     for name, cluster in model.clusters.items():
         new.clusters[name] = ensure_authorities(cluster, new.clusters.get(name), now)
-    for name in [n for n in new.clusters if n not in model.clusters]:
-        if not any(r.cluster == name for r in new.nodes.values()):
-            del new.clusters[name]  # left the repo and its last pod is gone
+    placed_in = {r.cluster for r in new.nodes.values()}
+    for name in [n for n in new.clusters if n not in model.clusters and n not in placed_in]:
+        del new.clusters[name]  # left the repo and its last pod is gone
     pods = {}
     clusters = {}
     hypervisor_text = {name: repr(hv) for name, hv in model.hypervisors.items()}  # each shared by many clusters

@@ -98,7 +98,7 @@ def file_owner(rel: str, node_cluster: Callable[[str], str | None]) -> str | Non
     """The cluster a status-branch file belongs to (None: global). `node_cluster(node)`: a node's cluster."""
     parts = rel.split("/")
     stem = parts[-1].rsplit(".", 1)[0]
-    if len(parts) == 3 and parts[0] == "observed" and parts[1] == "clusters":
+    if len(parts) == 3 and parts[0] == "observed" and parts[1] in ("clusters", "converged"):
         return stem
     if len(parts) == 3 and parts[0] == "status" and parts[1] == "Cluster":
         return stem

@@ -218,6 +218,9 @@ class Plan:
     unknowns: tuple[Unknown, ...] = ()
     #: for people: multi-step operations under way (a CA rotation's phase now and the phases that follow)
     notes: tuple[str, ...] = ()
+    #: clusters left out because they plan nothing again: inputs and observation as when their plan was
+    #: last empty (`gitops.plan.converged`; only a cold `gitops plan` leaves any out)
+    unchanged: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -246,6 +249,7 @@ class Plan:
             "complete": self.complete,
             "unknown": [u.to_dict() for u in self.unknowns],
             "notes": list(self.notes),
+            **({"unchanged": list(self.unchanged)} if self.unchanged else {}),
         }
 
     @classmethod
@@ -253,4 +257,4 @@ class Plan:
         return cls(actions=tuple(Action.from_dict(a) for a in data.get("actions", ())),
                    warnings=tuple(data.get("warnings", ())), source=data.get("source", ""),
                    unknowns=tuple(Unknown.from_dict(u) for u in data.get("unknown", ())),
-                   notes=tuple(data.get("notes", ())))
+                   notes=tuple(data.get("notes", ())), unchanged=tuple(data.get("unchanged", ())))

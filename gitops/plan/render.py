@@ -35,6 +35,16 @@ def headline(plan: Plan) -> str:
     return _counts(plan)
 
 
+def unchanged_line(plan: Plan, names: int = 10) -> str:
+    """What a cold plan left out and why ("" when it left nothing out); names the first `names` clusters."""
+    if not plan.unchanged:
+        return ""
+    shown = ", ".join(plan.unchanged[:names]) + (f" and {len(plan.unchanged) - names} more"
+                                                  if len(plan.unchanged) > names else "")
+    return (f"{len(plan.unchanged)} cluster(s) not planned again, unchanged since their last converged plan "
+            f"(same documents, hypervisors, recorded state and observed pods; no certificate due): {shown}")
+
+
 def _counts(plan: Plan) -> str:
     s = plan.summary()
     return f"Plan: {s['add']} to add, {s['change']} to change, {s['remove']} to remove."
@@ -131,6 +141,8 @@ def render_text(plan: Plan, console: Console) -> None:
     """Grouped by cluster and node, `+ ~ -` coloured when the console is a terminal."""
     source = f" (source {plan.source})" if plan.source else ""
     console.print(f"[bold]{safe(headline(plan))}[/bold]{safe(source)}")
+    if plan.unchanged:
+        console.print(f"[dim]= {safe(unchanged_line(plan))}[/dim]")
     for line in unknown_lines(plan):
         console.print(f"[bold magenta]? {safe(line)}[/bold magenta]")
     for note in plan.notes:
@@ -154,6 +166,8 @@ def render_text(plan: Plan, console: Console) -> None:
 def render_markdown(plan: Plan) -> str:
     """A PR comment: summary line, then a `diff` block per cluster (GitHub colours + and -)."""
     lines = [f"### gitops plan{f' for `{plan.source}`' if plan.source else ''}", "", f"**{headline(plan)}**", ""]
+    if plan.unchanged:
+        lines += [f"_{unchanged_line(plan)}_", ""]
     if plan.unknowns:
         lines += ["**Unknown** (could not be observed: not checked, nothing planned there)", ""]
         lines += [f"- :question: {u.describe()}" for u in plan.unknowns] + [""]

@@ -39,9 +39,12 @@ def ordered(actions: Iterable[Action]) -> tuple[Action, ...]:
 
 
 def plan_nodes(desired: DesiredState, observed: ObservedState, state: State, options: DiffOptions,
-               now: dt.datetime | None = None) -> Plan:
+               now: dt.datetime | None = None, skip: frozenset[str] = frozenset(),
+               renew_at: dict[str, dt.datetime] | None = None) -> Plan:
     """Every cluster's actions on its hypervisors (its pods, files, containers and etcd membership),
-    compared then rolled out once per content of its inputs (see `ClusterInputs`), plus what is unknown."""
+    compared then rolled out once per content of its inputs (see `ClusterInputs`), plus what is unknown.
+    `skip`: clusters known to plan nothing (`gitops.plan.converged`), left out; `renew_at` gets each
+    cluster's first certificate renewal time."""
     now = now or dt.datetime.now(dt.timezone.utc)
     down = set(observed.unreachable)
     unknowns = tuple(unreachable(name, observed, desired, state) for name in sorted(down))
@@ -50,8 +53,12 @@ def plan_nodes(desired: DesiredState, observed: ObservedState, state: State, opt
     settings = repr(options)
     unchecked: list[str] = []
     for inputs in cluster_inputs(desired, observed, state, down, set(observed.lost)):
+        if inputs.cluster in skip:
+            continue
         part = CLUSTER_DIFFS.get(inputs.key(settings), lambda: _cluster_plan(inputs, options, now),
                                  fresh=lambda part: part.fresh_at(now))
+        if renew_at is not None and part.until is not None:
+            renew_at[inputs.cluster] = part.until
         actions.extend(part.actions)
         warnings.extend(part.warnings)
         if (inputs.etcd is not None and inputs.want is not None

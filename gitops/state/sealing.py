@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gitops.state.records import State
+from gitops.state.records import ClusterRecord, State
 
 
 def split(state: State) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -16,18 +16,30 @@ def split(state: State) -> tuple[dict[str, Any], dict[str, Any]]:
     public = state.to_dict()
     secrets: dict[str, Any] = {"clusters": {}}
     for name, cluster in public["clusters"].items():
-        keys: dict[str, Any] = {"authorities": {}}
-        for role, record in cluster["authorities"].items():
-            keys["authorities"][role] = record.pop("key_pem", "")
-            record["key_pem"] = ""
-        if cluster.get("admin"):
-            keys["admin"] = cluster["admin"].get("key_pem", "")
-            cluster["admin"]["key_pem"] = ""
-        for role, record in ((cluster.get("rotation") or {}).get("other") or {}).items():
-            keys.setdefault("rotation", {})[role] = record.pop("key_pem", "")
-            record["key_pem"] = ""
-        secrets["clusters"][name] = keys
+        secrets["clusters"][name] = _strip(cluster)
     return public, secrets
+
+
+def public_cluster(record: ClusterRecord) -> dict[str, Any]:
+    """A cluster's record as `split` leaves it in the public part (its private keys blanked)."""
+    data = State(clusters={"_": record}).to_dict()["clusters"]["_"]
+    _strip(data)
+    return data
+
+
+def _strip(cluster: dict[str, Any]) -> dict[str, Any]:
+    """Blank the private keys of a cluster's record in its JSON form (in place); returns them."""
+    keys: dict[str, Any] = {"authorities": {}}
+    for role, record in cluster["authorities"].items():
+        keys["authorities"][role] = record.pop("key_pem", "")
+        record["key_pem"] = ""
+    if cluster.get("admin"):
+        keys["admin"] = cluster["admin"].get("key_pem", "")
+        cluster["admin"]["key_pem"] = ""
+    for role, record in ((cluster.get("rotation") or {}).get("other") or {}).items():
+        keys.setdefault("rotation", {})[role] = record.pop("key_pem", "")
+        record["key_pem"] = ""
+    return keys
 
 
 def merge(public: dict[str, Any], secrets: dict[str, Any] | None) -> State:
@@ -43,4 +55,4 @@ def merge(public: dict[str, Any], secrets: dict[str, Any] | None) -> State:
     return State.from_dict(data)
 
 
-__all__ = ["merge", "split"]
+__all__ = ["merge", "public_cluster", "split"]

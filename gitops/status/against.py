@@ -1,18 +1,63 @@
 """What a plan against a status ref starts from (`gitops plan CLONE --against-status REF`, the UI's branch
-plans): the public recorded state and the observed snapshot on that ref."""
+plans): the public recorded state and the observed snapshot on that ref, less the clusters whose last
+converged plan was made from the same inputs (`gitops.plan.converged`)."""
 from __future__ import annotations
 
+import datetime as dt
+from dataclasses import dataclass
 from pathlib import Path
 
+from gitops.engine import Planned, make_plan
+from gitops.model.config import RepoConfig
+from gitops.model.resources import RepoModel
 from gitops.observe.types import ObservedState
+from gitops.plan import converged
 from gitops.state.records import State
-from gitops.status.reader import SOURCE, SourceStatus, StatusReader
 from gitops.state.sealing import merge
+from gitops.status.reader import SOURCE, SourceStatus, StatusReader
+
+
+@dataclass(frozen=True)
+class Against:
+    """The inputs of a plan against a status ref. `unchanged`: clusters left out (their files not loaded)."""
+
+    state: State
+    observed: ObservedState
+    source: str
+    unchanged: frozenset[str] = frozenset()
 
 
 def snapshot_from_status(repo: Path, ref: str) -> tuple[State, ObservedState, str]:
-    """(public state, observed snapshot, label) from a status-branch ref of `repo`'s git."""
+    """(public state, the whole observed snapshot, label) from a status-branch ref of `repo`'s git."""
+    found = against_status(repo, ref)
+    return found.state, found.observed, found.source
+
+
+def against_status(repo: Path, ref: str, model: RepoModel | None = None, config: RepoConfig | None = None,
+                   now: dt.datetime | None = None) -> Against:
+    """The state and snapshot at `ref` of `repo`'s git; with `model` and `config`, without the clusters
+    whose converged record matches them (only those clusters' observed files are read)."""
     reader = StatusReader.at_ref(repo, ref)
-    observed, public = reader.observed(), reader.public_state()
+    state = merge(reader.public_state(), None)
     applied = SourceStatus.parse(reader.require(SOURCE)).applied_sha
-    return merge(public, None), observed, f"snapshot {ref} (applied {applied[:12]})"
+    source = f"snapshot {ref} (applied {applied[:12]})"
+    if model is None or config is None:
+        return Against(state, reader.observed(), source)
+    blobs = reader.observed_blobs()
+    skipped = converged.unchanged(model, config, state, reader.converged(), reader.reachability(), blobs,
+                                  now or dt.datetime.now(dt.timezone.utc))
+    while True:
+        observed = reader.observed_of(None if not skipped else [c for c in blobs if c not in skipped])
+        owners = converged.clusters_of_pods(model, observed.pods(), skipped)
+        if not owners:
+            return Against(state, observed, source, skipped)
+        skipped -= owners  # a pod of one of their nodes is filed with another cluster: plan them too
+
+
+def plan_against_status(model: RepoModel, config: RepoConfig, repo: Path, ref: str,
+                        now: dt.datetime | None = None) -> Planned:
+    """The plan of `model` against `ref`, leaving out the clusters that plan nothing again."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    found = against_status(repo, ref, model, config, now)
+    return make_plan(model, config, found.state, found.observed, now=now, source=found.source,
+                     unchanged=found.unchanged)

@@ -10,7 +10,8 @@ files), and pushed by `branch.py`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from gitops.errors import GitopsError
 from gitops.model.config import CONFIG_FILE, DEFAULT_STATUS_BRANCH
 from gitops.model.yamlload import MAX_FILE_BYTES, YamlError, load_yaml_documents
 from gitops.observe.types import ObservedState
+from gitops.plan.converged import Converged, blob_id
 from gitops.safeio import FileRefused, read_bytes
 from gitops.status.snapshot import CLUSTERS_DIR, HYPERVISORS, OBSERVED_DIR, load_snapshot
 
@@ -37,6 +39,8 @@ STATE_DIR = "state"
 PUBLIC = f"{STATE_DIR}/public.json"
 SEALED = f"{STATE_DIR}/secrets.age"
 PLAINTEXT = f"{STATE_DIR}/secrets.INSECURE-PLAINTEXT.json"
+#: per cluster, what its last empty plan was made from (`gitops.plan.converged`): what a cold plan may skip
+CONVERGED_DIR = f"{OBSERVED_DIR}/converged"
 #: What the controller owns on the branch: every publish makes these exactly what it writes.
 MANAGED = (STATUS_DIR, OBSERVED_DIR, OBSERVED, KUBECONFIG_DIR, STATE_DIR)
 
@@ -44,6 +48,11 @@ MANAGED = (STATUS_DIR, OBSERVED_DIR, OBSERVED, KUBECONFIG_DIR, STATE_DIR)
 def resource_path(kind: str, name: str) -> str:
     """`status/<Kind>/<name>.yaml`."""
     return f"{STATUS_DIR}/{kind}/{name}.yaml"
+
+
+def converged_path(cluster: str) -> str:
+    """`observed/converged/<cluster>.json`."""
+    return f"{CONVERGED_DIR}/{cluster}.json"
 
 
 def kubeconfig_path(cluster: str) -> str:
@@ -79,11 +88,17 @@ class SourceStatus:
 class StatusReader:
     """Reads one status tree: a worktree of the branch (`in_dir`) or a ref of a clone (`at_ref`)."""
 
-    def __init__(self, where: str, get: Callable[[str], bytes], names: Callable[[str], list[str]], ref: str = ""):
+    def __init__(self, where: str, get: Callable[[str], bytes], names: Callable[[str], list[str]], ref: str = "",
+                 blobs: Callable[[str], dict[str, str]] | None = None,
+                 many: Callable[[list[str]], dict[str, bytes]] | None = None):
         self.where = where
         self.ref = ref  # the git ref read, for `at_ref` readers
         self._get = get  # raises FileNotFoundError(why) when the path is not there
         self._names = names  # file names in a folder, [] when there is none
+        #: file name -> git blob id, for the files of a folder
+        self._blobs = blobs or (lambda folder: {n: blob_id(self._get(f"{folder}/{n}")) for n in self._names(folder)})
+        #: path -> content of those of `paths` that are there
+        self._many = many or (lambda paths: {p: data for p in paths if (data := self.read(p)) is not None})
 
     @classmethod
     def in_dir(cls, root: Path) -> "StatusReader":
@@ -128,7 +143,25 @@ class StatusReader:
             except git.GitCommandError:
                 return []
 
-        return cls(f"{ref} in {repo}", get, names, ref)
+        def blobs(folder: str) -> dict[str, str]:
+            if clone is None:
+                return {}
+            try:
+                listing = clone.git.ls_tree(f"{ref}:{folder}")
+            except git.GitCommandError:
+                return {}
+            out = {}
+            for line in listing.splitlines():
+                meta, _, name = line.partition("\t")
+                mode_kind_sha = meta.split()
+                if len(mode_kind_sha) == 3 and mode_kind_sha[1] == "blob":
+                    out[name] = mode_kind_sha[2]
+            return out
+
+        def many(paths: list[str]) -> dict[str, bytes]:
+            return batch_read(repo, ref, paths) if clone is not None else {}
+
+        return cls(f"{ref} in {repo}", get, names, ref, blobs, many)
 
     @classmethod
     def for_clone(cls, repo: Path, ref: str | None = None) -> "StatusReader":
@@ -171,6 +204,33 @@ class StatusReader:
             raise GitopsError(f"cannot read {HYPERVISORS} at {self.where}: there is no observed snapshot")
         return load_snapshot(self.read, self._names(CLUSTERS_DIR))
 
+    def observed_of(self, clusters: Iterable[str] | None) -> ObservedState:
+        """The snapshot with the files of `clusters` only (None: all), and everything not filed by cluster."""
+        if clusters is None:
+            return self.observed()
+        wanted = {f"{c}.json" for c in clusters}
+        return load_snapshot(self.read, [n for n in self._names(CLUSTERS_DIR) if n in wanted])
+
+    def observed_blobs(self) -> dict[str, str]:
+        """The git blob id of each cluster's observed file, by cluster."""
+        return {n.removesuffix(".json"): sha for n, sha in self._blobs(CLUSTERS_DIR).items() if n.endswith(".json")}
+
+    def reachability(self) -> dict[str, bool]:
+        """Whether each hypervisor answered, as the snapshot says (no cluster file is read)."""
+        top = json.loads(self.require(HYPERVISORS))
+        return {name: bool(hv.get("reachable")) for name, hv in (top.get("hypervisors") or {}).items()}
+
+    def converged(self) -> dict[str, Converged]:
+        """Every cluster's `Converged` record (those unreadable or of another format left out)."""
+        names = [n for n in self._names(CONVERGED_DIR) if n.endswith(".json")]
+        found = self._many([f"{CONVERGED_DIR}/{n}" for n in names])
+        out = {}
+        for rel, raw in found.items():
+            record = Converged.parse(raw)
+            if record is not None:
+                out[rel.rsplit("/", 1)[-1].removesuffix(".json")] = record
+        return out
+
     def public_state(self) -> dict[str, Any]:
         """`state/public.json` without its generation counter (required); no private key is in it."""
         public = json.loads(self.require(PUBLIC))
@@ -200,6 +260,31 @@ def branch_of_checkout(repo: Path) -> str:
     spec = docs[0].data.get("spec") if docs and isinstance(docs[0].data, dict) else None
     branch = spec.get("statusBranch") if isinstance(spec, dict) else None
     return branch if isinstance(branch, str) and branch else DEFAULT_BRANCH
+
+
+def batch_read(repo: Path, ref: str, paths: list[str]) -> dict[str, bytes]:
+    """The contents of those of `paths` at `ref` that are files, through one `git cat-file --batch` that is
+    given every name at once (a round trip per file costs more than the files of a large fleet)."""
+    if not paths:
+        return {}
+    if any("\n" in p for p in paths):
+        raise GitopsError("a status-branch path holds a newline")
+    done = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch"], check=False, capture_output=True,
+                          input="".join(f"{ref}:{p}\n" for p in paths).encode())
+    if done.returncode != 0:
+        raise GitopsError(f"cannot read {ref} in {repo}: {done.stderr.decode(errors='replace').strip()}")
+    out, data, at = {}, done.stdout, 0
+    for path in paths:
+        end = data.index(b"\n", at)
+        header = data[at:end].split()
+        at = end + 1
+        if len(header) != 3 or header[-1] in (b"missing", b"ambiguous") or not header[2].isdigit():
+            continue  # "<name> missing" (and such): no content follows
+        size = int(header[2])
+        if header[1] == b"blob":
+            out[path] = data[at:at + size]
+        at += size + 1
+    return out
 
 
 def _resolves(repo: Path, ref: str) -> bool:

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gitops.engine import make_plan
 from gitops.model.validate import InvalidRepo, validate_repo
 from gitops.plan.actions import Plan
-from gitops.status.against import snapshot_from_status
+from gitops.status.against import plan_against_status
 
 
 def branch_plan(files: Path, mirror: Path, status_ref: str) -> Plan:
@@ -15,5 +14,4 @@ def branch_plan(files: Path, mirror: Path, status_ref: str) -> Plan:
     result = validate_repo(files, None, sealed_ok=True)
     if result.model is None:
         raise InvalidRepo(result.diagnostics)
-    state, observed, source = snapshot_from_status(mirror, status_ref)
-    return make_plan(result.model, result.repo.config, state, observed, source=source).plan
+    return plan_against_status(result.model, result.repo.config, mirror, status_ref).plan
