@@ -12,19 +12,14 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from gitops.apply.executor import ApplyError, Connections, Fence, Progress, execute
 from gitops.compile import Compiled, compile_desired
-from gitops.cri.client import CRIClient
 from gitops.errors import GitopsError
 from gitops.learn import learn
 from gitops.model.components import APISERVER
 from gitops.model.config import RepoConfig
 from gitops.model.resources import BareMetalHost, RepoModel
-from gitops.observe.backups import list_restores
-from gitops.observe.clusters import ClusterReader, observe_clusters
-from gitops.observe.etcd import EtcdReader, observe_etcd
-from gitops.observe.hypervisors import observe
 from gitops.observe.types import ClusterTarget, FilesReuse, ObservedState
 from gitops.plan.actions import Plan, Unknown, UnknownKind
 from gitops.plan.cluster_api import cluster_api_actions
@@ -38,6 +33,11 @@ from gitops.sip.providers import planned_hosts, provider_for, provider_kind
 from gitops.sip.selection import HostSelection, select_hosts
 from gitops.state.records import State
 from gitops.state.store import StateStore
+
+if TYPE_CHECKING:  # executing and observing are imported when used: a plan against a snapshot needs no gRPC
+    from gitops.apply.executor import Connections, Fence, Progress
+    from gitops.observe.clusters import ClusterReader
+    from gitops.observe.etcd import EtcdReader
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,11 @@ def observe_all(model: RepoModel, config: RepoConfig, state: State | None = None
     BareMetalHosts of a provider whose hosts are observed. `reuse`: node files known from an earlier
     observation; `clusters`: the reader that keeps its clients and the objects it listed; `etcd`: the
     reader that keeps etcd's space a while (all three the controller's, for quiet polls)."""
+    from gitops.observe.backups import list_restores
+    from gitops.observe.clusters import observe_clusters
+    from gitops.observe.etcd import observe_etcd
+    from gitops.observe.hypervisors import observe
+
     observed = observe(model.hypervisors.values(), reuse=reuse)
     if state is not None:
         targets = cluster_targets(model, state, observed)
@@ -176,6 +181,9 @@ def cluster_targets(model: RepoModel, state: State, observed: ObservedState) -> 
 
 
 def connections(model: RepoModel, config: RepoConfig) -> Connections:
+    from gitops.apply.executor import Connections
+    from gitops.cri.client import CRIClient
+
     return Connections(cri=lambda name: CRIClient(model.hypervisors[name].cri_endpoint()),
                        hosts=lambda state: provider_for(model, config, state),
                        backup_target=lambda name: config.backup_targets[name])
@@ -259,6 +267,8 @@ def apply_plan(the_plan: Plan, state: State, model: RepoModel, config: RepoConfi
     if the_plan.empty and planned is not None:
         result.after = planned
         return result
+    from gitops.apply.executor import ApplyError, execute
+
     try:
         execution = execute(the_plan, state, connections(model, config), store,
                             progress=progress, should_stop=should_stop, fence=fence)

@@ -715,6 +715,39 @@ def test_container_removed_by_hand_is_healed(world):
     assert world.plan("--detailed-exitcode").returncode == 0
 
 
+def test_a_plan_leaves_out_the_clusters_whose_live_state_is_as_last_converged(world):
+    """Issue #31 with a live observation: apply records each cluster it left with nothing to do; a plan
+    compiles and verifies only the clusters whose repo part, records or live fingerprint moved since, and
+    is the full plan (`--out` leaves nothing out) action for action."""
+    world.apply()
+    assert_converged(world)
+    records = json.loads((world.state / "converged.json").read_text())["clusters"]
+    assert {"team-a", "team-b"} <= set(records), records
+    quiet = world.plan("--detailed-exitcode")
+    assert f"{len(records)} cluster(s) not planned again" in quiet.stdout, quiet.stdout
+    hv = world.lab.hypervisors[1].local()
+    with CRIClient(hv.cri_endpoint()) as client:
+        victim = client.list_containers({NODE: "team-b-cp-1", "gitops.infra/component": "kube-scheduler"})
+    if not victim:  # team-b-cp-1 is on the other private hypervisor
+        hv = world.lab.hypervisors[2].local()
+        with CRIClient(hv.cri_endpoint()) as client:
+            victim = client.list_containers({NODE: "team-b-cp-1", "gitops.infra/component": "kube-scheduler"})
+    with CRIClient(hv.cri_endpoint()) as client:
+        client.stop_container(victim[0].id, timeout=0)
+        client.remove_container(victim[0].id)
+    shown = json.loads(world.plan("-o", "json").stdout)
+    assert {a["cluster"] for a in shown["actions"]} == {"team-b"}, shown["actions"]
+    assert "team-a" in shown["unchanged"] and "team-b" not in shown["unchanged"]
+    saved = world.dir / "full.plan.json"
+    world.plan("--out", str(saved), "-o", "json")
+    full = json.loads(saved.read_text())["plan"]
+    assert [a["kind"] + a["node"] + a["component"] for a in full["actions"]] == \
+        [a["kind"] + a["node"] + a["component"] for a in shown["actions"]]
+    assert full["actions"] == shown["actions"] and full["warnings"] == shown["warnings"]
+    world.apply()
+    assert_converged(world)
+
+
 def test_a_dead_files_agent_is_started_again_and_nothing_restarts(world):
     """A running pod's files agent killed: the plan starts it again and checks the node's files once it
     runs (known after apply); no certificate is re-issued and no component restarts."""

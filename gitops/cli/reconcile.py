@@ -1,6 +1,7 @@
 """`gitops plan`, `gitops apply` and `gitops kubeconfig`."""
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sys
 import time
@@ -15,6 +16,7 @@ from gitops.engine import ApplyResult, apply_plan, make_plan, observe_all
 from gitops.errors import GitopsError
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.model.validate import InvalidRepo, validate_repo
+from gitops.plan import converged
 from gitops.plan.actions import Action, Plan
 from gitops.plan.render import (COLOUR, describe, headline, render_json, render_markdown, render_text, safe,
                                 unknown_lines)
@@ -24,6 +26,7 @@ from gitops.secrets import load_identities, public_recipient
 from gitops.state import LocalDirStore
 from gitops.state.records import ClusterRecord
 from gitops.status.against import plan_against_status
+from gitops.status.snapshot import live_fingerprints
 
 STATE_ENV = "GITOPS_STATE_DIR"
 
@@ -97,9 +100,17 @@ def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exi
     if status_ref:
         planned = plan_against_status(model, result.repo.config, repo, status_ref)
     else:
-        state = state_store(repo, state_dir).load()
+        store = state_store(repo, state_dir)
+        state = store.load()
         observed = observe_all(model, result.repo.config, state)
-        planned = make_plan(model, result.repo.config, state, observed)
+        now = dt.datetime.now(dt.timezone.utc)
+        # a plan to show leaves out the clusters whose last converged plan had the same inputs; one to save
+        # (--out) has them all, as apply does
+        skipped = frozenset() if out is not None else converged.leave_out(
+            model, result.repo.config, state, converged.from_json(store.load_converged()), observed,
+            live_fingerprints(observed), now)
+        planned = make_plan(model, result.repo.config, state, converged.observed_without(observed, skipped),
+                            now=now, unchanged=skipped)
     show(planned.plan, fmt, output)
     if out is not None:
         identity_text = read_identity(identity)
@@ -190,9 +201,27 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
         console.print(f"[{index + 1}/{total}] [{colour}]{action.symbol} {action.subject}[/{colour}] "
                       f"{safe(describe(action))} ... {mark} ({took:.1f}s)")
 
-    outcome = apply_plan(the_plan, state, model, config, store, allow_mass_delete=allow_mass_delete,
-                         progress=progress, planned=planned)
+    try:
+        outcome = apply_plan(the_plan, state, model, config, store, allow_mass_delete=allow_mass_delete,
+                             progress=progress, planned=planned)
+    except BaseException:
+        store.save_converged({})  # what ran changed the live state: the next plan compares everything
+        raise
+    record_converged(store, outcome, model, config)
     report_apply(outcome, console)
+
+
+def record_converged(store: LocalDirStore, outcome: ApplyResult, model, config) -> None:
+    """Keep, in the state dir, what the plan after the apply says of each cluster with nothing left to do
+    (`gitops.plan.converged`): the next `gitops plan` leaves those out while nothing they depend on moved."""
+    after = outcome.after
+    if after is None:
+        store.save_converged({})
+        return
+    reachable = {name: hv.reachable for name, hv in after.observed.hypervisors.items()}
+    store.save_converged(converged.to_json(converged.records(
+        after.plan, after.settled, model, config, store.load(), reachable, live_fingerprints(after.observed),
+        after.renew_at, after.state)))
 
 
 def report_apply(outcome: ApplyResult, console: Console) -> None:

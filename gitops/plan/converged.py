@@ -32,9 +32,9 @@ from typing import Any
 
 from gitops.model.config import RepoConfig
 from gitops.model.resources import Hypervisor, RepoModel
+from gitops.observe.types import ObservedState
 from gitops.plan.actions import Plan
 from gitops.state.records import State
-from gitops.state.sealing import public_cluster
 
 #: bump when what a record covers changes: older records are then ignored (a full plan)
 FORMAT = 1
@@ -42,16 +42,18 @@ FORMAT = 1
 
 @dataclass(frozen=True)
 class Converged:
-    """One cluster's record: `inputs` (its `inputs_digest`), `observed` (the git blob id of its observed
+    """One cluster's record: `inputs` (`Digester.digest`), `observed` (the git blob id of its observed
     snapshot file, "" without one) and `renew_at` (ISO 8601, "" when no certificate was checked)."""
 
     inputs: str
     observed: str
     renew_at: str = ""
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "inputs": self.inputs, "observed": self.observed, "renewAt": self.renew_at}
+
     def to_bytes(self) -> bytes:
-        data = {"format": FORMAT, "inputs": self.inputs, "observed": self.observed, "renewAt": self.renew_at}
-        return (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode()
+        return (json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")) + "\n").encode()
 
     @classmethod
     def parse(cls, raw: bytes | None) -> "Converged | None":
@@ -60,6 +62,10 @@ class Converged:
             data = json.loads(raw) if raw else None
         except (ValueError, UnicodeDecodeError):
             return None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Converged | None":
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             return None
         values = [data.get(k) for k in ("inputs", "observed", "renewAt")]
@@ -108,24 +114,59 @@ def hypervisors_of(state: State, nodes: Iterable[str]) -> set[str]:
     return out
 
 
-def inputs_digest(model: RepoModel, state: State, cluster: str, settings: str, reachable: Mapping[str, bool],
-                  nodes_by_cluster: Mapping[str, list[str]]) -> str:
-    """A digest of what `cluster`'s part of a plan is made from, but for its observation and the clock.
-    `reachable`: the observed hypervisors' reachability; `nodes_by_cluster`: recorded nodes by cluster."""
-    nodes = sorted(model.nodes_of(cluster), key=lambda n: n.name)
-    recorded = sorted(set(nodes_by_cluster.get(cluster, ())) | {n.name for n in nodes})
-    hvs = sorted(hypervisors_of(state, recorded) | {n.hypervisor for n in nodes if n.hypervisor})
-    record = state.clusters.get(cluster)
-    parts = [code_digest(), settings, repr(model.clusters.get(cluster)), repr(nodes),
-             repr([(hv, _planned_part(model.hypervisors.get(hv)), reachable.get(hv)) for hv in hvs]),
-             json.dumps(public_cluster(record) if record is not None else None, sort_keys=True),
-             json.dumps([(n, dataclasses.asdict(state.nodes[n])) for n in recorded if n in state.nodes],
-                        sort_keys=True)]
-    h = hashlib.sha256()
-    for part in parts:
-        data = part.encode()
-        h.update(b"%d:" % len(data) + data)
-    return h.hexdigest()
+class Digester:
+    """The inputs digest of each cluster of one model and recorded state (what all clusters share is made
+    once: the settings, the hypervisors' text, the recorded nodes by cluster)."""
+
+    def __init__(self, model: RepoModel, config: RepoConfig, state: State, reachable: Mapping[str, bool]):
+        self.model, self.state = model, state
+        self.head = [code_digest(), settings_text(config)]
+        self.by_cluster = nodes_by_cluster(state)
+        self.hypervisors = {name: repr((name, _planned_part(hv), reachable.get(name)))
+                            for name, hv in model.hypervisors.items()}
+        self.reachable = reachable
+
+    def digest(self, cluster: str) -> str:
+        """A digest of what `cluster`'s part of a plan is made from, but for its observation and the clock:
+        its Cluster and Nodes, the Hypervisors its nodes are (or were, moving) recorded on or pinned to and
+        whether they answered, the public part of its records (every field but private keys), the settings
+        a plan reads, the gitops code."""
+        model, state = self.model, self.state
+        nodes = sorted(model.nodes_of(cluster), key=lambda n: n.name)
+        recorded = sorted(set(self.by_cluster.get(cluster, ())) | {n.name for n in nodes})
+        hvs = sorted(hypervisors_of(state, recorded) | {n.hypervisor for n in nodes if n.hypervisor})
+        record = state.clusters.get(cluster)
+        parts = [*self.head, repr(model.clusters.get(cluster)), repr(nodes),
+                 "".join(self.hypervisors.get(hv) or repr((hv, None, self.reachable.get(hv))) for hv in hvs),
+                 json.dumps(_plain(record), sort_keys=True),
+                 json.dumps([(n, _plain(state.nodes[n])) for n in recorded if n in state.nodes], sort_keys=True)]
+        h = hashlib.sha256()
+        for part in parts:
+            data = part.encode()
+            h.update(b"%d:" % len(data) + data)
+        return h.hexdigest()
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON-able data, every dataclass field by name but private keys (`key_pem`): the public
+    part of a record as `gitops.state.sealing` publishes it, made without `asdict`'s deep copies."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    names = _FIELDS.get(kind)
+    if names is not None:
+        return {name: _plain(getattr(value, name)) for name in names}
+    if kind is dict:
+        return {str(k): _plain(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_plain(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(value) if f.name != "key_pem")
+        return _plain(value)
+    return value
 
 
 def _planned_part(hypervisor: Hypervisor | None) -> Hypervisor | None:
@@ -143,23 +184,32 @@ def nodes_by_cluster(state: State) -> dict[str, list[str]]:
 
 
 def records(plan: Plan, settled: bool, model: RepoModel, config: RepoConfig, state: State,
-            reachable: Mapping[str, bool], observed: Mapping[str, str],
-            renew_at: Mapping[str, dt.datetime]) -> dict[str, Converged]:
+            reachable: Mapping[str, bool], observed: Mapping[str, str], renew_at: Mapping[str, dt.datetime],
+            planned_state: State | None = None) -> dict[str, Converged]:
     """The records a reconcile leaves: one per cluster of `model` with no action in `plan`, none at all
     unless the plan is `settled` (no warning, note or unknown from any cluster). `state`: the recorded
-    state as written beside them; `observed`: each cluster's observation fingerprint; `renew_at`: each
-    cluster's first renewal time."""
+    state as written beside them (a cluster whose records there differ from `planned_state`'s, the
+    plan's, is left out); `observed`: each cluster's observation fingerprint; `renew_at`: each cluster's
+    first renewal time."""
     if not settled:
         return {}
     busy = {a.cluster for a in plan.actions}
-    settings, by_cluster = settings_text(config), nodes_by_cluster(state)
+    digester = Digester(model, config, state, reachable)
+    by_cluster = digester.by_cluster
+    planned_nodes = nodes_by_cluster(planned_state) if planned_state is not None else by_cluster
     out = {}
     for cluster in sorted(model.clusters):
         if cluster in busy:
             continue
+        if planned_state is not None:
+            nodes = sorted(by_cluster.get(cluster, []))
+            if (planned_state.clusters.get(cluster) != state.clusters.get(cluster)
+                    or sorted(planned_nodes.get(cluster, [])) != nodes
+                    or any(planned_state.nodes[n] != state.nodes[n] for n in nodes)):
+                continue
         when = renew_at.get(cluster)
-        out[cluster] = Converged(inputs_digest(model, state, cluster, settings, reachable, by_cluster),
-                                 observed.get(cluster, ""), when.isoformat() if when is not None else "")
+        out[cluster] = Converged(digester.digest(cluster), observed.get(cluster, ""),
+                                 when.isoformat() if when is not None else "")
     return out
 
 
@@ -167,15 +217,37 @@ def unchanged(model: RepoModel, config: RepoConfig, state: State, recorded: Mapp
               reachable: Mapping[str, bool], observed: Mapping[str, str], now: dt.datetime) -> frozenset[str]:
     """The clusters of `model` whose record says their plan is empty again: same inputs, same observation
     fingerprint (`observed`), no certificate due."""
-    settings, by_cluster = settings_text(config), nodes_by_cluster(state)
+    digester = Digester(model, config, state, reachable)
     out = set()
     for cluster in model.clusters:
         record = recorded.get(cluster)
         if record is None or record.due(now) or record.observed != observed.get(cluster, ""):
             continue
-        if record.inputs == inputs_digest(model, state, cluster, settings, reachable, by_cluster):
+        if record.inputs == digester.digest(cluster):
             out.add(cluster)
     return frozenset(out)
+
+
+def leave_out(model: RepoModel, config: RepoConfig, state: State, recorded: Mapping[str, Converged],
+              observed: ObservedState, fingerprints: Mapping[str, str], now: dt.datetime) -> frozenset[str]:
+    """The clusters a plan against the whole of `observed` (a live observation) may leave out: `unchanged`
+    by their `fingerprints`, less those owning the node of a pod filed under another cluster."""
+    reachable = {name: hv.reachable for name, hv in observed.hypervisors.items()}
+    skipped = unchanged(model, config, state, recorded, reachable, fingerprints, now)
+    return skipped - clusters_of_pods(model, observed.pods(), skipped)
+
+
+def to_json(records: Mapping[str, Converged]) -> dict[str, Any]:
+    """The records as a local state dir keeps them (`converged.json`)."""
+    return {"clusters": {name: records[name].to_dict() for name in sorted(records)}}
+
+
+def from_json(data: Any) -> dict[str, Converged]:
+    """`to_json`'s records back; unreadable ones left out."""
+    clusters = data.get("clusters") if isinstance(data, dict) else None
+    if not isinstance(clusters, dict):
+        return {}
+    return {name: record for name, raw in clusters.items() if (record := Converged.from_dict(raw)) is not None}
 
 
 def clusters_of_pods(model: RepoModel, pods: Iterable[Any], skipped: frozenset[str]) -> set[str]:
@@ -196,3 +268,16 @@ def without(model: RepoModel, clusters: frozenset[str]) -> RepoModel:
     return dataclasses.replace(
         model, clusters={n: c for n, c in model.clusters.items() if n not in clusters},
         nodes={n: node for n, node in model.nodes.items() if node.cluster not in clusters})
+
+
+def observed_without(observed: ObservedState, clusters: frozenset[str]) -> ObservedState:
+    """`observed` without what is filed under `clusters` (their pods, API, etcd and snapshots)."""
+    if not clusters:
+        return observed
+    return dataclasses.replace(
+        observed,
+        hypervisors={n: dataclasses.replace(hv, pods=tuple(p for p in hv.pods if p.cluster not in clusters))
+                     for n, hv in observed.hypervisors.items()},
+        clusters={n: c for n, c in observed.clusters.items() if n not in clusters},
+        snapshots={n: s for n, s in observed.snapshots.items() if n not in clusters},
+        etcd={n: e for n, e in observed.etcd.items() if n not in clusters})

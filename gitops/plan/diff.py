@@ -14,8 +14,6 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from deepdiff import DeepDiff
-
 from gitops.compile.desired import (
     AFTER_APPLY,
     CertificateSpec,
@@ -337,6 +335,8 @@ def changed_fields(before: dict | None, after: dict) -> list[str]:
     """Human list of what differs between the recorded and the desired container inputs."""
     if before is None:
         return ["previous spec unknown"]
+    from deepdiff import DeepDiff  # here: its import costs a quarter second of every cold `gitops plan`
+
     delta = DeepDiff(before, after, ignore_order=False, view="tree")
     paths: list[str] = []
     for change_type, items in sorted(delta.items()):

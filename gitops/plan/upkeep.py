@@ -44,6 +44,17 @@ def leaves_etcd_alone(actions: list[Action] | tuple[Action, ...], members: set[s
                    or (a.kind in (Kind.REMOVE_POD, Kind.CREATE_POD) and a.node in members) for a in actions)
 
 
+def upkeep_facts(seen: ObservedEtcd | None) -> tuple:
+    """What `upkeep` decides on that changes from poll to poll: each member (whether it answered, whether
+    its file is fragmented) and the alarms; not the sizes, which change with every write. Two
+    observations with the same facts get the same upkeep while neither has an alarm (`gitops.plan.converged`
+    records only clusters with nothing to do)."""
+    if seen is None:
+        return ()
+    return (tuple(sorted((s.node, bool(s.error), fragmented(s.db_size, s.db_in_use, seen.quota))
+                         for s in seen.members)), tuple(sorted(seen.alarms)), seen.quota)
+
+
 def upkeep(cluster: str, want: DesiredCluster, seen: ObservedEtcd, where: dict[str, str],
            timeout: int) -> tuple[list[Action], list[str]]:
     """The upkeep actions of a cluster whose etcd the plan leaves alone (`where`: its members' hypervisors),

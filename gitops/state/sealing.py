@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gitops.state.records import ClusterRecord, State
+from gitops.state.records import State
 
 
 def split(state: State) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -18,13 +18,6 @@ def split(state: State) -> tuple[dict[str, Any], dict[str, Any]]:
     for name, cluster in public["clusters"].items():
         secrets["clusters"][name] = _strip(cluster)
     return public, secrets
-
-
-def public_cluster(record: ClusterRecord) -> dict[str, Any]:
-    """A cluster's record as `split` leaves it in the public part (its private keys blanked)."""
-    data = State(clusters={"_": record}).to_dict()["clusters"]["_"]
-    _strip(data)
-    return data
 
 
 def _strip(cluster: dict[str, Any]) -> dict[str, Any]:
@@ -43,6 +36,8 @@ def _strip(cluster: dict[str, Any]) -> dict[str, Any]:
 
 
 def merge(public: dict[str, Any], secrets: dict[str, Any] | None) -> State:
+    if secrets is None:  # the public part alone: its keys are blank already (`split`), nothing to copy in
+        return State.from_dict(public)
     data = json.loads(json.dumps(public))
     for name, cluster in data.get("clusters", {}).items():
         keys = (secrets or {}).get("clusters", {}).get(name, {})
@@ -55,4 +50,4 @@ def merge(public: dict[str, Any], secrets: dict[str, Any] | None) -> State:
     return State.from_dict(data)
 
 
-__all__ = ["merge", "public_cluster", "split"]
+__all__ = ["merge", "split"]

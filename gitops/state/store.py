@@ -13,6 +13,8 @@ from gitops.safeio import FileRefused, MiB, read_text
 from gitops.state.records import State
 
 STATE_FILE = "state.json"
+#: per cluster, what its last empty plan was made from (`gitops plan` leaves out what matches)
+CONVERGED_FILE = "converged.json"
 #: a fleet of a thousand clusters records about 20 MiB (certificates and keys)
 MAX_STATE_BYTES = 256 * MiB
 
@@ -47,22 +49,41 @@ class LocalDirStore:
                               "it from a backup or the status branch") from None
 
     def save(self, state: State) -> None:
-        text = json.dumps(state.to_dict(), indent=2) + "\n"
+        self._replace(self.path, json.dumps(state.to_dict(), indent=2) + "\n", "state")
+
+    @property
+    def converged_path(self) -> Path:
+        return self.directory / CONVERGED_FILE
+
+    def load_converged(self) -> dict:
+        """`converged.json` (what `gitops plan` may leave out, `gitops.plan.converged`); {} when there is none
+        or it cannot be read: it only ever saves work."""
+        try:
+            data = json.loads(read_text(self.converged_path, MAX_STATE_BYTES))
+        except (FileRefused, OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def save_converged(self, data: dict) -> None:
+        self._replace(self.converged_path, json.dumps(data, indent=1, sort_keys=True) + "\n", "converged records")
+
+    def _replace(self, path: Path, text: str, what: str) -> None:
+        """Write `text` to `path` atomically (a temporary file, fsync, rename), mode 0600."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".state-", suffix=".tmp")
         except OSError as err:
-            raise GitopsError(f"{printable(str(self.directory))}: cannot save state: {err.strerror or err}") from None
+            raise GitopsError(f"{printable(str(self.directory))}: cannot save {what}: {err.strerror or err}") from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.chmod(tmp, 0o600)
-            os.replace(tmp, self.path)
+            os.replace(tmp, path)
         except OSError as err:
             Path(tmp).unlink(missing_ok=True)
-            raise GitopsError(f"{printable(str(self.path))}: cannot save state: {err.strerror or err}") from None
+            raise GitopsError(f"{printable(str(path))}: cannot save {what}: {err.strerror or err}") from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

@@ -14,7 +14,8 @@ from gitops.observe.types import ObservedState
 from gitops.plan import converged
 from gitops.state.records import State
 from gitops.state.sealing import merge
-from gitops.status.reader import SOURCE, SourceStatus, StatusReader
+from gitops.status.reader import PUBLIC, SOURCE, SourceStatus, StatusReader
+from gitops.status.snapshot import HYPERVISORS
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ def against_status(repo: Path, ref: str, model: RepoModel | None = None, config:
     """The state and snapshot at `ref` of `repo`'s git; with `model` and `config`, without the clusters
     whose converged record matches them (only those clusters' observed files are read)."""
     reader = StatusReader.at_ref(repo, ref)
+    reader.prefetch([PUBLIC, SOURCE, HYPERVISORS])
     state = merge(reader.public_state(), None)
     applied = SourceStatus.parse(reader.require(SOURCE)).applied_sha
     source = f"snapshot {ref} (applied {applied[:12]})"

@@ -17,7 +17,7 @@ from gitops.model.config import RepoConfig
 from gitops.model.resources import RepoModel
 from gitops.observe.types import ObservedState
 from gitops.plan import converged
-from gitops.plan.converged import blob_id, nodes_by_cluster
+from gitops.plan.converged import blob_id
 from gitops.sip.selection import HostSelection
 from gitops.state.records import State
 from gitops.status.reader import APPLY, SOURCE, converged_path, kubeconfig_path
@@ -51,21 +51,15 @@ def commit_documents(outcome: Outcome, record: bytes | None, model: RepoModel, d
 def converged_files(after: Planned | None, model: RepoModel, config: RepoConfig, state: State,
                     files: dict[str, bytes]) -> dict[str, bytes]:
     """`observed/converged/<cluster>.json` of each cluster the plan made after the apply (`after`) left with
-    nothing to do (`gitops.plan.converged.records`), beside the snapshot `files` of the same commit. A
-    cluster whose records in `state` (as written in the commit) are not the plan's is left out."""
+    nothing to do (`gitops.plan.converged.records`), beside the snapshot `files` and the recorded `state`
+    of the same commit (their observation fingerprint: the git blob id of their snapshot file)."""
     if after is None:
         return {}
     reachable = {name: hv.reachable for name, hv in after.observed.hypervisors.items()}
     blobs = {c: blob_id(files[cluster_path(c)]) for c in model.clusters if cluster_path(c) in files}
-    mine, theirs = nodes_by_cluster(after.state), nodes_by_cluster(state)
-    out = {}
-    for cluster, record in converged.records(after.plan, after.settled, model, config, state, reachable, blobs,
-                                             after.renew_at).items():
-        nodes = mine.get(cluster, [])
-        if (after.state.clusters.get(cluster) == state.clusters.get(cluster) and sorted(nodes) ==
-                sorted(theirs.get(cluster, [])) and all(after.state.nodes[n] == state.nodes[n] for n in nodes)):
-            out[converged_path(cluster)] = record.to_bytes()
-    return out
+    made = converged.records(after.plan, after.settled, model, config, state, reachable, blobs, after.renew_at,
+                             after.state)
+    return {converged_path(cluster): record.to_bytes() for cluster, record in made.items()}
 
 
 def kubeconfig_files(desired: DesiredState, state: State, sealer: Sealer, recipients: tuple[str, ...],

@@ -39,6 +39,8 @@ STATE_DIR = "state"
 PUBLIC = f"{STATE_DIR}/public.json"
 SEALED = f"{STATE_DIR}/secrets.age"
 PLAINTEXT = f"{STATE_DIR}/secrets.INSECURE-PLAINTEXT.json"
+#: cluster snapshot files read in one request
+SNAPSHOT_CHUNK = 256
 #: per cluster, what its last empty plan was made from (`gitops.plan.converged`): what a cold plan may skip
 CONVERGED_DIR = f"{OBSERVED_DIR}/converged"
 #: What the controller owns on the branch: every publish makes these exactly what it writes.
@@ -99,6 +101,8 @@ class StatusReader:
         self._blobs = blobs or (lambda folder: {n: blob_id(self._get(f"{folder}/{n}")) for n in self._names(folder)})
         #: path -> content of those of `paths` that are there
         self._many = many or (lambda paths: {p: data for p in paths if (data := self.read(p)) is not None})
+        #: files read ahead (`prefetch`), None where there is none
+        self._kept: dict[str, bytes | None] = {}
 
     @classmethod
     def in_dir(cls, root: Path) -> "StatusReader":
@@ -116,50 +120,63 @@ class StatusReader:
 
     @classmethod
     def at_ref(cls, repo: Path, ref: str) -> "StatusReader":
-        """The tree at `ref` of the clone `repo`, read through one `git cat-file --batch` (GitPython's)."""
-        import git  # here: only readers of a ref pay GitPython's import (~0.1 s of a cold `gitops plan`)
-
-        try:
-            clone = git.Repo(repo)
-        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            clone = None
+        """The tree at `ref` of the clone `repo`, read with git itself: `git cat-file --batch` given every
+        path of a read at once, `git ls-tree` for a folder. No GitPython: its import alone is a tenth of a
+        cold `gitops plan`, and one process per read is safe from any thread (the UI serves with several)."""
 
         def get(rel: str) -> bytes:
-            if clone is None:
-                raise FileNotFoundError(f"{repo} is not a git repository")
             try:
-                _sha, kind, _size, data = clone.git.get_object_data(f"{ref}:{rel}")
-            except ValueError:  # "<name> missing"
-                raise FileNotFoundError(f"no {rel} at {ref}") from None
-            if kind != b"blob":
-                raise FileNotFoundError(f"{rel} at {ref} is a {kind.decode()}, not a file")
-            return data
+                found = batch_read(repo, ref, [rel])
+            except GitopsError as err:
+                raise FileNotFoundError(str(err)) from None
+            if rel not in found:
+                raise FileNotFoundError(f"no {rel} at {ref}")
+            return found[rel]
 
-        def names(folder: str) -> list[str]:
-            if clone is None:
-                return []
-            try:
-                return sorted(clone.git.ls_tree("--name-only", f"{ref}:{folder}").split())
-            except git.GitCommandError:
-                return []
+        listed: dict[str, list[tuple[str, str, str]]] = {}
 
-        def blobs(folder: str) -> dict[str, str]:
-            if clone is None:
-                return {}
-            try:
-                listing = clone.git.ls_tree(f"{ref}:{folder}")
-            except git.GitCommandError:
-                return {}
-            out = {}
-            for line in listing.splitlines():
-                meta, _, name = line.partition("\t")
-                mode_kind_sha = meta.split()
-                if len(mode_kind_sha) == 3 and mode_kind_sha[1] == "blob":
-                    out[name] = mode_kind_sha[2]
+        def listing(folder: str) -> list[tuple[str, str, str]]:
+            """(kind, object id, name) of each entry of `folder` ([] when there is none), listed once."""
+            if folder not in listed:
+                listed[folder] = _listing(folder)
+            return listed[folder]
+
+        def _listing(folder: str) -> list[tuple[str, str, str]]:
+            done = subprocess.run(["git", "-C", str(repo), "ls-tree", "-z", f"{ref}:{folder}"], capture_output=True,
+                                  check=False)
+            if done.returncode != 0:
+                return []
+            out = []
+            for entry in done.stdout.decode(errors="surrogateescape").split("\0"):
+                meta, _, name = entry.partition("\t")
+                fields = meta.split()
+                if len(fields) == 3 and name:
+                    out.append((fields[1], fields[2], name))
             return out
 
+        def names(folder: str) -> list[str]:
+            return sorted(name for _, _, name in listing(folder))
+
+        by_name: dict[str, dict[str, str]] = {}
+
+        def blobs(folder: str) -> dict[str, str]:
+            if folder not in by_name:
+                by_name[folder] = {name: sha for kind, sha, name in listing(folder) if kind == "blob"}
+            return by_name[folder]
+
         def many(paths: list[str]) -> dict[str, bytes]:
-            return batch_read(repo, ref, paths) if clone is not None else {}
+            # a file of a folder listed already is asked for by its object id: git then looks up no path
+            ids = {}
+            for path in paths:
+                folder, _, name = path.rpartition("/")
+                if folder in listed:
+                    found = blobs(folder).get(name)
+                    if found is not None:
+                        ids[path] = found
+            try:
+                return batch_read(repo, ref, paths, ids)
+            except GitopsError:
+                return {}
 
         return cls(f"{ref} in {repo}", get, names, ref, blobs, many)
 
@@ -175,15 +192,28 @@ class StatusReader:
 
     # ------------------------------------------------------------------ files
 
+    def prefetch(self, paths: list[str]) -> None:
+        """Read `paths` in one request now and keep them: for a reader that needs several."""
+        found = self._many(paths)
+        self._kept.update({p: found.get(p) for p in paths})
+
+    def _read(self, rel: str) -> bytes:
+        if rel in self._kept:
+            data = self._kept[rel]
+            if data is None:
+                raise FileNotFoundError(f"no {rel}")
+            return data
+        return self._get(rel)
+
     def read(self, rel: str) -> bytes | None:
         try:
-            return self._get(rel)
+            return self._read(rel)
         except FileNotFoundError:
             return None
 
     def require(self, rel: str) -> bytes:
         try:
-            return self._get(rel)
+            return self._read(rel)
         except FileNotFoundError as err:
             raise GitopsError(f"cannot read {rel} at {self.where}: {err}") from None
 
@@ -202,14 +232,24 @@ class StatusReader:
             return ObservedState.from_dict(yaml.safe_load(self.require(OBSERVED)) or {})
         if self.read(HYPERVISORS) is None:
             raise GitopsError(f"cannot read {HYPERVISORS} at {self.where}: there is no observed snapshot")
-        return load_snapshot(self.read, self._names(CLUSTERS_DIR))
+        return self._snapshot(self._names(CLUSTERS_DIR))
 
     def observed_of(self, clusters: Iterable[str] | None) -> ObservedState:
         """The snapshot with the files of `clusters` only (None: all), and everything not filed by cluster."""
         if clusters is None:
             return self.observed()
         wanted = {f"{c}.json" for c in clusters}
-        return load_snapshot(self.read, [n for n in self._names(CLUSTERS_DIR) if n in wanted])
+        return self._snapshot([n for n in self._names(CLUSTERS_DIR) if n in wanted])
+
+    def _snapshot(self, names: list[str]) -> ObservedState:
+        """The snapshot with the cluster files `names`, read `SNAPSHOT_CHUNK` at a time: a read of many
+        files is one request, and no more than a chunk of the snapshot's text is held at once."""
+        def chunks():
+            names_json = [n for n in sorted(names) if n.endswith(".json")]
+            for i in range(0, len(names_json), SNAPSHOT_CHUNK):
+                found = self._many([f"{CLUSTERS_DIR}/{n}" for n in names_json[i:i + SNAPSHOT_CHUNK]])
+                yield from found.values()
+        return load_snapshot(self.read, contents=chunks())
 
     def observed_blobs(self) -> dict[str, str]:
         """The git blob id of each cluster's observed file, by cluster."""
@@ -234,6 +274,7 @@ class StatusReader:
     def public_state(self) -> dict[str, Any]:
         """`state/public.json` without its generation counter (required); no private key is in it."""
         public = json.loads(self.require(PUBLIC))
+        self._kept.pop(PUBLIC, None)  # (the largest file: not kept beside what it reads as)
         public.pop("generation", None)
         return public
 
@@ -244,8 +285,9 @@ class StatusReader:
     def documents_in(self, folder: str) -> dict[str, dict[str, Any]]:
         """Every YAML document of `folder` (e.g. `backups`), by metadata.name."""
         out = {}
-        for name in self._names(folder):
-            doc = yaml.safe_load(self.read(f"{folder}/{name}") or b"{}")
+        found = self._many([f"{folder}/{name}" for name in self._names(folder)])
+        for rel in sorted(found):
+            doc = yaml.safe_load(found[rel] or b"{}")
             if doc:
                 out[doc["metadata"]["name"]] = doc
         return out
@@ -262,15 +304,18 @@ def branch_of_checkout(repo: Path) -> str:
     return branch if isinstance(branch, str) and branch else DEFAULT_BRANCH
 
 
-def batch_read(repo: Path, ref: str, paths: list[str]) -> dict[str, bytes]:
+def batch_read(repo: Path, ref: str, paths: list[str], ids: dict[str, str] | None = None) -> dict[str, bytes]:
     """The contents of those of `paths` at `ref` that are files, through one `git cat-file --batch` that is
-    given every name at once (a round trip per file costs more than the files of a large fleet)."""
+    given every name at once (a round trip per file costs more than the files of a large fleet). `ids`:
+    the object id of some of them, asked for instead of their path."""
+    ids = ids or {}
     if not paths:
         return {}
     if any("\n" in p for p in paths):
         raise GitopsError("a status-branch path holds a newline")
+    names = [ids.get(p) or f"{ref}:{p}" for p in paths]
     done = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch"], check=False, capture_output=True,
-                          input="".join(f"{ref}:{p}\n" for p in paths).encode())
+                          input="".join(f"{n}\n" for n in names).encode())
     if done.returncode != 0:
         raise GitopsError(f"cannot read {ref} in {repo}: {done.stderr.decode(errors='replace').strip()}")
     out, data, at = {}, done.stdout, 0
@@ -289,10 +334,5 @@ def batch_read(repo: Path, ref: str, paths: list[str]) -> dict[str, bytes]:
 
 def _resolves(repo: Path, ref: str) -> bool:
     """Whether `ref` names a commit in the clone `repo`."""
-    import git
-
-    try:
-        git.Repo(repo).git.rev_parse("--verify", "--quiet", ref)
-    except (git.GitCommandError, git.InvalidGitRepositoryError, git.NoSuchPathError):
-        return False
-    return True
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                          capture_output=True, check=False).returncode == 0

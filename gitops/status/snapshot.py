@@ -9,6 +9,7 @@ pods changed. A container's spec is its spec annotation, verbatim (JSON text).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -19,6 +20,8 @@ from typing import Any
 from gitops.errors import GitopsError
 from gitops.model.resources import BareMetalHost
 from gitops.observe.types import ObservedCluster, ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
+from gitops.plan.converged import blob_id
+from gitops.plan.upkeep import upkeep_facts
 from gitops.pods import NodeFiles
 
 OBSERVED_DIR = "observed"
@@ -104,9 +107,11 @@ def pod_from_dict(data: dict[str, Any]) -> ObservedPod:
     )
 
 
-def load_snapshot(read: Callable[[str], bytes | None], cluster_files: Iterable[str]) -> ObservedState:
-    """The snapshot from `read(path)` and the names of the files under `observed/clusters/`.
-    Each file is parsed and turned into pods before the next is read: no whole-snapshot text is held."""
+def load_snapshot(read: Callable[[str], bytes | None], cluster_files: Iterable[str] = (),
+                  contents: Iterable[bytes | None] | None = None) -> ObservedState:
+    """The snapshot from `read(path)` and the names of the files under `observed/clusters/` (or, given
+    `contents`, those files' contents, as they come). Each file is parsed and turned into pods before
+    the next is read: no whole-snapshot text is held."""
     raw = read(HYPERVISORS)
     if raw is None:
         raise GitopsError(f"no {HYPERVISORS}")
@@ -114,10 +119,9 @@ def load_snapshot(read: Callable[[str], bytes | None], cluster_files: Iterable[s
     pods: dict[str, list[ObservedPod]] = {name: [] for name in top.get("hypervisors", {})}
     loaded = [pod_from_dict(p) for p in top.get("pods", [])]
     apis = {n: ObservedCluster.from_dict(c) for n, c in top.get("clusters", {}).items()}
-    for name in sorted(cluster_files):
-        if not name.endswith(".json"):
-            continue
-        data = read(f"{CLUSTERS_DIR}/{name}")
+    if contents is None:
+        contents = (read(f"{CLUSTERS_DIR}/{name}") for name in sorted(cluster_files) if name.endswith(".json"))
+    for data in contents:
         if data is not None:
             part = json.loads(data)
             loaded.extend(pod_from_dict(p) for p in part.get("pods", []))
@@ -134,3 +138,21 @@ def load_snapshot(read: Callable[[str], bytes | None], cluster_files: Iterable[s
     hosts = top.get("bareMetalHosts")
     return ObservedState(hypervisors, tuple(BareMetalHost(**h) for h in hosts) if hosts is not None else None,
                          dict(sorted(apis.items())))
+
+
+def live_fingerprints(observed: ObservedState) -> dict[str, str]:
+    """Per cluster, a fingerprint of everything a plan reads of its live observation: its snapshot file's
+    git blob id (its pods and API objects), the facts its etcd upkeep decides on, its snapshots listing.
+    What a local state dir's `converged.json` records (`gitops plan` with a live observation)."""
+    by_cluster: dict[str, list[ObservedPod]] = {}
+    for pod in observed.pods():
+        by_cluster.setdefault(pod.cluster, []).append(pod)
+    out = {}
+    for cluster in sorted(by_cluster.keys() | observed.clusters.keys() | observed.etcd.keys()
+                          | observed.snapshots.keys()):
+        listing = observed.snapshots.get(cluster)
+        text = "\n".join([blob_id(cluster_file(cluster, by_cluster.get(cluster, ()), observed.clusters.get(cluster))),
+                          repr(upkeep_facts(observed.etcd.get(cluster))),
+                          repr(listing.to_dict() if listing is not None else None)])
+        out[cluster] = hashlib.sha256(text.encode()).hexdigest()
+    return out
