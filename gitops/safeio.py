@@ -42,8 +42,10 @@ def _size(limit: int) -> str:
 
 def within(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
     """Whether `path`, every symlink resolved (a loop left as is, never raising), lies under `root`."""
-    real = os.path.realpath(path)
-    base = os.path.realpath(root)
+    return _under(os.path.realpath(path), os.path.realpath(root))
+
+
+def _under(real: str, base: str) -> bool:
     return real == base or real.startswith(base.rstrip("/") + "/")
 
 
@@ -59,7 +61,8 @@ def read_bytes(path: str | os.PathLike[str], limit: int, *, inside: str | os.Pat
         info = os.stat(path)
     except OSError as err:
         raise FileRefused(shown, _why(path, err)) from None
-    if inside is not None and not within(path, inside):
+    real = os.path.realpath(path) if inside is not None else ""
+    if inside is not None and not _under(real, os.path.realpath(inside)):
         raise FileRefused(shown, "symlink points outside the repo; refusing to read it")
     if not stat.S_ISREG(info.st_mode):
         raise FileRefused(shown, f"is {_kind(info.st_mode)}, not a regular file; refusing to read it")
@@ -67,7 +70,7 @@ def read_bytes(path: str | os.PathLike[str], limit: int, *, inside: str | os.Pat
         raise FileRefused(shown, f"file is larger than {_size(limit)} ({info.st_size} bytes); refusing to read it")
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
     if inside is not None:  # open what was checked: the resolved name, whose last part is no link by now
-        path, flags = os.path.realpath(path), flags | os.O_NOFOLLOW
+        path, flags = real, flags | os.O_NOFOLLOW
     try:
         fd = os.open(path, flags)
     except OSError as err:

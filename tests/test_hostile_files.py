@@ -139,6 +139,20 @@ def test_size_limits_hold_before_reading(tmp_path: Path) -> None:
     assert_table(SIZES, tmp_path)
 
 
+def test_past_the_file_limit_the_rest_is_not_read_and_the_repo_refused(tmp_path: Path, monkeypatch) -> None:
+    from gitops.model import repo as repo_module
+    from gitops.model.validate import validate_repo
+
+    monkeypatch.setattr(repo_module, "MAX_FILES", 3)
+    files = {f"hv-{i}.yaml": HYPERVISOR.format(name=f"hv-{i}", ip=f"127.0.40.{i + 1}", low=30000 + 10 * i,
+                                               high=30009 + 10 * i) for i in range(5)}
+    repo = repo_with(tmp_path, files, config=config_yaml("  paths: [.]\n"))
+    result = validate_repo(repo)
+    assert result.model is None
+    assert [str(d) for d in result.diagnostics] == [
+        "hv-3.yaml:1: the repo has more than 3 YAML files under spec.paths; this one and the rest are not read"]
+
+
 # --- the state directory, saved plans, identities, schema --write --------------------
 
 def empty_repo(tmp: Path) -> Path:

@@ -1,6 +1,7 @@
 """`gitops plan`, `gitops apply` and `gitops kubeconfig`."""
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import sys
@@ -205,9 +206,13 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
         outcome = apply_plan(the_plan, state, model, config, store, allow_mass_delete=allow_mass_delete,
                              progress=progress, planned=planned)
     except BaseException:
-        store.save_converged({})  # what ran changed the live state: the next plan compares everything
+        with contextlib.suppress(GitopsError):  # (records that cannot be replaced match nothing that ran)
+            store.save_converged({})  # what ran changed the live state: the next plan compares everything
         raise
-    record_converged(store, outcome, model, config)
+    try:
+        record_converged(store, outcome, model, config)
+    except GitopsError as err:  # it only saves the next plan work: the apply itself is done
+        click.echo(f"warning: {err}", err=True)
     report_apply(outcome, console)
 
 

@@ -23,7 +23,7 @@ from gitops.safeio import FileRefused, MiB, read_bytes, within
 YAML_SUFFIXES = (".yaml", ".yml")
 MAX_MESSAGE = 240
 #: YAML files of a repo, and their bytes altogether: past either, the rest is not read
-MAX_FILES = 20_000
+MAX_FILES = 100_000
 MAX_REPO_BYTES = 64 * MiB
 #: documents of a repo (a `kind: List` counts its items)
 MAX_DOCUMENTS = 100_000
@@ -168,7 +168,8 @@ def _yaml_files(root: Path, config: RepoConfig, paths: _Paths, diagnostics: list
                 rel = full.relative_to(root).as_posix()
                 if rel == CONFIG_FILE:
                     continue
-                if not within(full, root):
+                # (os.walk follows no directory link and `base` is resolved: only the file itself may be one)
+                if os.path.islink(full) and not within(full, root):
                     diagnostics.append(Diagnostic(rel, 1, message="symlink points outside the repo; refusing to read it"))
                     continue
                 found.add(rel)
