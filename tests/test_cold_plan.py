@@ -259,3 +259,30 @@ def test_a_cluster_warning_records_nothing_a_sip_warning_records_every_cluster(w
     plan = world.compare()
     assert any(w.startswith("SIPCluster tenant-1") for w in plan.warnings)
     assert set(plan.unchanged) == clusters(model)
+
+
+def test_a_live_fingerprint_moves_with_what_a_plan_reads_not_with_etcd_sizes(world):
+    """`gitops plan` with a state dir: a cluster's live fingerprint covers its pods and the facts its etcd
+    upkeep decides on; the database sizes that change with every write leave it alone."""
+    from gitops.observe.types import EtcdMemberSpace, ObservedEtcd
+    from gitops.status.snapshot import live_fingerprints
+
+    members = [EtcdMemberSpace(f"team-a-cp-{i}", f"https://127.0.0.1:{2379 + i}", 40 << 20, 36 << 20)
+               for i in (1, 2, 3)]
+
+    def with_etcd(spaces, alarms=()):
+        return dataclasses.replace(world.observed, etcd={"team-a": ObservedEtcd(tuple(spaces), tuple(alarms))})
+
+    base = live_fingerprints(with_etcd(members))
+    grown = [dataclasses.replace(m, db_size=m.db_size + (1 << 20), db_in_use=m.db_in_use + (1 << 20))
+             for m in members]
+    assert live_fingerprints(with_etcd(grown)) == base
+    fragmented = [dataclasses.replace(members[0], db_in_use=4 << 20), *members[1:]]
+    assert live_fingerprints(with_etcd(fragmented))["team-a"] != base["team-a"]
+    assert live_fingerprints(with_etcd(members, [("team-a-cp-1", "NOSPACE")]))["team-a"] != base["team-a"]
+    assert {c: f for c, f in live_fingerprints(with_etcd(fragmented)).items() if c != "team-a"} == \
+        {c: f for c, f in base.items() if c != "team-a"}
+    moved = dataclasses.replace(world.observed, hypervisors={
+        n: dataclasses.replace(hv, pods=tuple(dataclasses.replace(p, ready=False) if p.node == "team-b-cp-2" else p
+                                              for p in hv.pods)) for n, hv in world.observed.hypervisors.items()})
+    assert live_fingerprints(moved)["team-b"] != live_fingerprints(world.observed)["team-b"]

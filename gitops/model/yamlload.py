@@ -58,6 +58,7 @@ Path_ = tuple[str | int, ...]
 _MAP = "tag:yaml.org,2002:map"
 _SEQ = "tag:yaml.org,2002:seq"
 _MERGE = "tag:yaml.org,2002:merge"
+_STR = "tag:yaml.org,2002:str"
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _SCALAR_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null"))
 
@@ -125,7 +126,7 @@ class _Builder:
         if isinstance(node, yaml.SequenceNode):
             return [self._value(item, path + (i,), pos, depth + 1) for i, item in enumerate(node.value)]
         self._count_bytes(node, line)
-        if node.tag == _TIMESTAMP:  # keep dates as written; schemas speak strings
+        if node.tag == _TIMESTAMP or node.tag == _STR:  # dates kept as written (schemas speak strings)
             return node.value
         try:
             return self._scalars.construct_object(node, deep=True)
