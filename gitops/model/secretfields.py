@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -132,10 +133,27 @@ class Opened:
     decrypted: int = 0
 
 
+#: what `private_key_in` needs to find in a string before it looks any further
+_KEY_MARKS = (PEM_MARK, "AGE-SECRET-KEY-1", BASE64_PEM_MARK)
+
+
+def _may_hold_key(data: Any) -> bool:
+    """Whether some string of `data` (key or value) holds a mark `private_key_in` looks for: searched in
+    its JSON text at once (a mark inside one string shows there as is; the text between two strings
+    is punctuation, so no mark is made across them)."""
+    try:
+        text = json.dumps(data, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return True
+    return any(mark in text for mark in _KEY_MARKS)
+
+
 def plaintext_findings(docs: list[Document], allow: bool) -> Iterator[Diagnostic]:
     """A plaintext private key anywhere in the documents' values (error, or warning when allowed)."""
     for doc in docs:
         yield from _plaintext_secrets(doc, allow)
+        if not _may_hold_key(doc.data):
+            continue
         for path, value in strings(doc.data, keys=True):
             what = private_key_in(value)
             if not what:

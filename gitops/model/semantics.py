@@ -4,14 +4,15 @@ Every check takes schema-valid documents and returns diagnostics; none raises.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ipaddress
 import os
 import re
 from collections import defaultdict
+from contextvars import ContextVar
 from collections.abc import Callable, Iterable
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from gitops.model import versions
 from gitops.model.components import CONTROLPLANE, INGRESS, ROLES
@@ -19,8 +20,10 @@ from gitops.model.diagnostics import Diagnostic
 from gitops.model.documents import Document
 from gitops.model.networkdata import NetworkDataError, first_ipv4, network_data_from_secret
 from gitops.model.resources import API_SERVER_FLAGS, DATA_DIR_ANNOTATION
-from gitops.pki import key_matches_cert
 from gitops.secrets import is_armored
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$")
 
@@ -35,12 +38,31 @@ def check_all(valid: list[Document], everything: list[Document]) -> list[Diagnos
     document with a schema error is not reported a second time as missing.
     """
     out: list[Diagnostic] = []
-    for check in CHECKS:
-        out.extend(check(valid, everything))
+    groups = {id(valid): (valid, _by_kind(valid)), id(everything): (everything, _by_kind(everything))}
+    token = _GROUPS.set(groups)
+    try:
+        for check in CHECKS:
+            out.extend(check(valid, everything))
+    finally:
+        _GROUPS.reset(token)
+    return out
+
+
+#: the documents of `check_all`'s lists grouped by kind once (its rules ask for a kind many times)
+_GROUPS: ContextVar[dict[int, tuple[list[Document], dict[str, list[Document]]]]] = ContextVar("groups", default={})
+
+
+def _by_kind(docs: list[Document]) -> dict[str, list[Document]]:
+    out: dict[str, list[Document]] = defaultdict(list)
+    for doc in docs:
+        out[doc.kind].append(doc)
     return out
 
 
 def _of_kind(docs: list[Document], kind: str) -> list[Document]:
+    found = _GROUPS.get().get(id(docs))
+    if found is not None and found[0] is docs:
+        return list(found[1].get(kind, ()))
     return [d for d in docs if d.kind == kind]
 
 
@@ -133,6 +155,10 @@ def hypervisor_tls(docs: list[Document], _everything: list[Document]) -> Iterabl
         key_path = base + ("clientCertificate", "privateKey")
         if is_armored(hv.get(key_path)):
             continue  # not decrypted (no identity, or an error already reported): nothing to compare
+        from cryptography.hazmat.primitives import serialization  # (only remote hypervisors need it)
+
+        from gitops.pki import key_matches_cert
+
         try:
             key = serialization.load_pem_private_key(hv.get(key_path).encode(), password=None)
         except (ValueError, TypeError):
@@ -173,6 +199,8 @@ def hypervisor_data_dirs(docs: list[Document], _everything: list[Document]) -> I
 
 
 def _certificate(doc: Document, path: tuple[str, ...]) -> x509.Certificate | Diagnostic:
+    from cryptography import x509  # here: only a remote hypervisor's certificates need it
+
     text = doc.get(path)
     try:
         return x509.load_pem_x509_certificate(text.encode())
@@ -181,6 +209,8 @@ def _certificate(doc: Document, path: tuple[str, ...]) -> x509.Certificate | Dia
 
 
 def _is_ca(cert: x509.Certificate) -> bool:
+    from cryptography import x509
+
     try:
         return cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     except x509.ExtensionNotFound:
