@@ -24,9 +24,11 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +90,21 @@ def blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+#: libraries whose answers a plan depends on (certificates parsed, YAML read, schemas checked)
+_LIBRARIES = ("cryptography", "PyYAML", "jsonschema")
+
+
 @lru_cache(maxsize=1)
 def code_digest() -> str:
-    """A digest of the gitops sources that plan: another version of gitops may plan otherwise."""
+    """A digest of the gitops sources, the Python version and the libraries a plan's answers depend on:
+    another version of any of them may plan otherwise."""
     root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
+    h = hashlib.sha256(sys.version.encode())
+    for name in _LIBRARIES:
+        try:
+            h.update(f"{name}={metadata.version(name)}\0".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{name}=?\0".encode())
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0")
         h.update(path.read_bytes())

@@ -43,7 +43,7 @@ def against_status(repo: Path, ref: str, model: RepoModel | None = None, config:
     state = merge(reader.public_state(), None)
     applied = SourceStatus.parse(reader.require(SOURCE)).applied_sha
     source = f"snapshot {ref} (applied {applied[:12]})"
-    if model is None or config is None:
+    if model is None or config is None or reader.read(HYPERVISORS) is None:  # (older layout: no records)
         return Against(state, reader.observed(), source)
     blobs = reader.observed_blobs()
     skipped = converged.unchanged(model, config, state, reader.converged(), reader.reachability(), blobs,

@@ -122,7 +122,14 @@ class StatusReader:
     def at_ref(cls, repo: Path, ref: str) -> "StatusReader":
         """The tree at `ref` of the clone `repo`, read with git itself: `git cat-file --batch` given every
         path of a read at once, `git ls-tree` for a folder. No GitPython: its import alone is a tenth of a
-        cold `gitops plan`, and one process per read is safe from any thread (the UI serves with several)."""
+        cold `gitops plan`, and one process per read is safe from any thread (the UI serves with several).
+        A ref that names a commit is resolved once: every read of the reader sees the same commit, however
+        the ref moves meanwhile (a fetch by another request of the UI)."""
+        done = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                              capture_output=True, text=True, check=False)
+        label = ref
+        if done.returncode == 0 and done.stdout.strip():
+            ref = done.stdout.strip()
 
         def get(rel: str) -> bytes:
             try:
@@ -173,12 +180,9 @@ class StatusReader:
                     found = blobs(folder).get(name)
                     if found is not None:
                         ids[path] = found
-            try:
-                return batch_read(repo, ref, paths, ids)
-            except GitopsError:
-                return {}
+            return batch_read(repo, ref, paths, ids)  # (git failing is an error, not files missing)
 
-        return cls(f"{ref} in {repo}", get, names, ref, blobs, many)
+        return cls(f"{label} in {repo}", get, names, label, blobs, many)
 
     @classmethod
     def for_clone(cls, repo: Path, ref: str | None = None) -> "StatusReader":
