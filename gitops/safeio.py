@@ -61,9 +61,11 @@ def read_bytes(path: str | os.PathLike[str], limit: int, *, inside: str | os.Pat
         info = os.stat(path)
     except OSError as err:
         raise FileRefused(shown, _why(path, err)) from None
-    real = os.path.realpath(path) if inside is not None else ""
-    if inside is not None and not _under(real, os.path.realpath(inside)):
-        raise FileRefused(shown, "symlink points outside the repo; refusing to read it")
+    real = ""  # (resolved once: checked here, opened below)
+    if inside is not None:
+        real = os.path.realpath(path)
+        if not _under(real, os.path.realpath(inside)):
+            raise FileRefused(shown, "symlink points outside the repo; refusing to read it")
     if not stat.S_ISREG(info.st_mode):
         raise FileRefused(shown, f"is {_kind(info.st_mode)}, not a regular file; refusing to read it")
     if info.st_size > limit:

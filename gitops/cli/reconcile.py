@@ -27,6 +27,7 @@ from gitops.secrets import load_identities, public_recipient
 from gitops.state import LocalDirStore
 from gitops.state.records import ClusterRecord
 from gitops.status.against import plan_against_status
+from gitops.status.commit import converged_records
 from gitops.status.snapshot import live_fingerprints
 
 STATE_ENV = "GITOPS_STATE_DIR"
@@ -223,10 +224,8 @@ def record_converged(store: LocalDirStore, outcome: ApplyResult, model, config) 
     if after is None:
         store.save_converged({})
         return
-    reachable = {name: hv.reachable for name, hv in after.observed.hypervisors.items()}
-    store.save_converged(converged.to_json(converged.records(
-        after.plan, after.settled, model, config, store.load(), reachable, live_fingerprints(after.observed),
-        after.renew_at, after.state)))
+    store.save_converged(converged.to_json(converged_records(after, model, config, store.load(),
+                                                             live_fingerprints(after.observed))))
 
 
 def report_apply(outcome: ApplyResult, console: Console) -> None:

@@ -4,15 +4,13 @@ Every check takes schema-valid documents and returns diagnostics; none raises.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import ipaddress
 import os
 import re
 from collections import defaultdict
-from contextvars import ContextVar
 from collections.abc import Callable, Iterable
-
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
 from gitops.model import versions
 from gitops.model.components import CONTROLPLANE, INGRESS, ROLES

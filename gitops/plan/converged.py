@@ -195,9 +195,9 @@ def nodes_by_cluster(state: State) -> dict[str, list[str]]:
     return out
 
 
-def records(plan: Plan, settled: bool, model: RepoModel, config: RepoConfig, state: State,
-            reachable: Mapping[str, bool], observed: Mapping[str, str], renew_at: Mapping[str, dt.datetime],
-            planned_state: State | None = None) -> dict[str, Converged]:
+def records(plan: Plan, settled: bool, model: RepoModel, config: RepoConfig, state: State, planned_state: State,
+            reachable: Mapping[str, bool], observed: Mapping[str, str],
+            renew_at: Mapping[str, dt.datetime]) -> dict[str, Converged]:
     """The records a reconcile leaves: one per cluster of `model` with no action in `plan`, none at all
     unless the plan is `settled` (no warning, note or unknown from any cluster). `state`: the recorded
     state as written beside them (a cluster whose records there differ from `planned_state`'s, the
@@ -207,22 +207,23 @@ def records(plan: Plan, settled: bool, model: RepoModel, config: RepoConfig, sta
         return {}
     busy = {a.cluster for a in plan.actions}
     digester = Digester(model, config, state, reachable)
-    by_cluster = digester.by_cluster
-    planned_nodes = nodes_by_cluster(planned_state) if planned_state is not None else by_cluster
+    planned_nodes = nodes_by_cluster(planned_state)
     out = {}
     for cluster in sorted(model.clusters):
-        if cluster in busy:
+        nodes = sorted(digester.by_cluster.get(cluster, []))
+        if (cluster in busy or planned_state.clusters.get(cluster) != state.clusters.get(cluster)
+                or sorted(planned_nodes.get(cluster, [])) != nodes
+                or any(planned_state.nodes[n] != state.nodes[n] for n in nodes)):
             continue
-        if planned_state is not None:
-            nodes = sorted(by_cluster.get(cluster, []))
-            if (planned_state.clusters.get(cluster) != state.clusters.get(cluster)
-                    or sorted(planned_nodes.get(cluster, [])) != nodes
-                    or any(planned_state.nodes[n] != state.nodes[n] for n in nodes)):
-                continue
         when = renew_at.get(cluster)
         out[cluster] = Converged(digester.digest(cluster), observed.get(cluster, ""),
                                  when.isoformat() if when is not None else "")
     return out
+
+
+def reachability(observed: ObservedState) -> dict[str, bool]:
+    """Whether each observed hypervisor answered."""
+    return {name: hv.reachable for name, hv in observed.hypervisors.items()}
 
 
 def unchanged(model: RepoModel, config: RepoConfig, state: State, recorded: Mapping[str, Converged],
@@ -244,8 +245,7 @@ def leave_out(model: RepoModel, config: RepoConfig, state: State, recorded: Mapp
               observed: ObservedState, fingerprints: Mapping[str, str], now: dt.datetime) -> frozenset[str]:
     """The clusters a plan against the whole of `observed` (a live observation) may leave out: `unchanged`
     by their `fingerprints`, less those owning the node of a pod filed under another cluster."""
-    reachable = {name: hv.reachable for name, hv in observed.hypervisors.items()}
-    skipped = unchanged(model, config, state, recorded, reachable, fingerprints, now)
+    skipped = unchanged(model, config, state, recorded, reachability(observed), fingerprints, now)
     return skipped - clusters_of_pods(model, observed.pods(), skipped)
 
 

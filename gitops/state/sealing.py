@@ -16,23 +16,18 @@ def split(state: State) -> tuple[dict[str, Any], dict[str, Any]]:
     public = state.to_dict()
     secrets: dict[str, Any] = {"clusters": {}}
     for name, cluster in public["clusters"].items():
-        secrets["clusters"][name] = _strip(cluster)
+        keys: dict[str, Any] = {"authorities": {}}
+        for role, record in cluster["authorities"].items():
+            keys["authorities"][role] = record.pop("key_pem", "")
+            record["key_pem"] = ""
+        if cluster.get("admin"):
+            keys["admin"] = cluster["admin"].get("key_pem", "")
+            cluster["admin"]["key_pem"] = ""
+        for role, record in ((cluster.get("rotation") or {}).get("other") or {}).items():
+            keys.setdefault("rotation", {})[role] = record.pop("key_pem", "")
+            record["key_pem"] = ""
+        secrets["clusters"][name] = keys
     return public, secrets
-
-
-def _strip(cluster: dict[str, Any]) -> dict[str, Any]:
-    """Blank the private keys of a cluster's record in its JSON form (in place); returns them."""
-    keys: dict[str, Any] = {"authorities": {}}
-    for role, record in cluster["authorities"].items():
-        keys["authorities"][role] = record.pop("key_pem", "")
-        record["key_pem"] = ""
-    if cluster.get("admin"):
-        keys["admin"] = cluster["admin"].get("key_pem", "")
-        cluster["admin"]["key_pem"] = ""
-    for role, record in ((cluster.get("rotation") or {}).get("other") or {}).items():
-        keys.setdefault("rotation", {})[role] = record.pop("key_pem", "")
-        record["key_pem"] = ""
-    return keys
 
 
 def merge(public: dict[str, Any], secrets: dict[str, Any] | None) -> State:

@@ -28,22 +28,16 @@ class Against:
     unchanged: frozenset[str] = frozenset()
 
 
-def snapshot_from_status(repo: Path, ref: str) -> tuple[State, ObservedState, str]:
-    """(public state, the whole observed snapshot, label) from a status-branch ref of `repo`'s git."""
-    found = against_status(repo, ref)
-    return found.state, found.observed, found.source
-
-
-def against_status(repo: Path, ref: str, model: RepoModel | None = None, config: RepoConfig | None = None,
+def against_status(repo: Path, ref: str, model: RepoModel, config: RepoConfig,
                    now: dt.datetime | None = None) -> Against:
-    """The state and snapshot at `ref` of `repo`'s git; with `model` and `config`, without the clusters
-    whose converged record matches them (only those clusters' observed files are read)."""
+    """The state and snapshot at `ref` of `repo`'s git, without the clusters whose converged record matches
+    `model` and `config` (only the others' observed files are read)."""
     reader = StatusReader.at_ref(repo, ref)
     reader.prefetch([PUBLIC, SOURCE, HYPERVISORS])
     state = merge(reader.public_state(), None)
     applied = SourceStatus.parse(reader.require(SOURCE)).applied_sha
     source = f"snapshot {ref} (applied {applied[:12]})"
-    if model is None or config is None or reader.read(HYPERVISORS) is None:  # (older layout: no records)
+    if reader.read(HYPERVISORS) is None:  # the older one-file layout: no records, a full plan
         return Against(state, reader.observed(), source)
     blobs = reader.observed_blobs()
     skipped = converged.unchanged(model, config, state, reader.converged(), reader.reachability(), blobs,

@@ -17,7 +17,7 @@ from gitops.model.config import RepoConfig
 from gitops.model.resources import RepoModel
 from gitops.observe.types import ObservedState
 from gitops.plan import converged
-from gitops.plan.converged import blob_id
+from gitops.plan.converged import Converged, blob_id
 from gitops.sip.selection import HostSelection
 from gitops.state.records import State
 from gitops.status.reader import APPLY, SOURCE, converged_path, kubeconfig_path
@@ -48,18 +48,25 @@ def commit_documents(outcome: Outcome, record: bytes | None, model: RepoModel, d
     return files
 
 
+def converged_records(after: Planned, model: RepoModel, config: RepoConfig, state: State,
+                      fingerprints: dict[str, str]) -> dict[str, Converged]:
+    """What the plan made after an apply (`after`) says of each cluster it left with nothing to do
+    (`gitops.plan.converged.records`), beside the recorded `state` as written and each cluster's
+    observation `fingerprints`."""
+    return converged.records(after.plan, after.settled, model, config, state, after.state,
+                             converged.reachability(after.observed), fingerprints, after.renew_at)
+
+
 def converged_files(after: Planned | None, model: RepoModel, config: RepoConfig, state: State,
                     files: dict[str, bytes]) -> dict[str, bytes]:
-    """`observed/converged/<cluster>.json` of each cluster the plan made after the apply (`after`) left with
-    nothing to do (`gitops.plan.converged.records`), beside the snapshot `files` and the recorded `state`
-    of the same commit (their observation fingerprint: the git blob id of their snapshot file)."""
+    """`observed/converged/<cluster>.json` of each cluster `converged_records` gives, beside the snapshot
+    `files` and the recorded `state` of the same commit (their fingerprint: the git blob id of their
+    snapshot file)."""
     if after is None:
         return {}
-    reachable = {name: hv.reachable for name, hv in after.observed.hypervisors.items()}
     blobs = {c: blob_id(files[cluster_path(c)]) for c in model.clusters if cluster_path(c) in files}
-    made = converged.records(after.plan, after.settled, model, config, state, reachable, blobs, after.renew_at,
-                             after.state)
-    return {converged_path(cluster): record.to_bytes() for cluster, record in made.items()}
+    return {converged_path(cluster): record.to_bytes()
+            for cluster, record in converged_records(after, model, config, state, blobs).items()}
 
 
 def kubeconfig_files(desired: DesiredState, state: State, sealer: Sealer, recipients: tuple[str, ...],

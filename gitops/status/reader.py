@@ -125,11 +125,7 @@ class StatusReader:
         cold `gitops plan`, and one process per read is safe from any thread (the UI serves with several).
         A ref that names a commit is resolved once: every read of the reader sees the same commit, however
         the ref moves meanwhile (a fetch by another request of the UI)."""
-        done = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                              capture_output=True, text=True, check=False)
-        label = ref
-        if done.returncode == 0 and done.stdout.strip():
-            ref = done.stdout.strip()
+        label, ref = ref, _commit_of(repo, ref) or ref
 
         def get(rel: str) -> bytes:
             try:
@@ -189,7 +185,7 @@ class StatusReader:
         """`ref`, else the clone's status branch: origin/<statusBranch>, else <statusBranch>."""
         if ref is None:
             branch = branch_of_checkout(repo)
-            ref = next((c for c in (f"origin/{branch}", branch) if _resolves(repo, c)), None)
+            ref = next((c for c in (f"origin/{branch}", branch) if _commit_of(repo, c)), None)
             if ref is None:
                 raise GitopsError(f"no status branch {branch!r} in {repo} (fetch it, or pass --ref)")
         return cls.at_ref(repo, ref)
@@ -336,7 +332,8 @@ def batch_read(repo: Path, ref: str, paths: list[str], ids: dict[str, str] | Non
     return out
 
 
-def _resolves(repo: Path, ref: str) -> bool:
-    """Whether `ref` names a commit in the clone `repo`."""
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                          capture_output=True, check=False).returncode == 0
+def _commit_of(repo: Path, ref: str) -> str:
+    """The commit `ref` names in the clone `repo` ("" when it names none)."""
+    done = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() if done.returncode == 0 else ""
