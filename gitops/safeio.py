@@ -50,21 +50,23 @@ def _under(real: str, base: str) -> bool:
 
 
 def read_bytes(path: str | os.PathLike[str], limit: int, *, inside: str | os.PathLike[str] | None = None,
-               name: str | None = None) -> bytes:
+               name: str | None = None, resolved: bool = False) -> bytes:
     """The content of the regular file `path`, at most `limit` bytes, or `FileRefused`.
 
-    With `inside`, the file (symlinks resolved) must lie under that directory. `name` is
-    how errors call the file (default: `path`).
+    With `inside`, the file (symlinks resolved) must lie under that directory; `resolved`: the
+    caller found `path` under `inside` with no link in it (a directory listing that follows none),
+    so it is not resolved again, and a link put in its place since is refused. `name` is how
+    errors call the file (default: `path`).
     """
     shown = name if name is not None else str(path)
     try:
-        info = os.stat(path)
+        info = os.lstat(path) if resolved else os.stat(path)
     except OSError as err:
         raise FileRefused(shown, _why(path, err)) from None
     real = ""  # (resolved once: checked here, opened below)
     if inside is not None:
-        real = os.path.realpath(path)
-        if not _under(real, os.path.realpath(inside)):
+        real = os.fspath(path) if resolved else os.path.realpath(path)
+        if not resolved and not _under(real, os.path.realpath(inside)):
             raise FileRefused(shown, "symlink points outside the repo; refusing to read it")
     if not stat.S_ISREG(info.st_mode):
         raise FileRefused(shown, f"is {_kind(info.st_mode)}, not a regular file; refusing to read it")

@@ -52,11 +52,12 @@ def load_repo(root: str | os.PathLike[str]) -> LoadedRepo:
     config, paths, valid = _load_config(root_path, diagnostics)
     repo = LoadedRepo(root=root_path, config=config, diagnostics=diagnostics, config_document=valid)
     budget = _Budget()
-    for rel in _yaml_files(root_path, config, paths, diagnostics):
+    files = _walk_yaml(root_path, config, paths, diagnostics)
+    for rel in sorted(files):
         if not budget.file(rel, diagnostics):
             break
         repo.files.append(rel)
-        docs = read_documents(root_path, rel, diagnostics, budget)
+        docs = read_documents(root_path, rel, diagnostics, budget, resolved=not files[rel])
         if budget.spent or not budget.documents(rel, docs, diagnostics):
             break
         for doc in docs:
@@ -147,9 +148,17 @@ def _load_config(root: Path, diagnostics: list[Diagnostic]) -> tuple[RepoConfig,
 
 def _yaml_files(root: Path, config: RepoConfig, paths: _Paths, diagnostics: list[Diagnostic]) -> list[str]:
     """Repo-relative POSIX paths of the YAML files under the configured paths, sorted."""
+    return sorted(_walk_yaml(root, config, paths, diagnostics))
+
+
+def _walk_yaml(root: Path, config: RepoConfig, paths: _Paths, diagnostics: list[Diagnostic]) -> dict[str, bool]:
+    """{repo-relative POSIX path: whether the file itself is a symlink} of the YAML files under the
+    configured paths. No directory link is followed, and each path's base is resolved, so a file that is
+    no link has no link anywhere in its path (`read_documents` then reads it without resolving it)."""
     if paths is False:
-        return []
-    found: set[str] = set()
+        return {}
+    found: dict[str, bool] = {}
+    prefix = str(root).rstrip("/") + "/"
     for index, rel_dir in enumerate(config.paths):
         base = Path(os.path.realpath(root / rel_dir))
         if not base.is_relative_to(root) or not base.is_dir():
@@ -159,31 +168,54 @@ def _yaml_files(root: Path, config: RepoConfig, paths: _Paths, diagnostics: list
             diagnostics.append(Diagnostic(CONFIG_FILE, line, "GitopsConfig", f"spec.paths[{index}]",
                                           f"{rel_dir!r} {why}"))
             continue
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in sorted(filenames):
-                if not name.endswith(YAML_SUFFIXES) or name.startswith("."):
+        stack = [str(base)]
+        while stack:
+            try:
+                with os.scandir(stack.pop()) as listing:
+                    entries = sorted(listing, key=_name)
+            except OSError:  # (as os.walk: a directory that cannot be listed is passed over)
+                continue
+            subdirs = []
+            for entry in entries:  # (in os.walk's order: past MAX_FILES, the same files are left out each time)
+                name = entry.name
+                if name.startswith("."):
                     continue
-                full = Path(dirpath, name)
-                rel = full.relative_to(root).as_posix()
-                if rel == CONFIG_FILE:
+                link = entry.is_symlink()
+                if not link and entry.is_dir(follow_symlinks=False):
+                    subdirs.append(entry.path)
                     continue
-                # (os.walk follows no directory link and `base` is resolved: only the file itself may be one)
-                if os.path.islink(full) and not within(full, root):
+                if not name.endswith(YAML_SUFFIXES) or (link and _to_directory(entry)):
+                    continue  # (a link to a directory is neither followed nor read)
+                rel = entry.path[len(prefix):]
+                if rel == CONFIG_FILE or rel in found:
+                    continue
+                if link and not within(entry.path, root):
                     diagnostics.append(Diagnostic(rel, 1, message="symlink points outside the repo; refusing to read it"))
                     continue
-                found.add(rel)
+                found[rel] = link
                 if len(found) > MAX_FILES:
-                    return sorted(found)
-    return sorted(found)
+                    return found
+            stack.extend(reversed(subdirs))
+    return found
+
+
+def _name(entry: os.DirEntry) -> str:
+    return entry.name
+
+
+def _to_directory(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a loop: read_documents names it
+        return False
 
 
 def read_documents(root: Path, rel: str, diagnostics: list[Diagnostic],
-                   budget: _Budget | None = None) -> list[Document]:
-    """The documents of the repo file `rel` (read through `gitops.safeio`, inside `root`); every
-    problem is a diagnostic."""
+                   budget: _Budget | None = None, *, resolved: bool = False) -> list[Document]:
+    """The documents of the repo file `rel` (read through `gitops.safeio`, inside `root`; `resolved`:
+    the listing found no link in its path); every problem is a diagnostic."""
     try:
-        raw = read_bytes(root / rel, MAX_FILE_BYTES, inside=root, name=rel)
+        raw = read_bytes(f"{root}/{rel}", MAX_FILE_BYTES, inside=root, name=rel, resolved=resolved)
     except FileRefused as err:
         diagnostics.append(Diagnostic(rel, 1, message=err.reason))
         return []
