@@ -183,6 +183,26 @@ def test_a_missing_api_server_starts_after_its_etcd_member_changes(repo):
     assert actions.index(start) < next(i for i, a in enumerate(actions) if a.node == "team-b-cp-2")
 
 
+@pytest.mark.parametrize("state_of_etcd", ["created", "exited"])
+def test_a_missing_api_server_starts_after_its_stopped_etcd_member(repo, state_of_etcd):
+    """A run killed inside an etcd member's recreate, while CRI started the new container (it stays `created`,
+    or ends `exited`: the start was cancelled), after its API server was stopped: the next plan starts that
+    member again first, and only then its API server (whose /readyz needs its member), on each node."""
+    state, observed = settle(repo.model)
+
+    def stopped(pod):
+        return dataclasses.replace(pod, containers=tuple(
+            dataclasses.replace(c, state=state_of_etcd) if c.component == "etcd" else c
+            for c in pod.containers if c.component != "kube-apiserver"))
+    actions = make_plan(repo.model, repo.repo.config, state, _with_pod(observed, "team-b-cp-1", stopped),
+                        now=NOW).plan.actions
+    mine = [(a.kind, a.component, a.reason) for a in actions if a.node == "team-b-cp-1"]
+    assert mine == [(Kind.RECREATE_CONTAINER, "etcd", f"container is {state_of_etcd}"),
+                    (Kind.CREATE_CONTAINER, "kube-apiserver", "container is missing")], mine
+    start = next(a for a in actions if a.component == "kube-apiserver")
+    assert start.payload.ready is not None  # the cluster serves: ready before the plan goes on
+
+
 def test_a_missing_files_agent_starts_before_the_files_it_writes(repo):
     """A run killed between a pod's sandbox and its files agent: the next plan starts the agent before the
     keys and files that go through it (and that cannot be checked without it)."""

@@ -382,7 +382,8 @@ def drain_api_servers(inputs: ClusterInputs, actions: list[Action], keepers: dic
     member's recreate, a member's removal) the API server stops (gracefully: it leaves the ingress, and
     no request of it meets its member shutting down), and after a recreate it starts again, ready before
     the plan goes on. An API server change of the same plan is made by that start (node by node: etcd
-    member, then its API server); a missing or exited one is started after the member, not before."""
+    member, then its API server); a missing or exited one is started after the member, not before, and
+    after a member that is not running and starts again in this plan."""
     out: list[Action] = []
     desired = {p.node: p for p in inputs.wants}
     own = {a.node: a for a in actions if a.component == APISERVER
@@ -398,6 +399,13 @@ def drain_api_servers(inputs: ClusterInputs, actions: list[Action], keepers: dic
             out.extend(steps)
             if used is not None:
                 taken.add(id(used))
+            continue
+        elif action.kind == Kind.RECREATE_CONTAINER and action.component == ETCD and action.node in own:
+            # a stopped member (exited, or left `created` by a run killed while CRI started it) starts
+            # again first: its API server's /readyz needs it
+            change = own[action.node]
+            out.extend([action, dataclasses.replace(change, anchor=action.kind, order=action.order, step=1)])
+            taken.add(id(change))
             continue
         out.append(action)
     return [a for a in out if id(a) not in taken]
