@@ -29,7 +29,7 @@ if [ -z "${_GITOPS_BUILD_TMP:-}" ]; then
         command -v "$tool" >/dev/null || { echo "$tool not found (run scripts/install-deps.sh)" >&2; exit 1; }
     done
     mkdir -p "$OUT"
-    tmp=$(mktemp -d /tmp/gitops-build.XXXXXX)
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/gitops-build.XXXXXX")
     status=0
     # Every mount buildah makes (its storage, the build containers' roots) lives and dies in this namespace.
     _GITOPS_BUILD_TMP=$tmp unshare --mount --propagation private "$0" "$OUT" "$BASE" || status=$?

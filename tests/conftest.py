@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import imagebuild
+
 # as the `gitops` command does: gRPC's C core would print TLS handshake failures the tests provoke
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
@@ -62,3 +64,27 @@ def pod(lab, request):  # type: ignore[no-untyped-def]
         finally:
             client.stop_sandbox(sandbox_id)
             client.remove_sandbox(sandbox_id)
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they deselect
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With an `image` test selected: the modules that run only Python first, then the image tests, then
+    the modules with labs; and the images start building now, beside the first group (`imagebuild`)."""
+    if not any(item.get_closest_marker("image") for item in items):
+        return
+    lab = {Path(str(item.fspath)) for item in items
+           if imagebuild.LAB_FIXTURES & set(getattr(item, "fixturenames", ()))}
+    lab |= {path for path in {Path(str(item.fspath)) for item in items} if imagebuild.runs_a_lab(path)}
+
+    def group(item: pytest.Item) -> int:  # (by module: a module's fixtures are set up once)
+        if item.get_closest_marker("image"):
+            return 1
+        return 2 if Path(str(item.fspath)) in lab else 0
+
+    items.sort(key=group)  # (stable: each group keeps the collected order)
+    if not config.option.collectonly and imagebuild.can_build():
+        imagebuild.start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    imagebuild.stop()

@@ -8,12 +8,12 @@ hypervisor: it reaches two hypervisors through their mounted unix sockets and on
 its status branch, and leaves nothing for a live `gitops plan` to do. The node pods it creates run
 the files agent built from the same Dockerfile.
 
-Marked `image` (about 5 minutes): plain `pytest` leaves it out, `scripts/test.sh` (CI) runs it.
+Marked `image` (about 5 minutes, the build's 3 of them beside the Python-only modules: tests/imagebuild.py):
+plain `pytest` leaves it out, `scripts/test.sh` (CI) runs it.
 """
 from __future__ import annotations
 
 import dataclasses
-import concurrent.futures
 import json
 import os
 import shutil
@@ -24,6 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import imagebuild
 import pytest
 import yaml
 from conftest import lab_tempdir, require_root
@@ -105,21 +106,6 @@ class Run:
         return path.read_text()[-6000:] if path.exists() else "(no log)"
 
 
-def build_images(out: Path) -> tuple[dict, float]:
-    progress("building the images: scripts/build-image.sh (mmdebstrap base, buildah; a few minutes)")
-    start = time.monotonic()
-    lines: list[str] = []
-    with subprocess.Popen(["bash", str(ROOT / "scripts/build-image.sh"), str(out), "local"], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("build-image:") or "STEP" in line:
-                progress(line.rstrip())
-    assert proc.returncode == 0, "".join(lines[-60:])
-    return json.loads((out / "build.json").read_text()), time.monotonic() - start
-
-
 def status_file(origin: Path, rel: str) -> str | None:
     proc = subprocess.run(["git", "--git-dir", str(origin), "show", f"gitops/status:{rel}"], capture_output=True,
                           text=True)
@@ -137,19 +123,22 @@ def run(request):
     base = lab_tempdir("gitops-image-")
     daemon = None
     try:
-        # the lab comes up while the images build (each mostly waits on the other's disk or network)
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            building = pool.submit(build_images, base / "images")
-            progress("lab up: 3 containerd hypervisors (1 public, 1 behind mTLS), while the images build")
-            lab = labmod.up(base / "lab", hypervisors=3, public=1, remote=True, subnet=SUBNET)
-            build, build_seconds = building.result()
-        controller_id, _ = archive_image(base / "images" / "gitops.tar")
-        agent_id, _ = archive_image(base / "images" / "gitops-agent.tar")
+        # the images build since the session started (tests/imagebuild.py); the lab comes up meanwhile
+        building = imagebuild.start()
+        progress("lab up: 3 containerd hypervisors (1 public, 1 behind mTLS), while the images build")
+        lab = labmod.up(base / "lab", hypervisors=3, public=1, remote=True, subnet=SUBNET)
+        progress("the images: scripts/build-image.sh (mmdebstrap base, buildah), building since the session started")
+        build = building.wait(progress)
+        build_seconds = build["seconds"]["total"]
+        images = building.images
+        controller_id, _ = archive_image(images / "gitops.tar")
+        agent_id, _ = archive_image(images / "gitops-agent.tar")
         hv = next(h for h in lab.hypervisors if not h.public)  # where the controller's pod runs
         progress(f"importing gitops.tar into {hv.name}, where the controller runs (ctr images import)")
-        labmod.import_image(base / "images" / "gitops.tar", base / "lab", only=[hv.name])
+        labmod.import_image(images / "gitops.tar", base / "lab", only=[hv.name])
         progress("importing gitops-agent.tar into every lab hypervisor (ctr images import)")
-        labmod.import_image(base / "images" / "gitops-agent.tar", base / "lab")
+        labmod.import_image(images / "gitops-agent.tar", base / "lab")
+        imagebuild.stop()  # (the archives are imported: nothing else reads them)
 
         # the infra repo: the example wired to the lab, its mTLS key encrypted to the controller's identity
         key = base / "controller.key"
@@ -219,6 +208,7 @@ def run(request):
         yield r
     finally:
         progress("tearing down: controller pod, lab, git daemon, temp dir")
+        imagebuild.stop()
         try:
             if daemon is not None:
                 daemon.terminate()

@@ -12,12 +12,14 @@ the ingress (`gitops.lab.probe.Probe`) saw no failure outside the window of an A
 plans stopped. Pure orchestration over the real lab: the real `gitops` command, containerd, etcd,
 kube-apiserver v1.20.2, haproxy, etcdctl and kubectl.
 
-Used by `benchmarks/crash_points.py` (every point of every scenario) and
-`tests/test_crash_points_lab.py` (a sample).
+Used by `benchmarks/crash_points.py` (every point of every scenario); `tests/test_apply_lab.py`
+kills at a sample of the same points on its own lab.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
+import ipaddress
 import json
 import os
 import re
@@ -34,6 +36,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gitops import lab as labmod
 from gitops.compile.authorities import authority
@@ -74,6 +80,8 @@ class Workspace:
     repo: Path
     state: Path
     lab: labmod.LabInfo
+    #: the directory of the worker joined to the cluster (`_join_worker`), None before
+    worker: Path | None = None
 
     def gitops(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         proc = subprocess.run([GITOPS, *args], capture_output=True, text=True, timeout=timeout)
@@ -201,8 +209,12 @@ def setup(base: Path, subnet: str, cluster: str = "team-a") -> Workspace:
 
 
 def teardown(base: Path) -> None:
-    """Stop the lab under `base` (its processes, pods, mounts, cgroups) and delete `base`."""
+    """Stop the lab under `base` (its processes, pods, mounts, cgroups; a joined worker leaves first:
+    its kubelet and kube-proxy stop) and delete `base`."""
     try:
+        if (base / "worker").exists():
+            subprocess.run([GITOPS, "lab", "exec", "--dir", str(base / "lab"), WORKER, "--", GITOPS, "leave",
+                            "--dir", str(base / "worker")], capture_output=True, timeout=180)
         if (base / "lab").exists():
             labmod.down(base / "lab")
     finally:
@@ -604,12 +616,15 @@ def run_crash_point(ws: Workspace, cluster: str, scenario: str, variant: str, po
 class Scenario:
     """A day-2 plan made again and again: `prepare(ws, round)` edits the repo so that the next plan is the
     scenario's (each round from where the last one left the lab) and returns its variant (e.g. a CA
-    rotation's phase, or the direction of a scaling); `start(ws)` runs once before the first round."""
+    rotation's phase, or the direction of a scaling); `start(ws)` runs once before the first round; `check(ws)`
+    after each point."""
 
     name: str
     prepare: Callable[[Workspace, int], str]
     start: Callable[[Workspace], None] = lambda ws: None
     cluster: str = "team-a"
+    #: what must hold after each point besides the common checks (problems found)
+    check: Callable[[Workspace], list[str]] = lambda ws: []
 
 
 def _renewal(ws: Workspace, round_: int) -> str:
@@ -672,28 +687,143 @@ def _ca_rotation(ws: Workspace, round_: int) -> str:
     return "phase ?"
 
 
+WORKER = "lab-worker-1"
+#: the requests a worker's kubelet makes: its client certificate (renewed with its current one, approved by
+#: the controller-manager) and its serving certificate (approved and signed by gitops)
+WORKER_SIGNERS = {"client": ("kubernetes.io/kube-apiserver-client-kubelet", ("client auth",)),
+                  "serving": ("kubernetes.io/kubelet-serving", ("server auth",))}
+USAGE_OF = {"kubernetes.io/kube-apiserver-client-kubelet": ExtendedKeyUsageOID.CLIENT_AUTH,
+            "kubernetes.io/kubelet-serving": ExtendedKeyUsageOID.SERVER_AUTH}
+
+
+def _sign_when_asked(ws: Workspace, kind: str, timeout: float = 120) -> None:
+    """Once the plan shows the worker's kubelet asking for its `kind` certificate, apply (gitops signs it)."""
+    deadline = time.monotonic() + timeout
+    while f"asks for a kubelet {kind} certificate" not in ws.plan().stdout:
+        if time.monotonic() > deadline:
+            raise CrashPointError(f"{WORKER}'s kubelet asked for no {kind} certificate in {timeout:.0f}s")
+        time.sleep(1)
+    ws.apply()
+
+
+def _join_worker(ws: Workspace, cluster: str = "team-a") -> None:
+    """lab-worker-1 (its own network namespace and containerd, the real kubelet and kube-proxy v1.20.2)
+    joins `cluster` as `tests/test_workers_lab.py` does it: `gitops join` with a bootstrap token, gitops
+    signing the kubelet's client certificate, then its serving one; until its Node is Ready."""
+    if ws.worker is not None:
+        return
+    flags = ws.gitops("lab", "worker", "--dir", str(ws.lab.dir)).stdout.split()
+    printed = ws.gitops("join-token", "create", str(ws.repo), "--state-dir", str(ws.state), "--cluster", cluster,
+                        "--ttl", "4h").stdout.strip().splitlines()[-1].split()
+    ws.worker = ws.dir / "worker"
+    join = subprocess.Popen([GITOPS, "lab", "exec", "--dir", str(ws.lab.dir), WORKER, "--", GITOPS, *printed[1:],
+                             *flags, "--dir", str(ws.worker), "--timeout", "180"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _sign_when_asked(ws, "client")
+        said, _ = join.communicate(timeout=200)
+        if join.returncode != 0:
+            raise CrashPointError(f"gitops join exited {join.returncode}:\n{said}")
+    finally:
+        if join.poll() is None:
+            join.kill()
+            join.wait()
+    _sign_when_asked(ws, "serving")
+    ws.kubectl(cluster, "wait", "--for=condition=Ready", f"node/{WORKER}", "--timeout=120s")
+
+
+def _node_kubectl(ws: Workspace, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """kubectl as the worker's kubelet: its kubeconfig and the client certificate the cluster signed it."""
+    proc = subprocess.run([str(kubebin.kubectl()), "--kubeconfig", str(ws.worker / "kubelet.kubeconfig"),
+                           "--request-timeout=10s", *args], capture_output=True, text=True, timeout=60, input=stdin)
+    if proc.returncode != 0:
+        raise CrashPointError(f"kubectl (as {WORKER}) {' '.join(args)} exited {proc.returncode}: "
+                              f"{proc.stdout}{proc.stderr}")
+    return proc
+
+
+def worker_requests(ws: Workspace, round_: int) -> str:
+    """Round i: the worker's kubelet asks for a new client and a new serving certificate, as its certificate
+    manager does when it rotates them (a kubelet does so at 70-90% of their life, which no lab can wait
+    for: so the requests are made here, with the node's own credentials, a new key each, and the subject,
+    names, signer and usages the kubelet v1.20 sends). Waits until the plan signs both."""
+    node_ip = next(f.split("=", 1)[1] for f in ws.gitops("lab", "worker", "--dir", str(ws.lab.dir)).stdout.split()
+                   if f.startswith("--node-ip="))
+    for kind, (signer, usages) in WORKER_SIGNERS.items():
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{WORKER}")]))
+        if kind == "serving":
+            builder = builder.add_extension(x509.SubjectAlternativeName([
+                x509.DNSName(WORKER), x509.IPAddress(ipaddress.ip_address(node_ip))]), critical=False)
+        pem = builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+        csr = {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+               "metadata": {"name": f"crash-{round_ + 1}-{kind}", "labels": {"crash-points": "worker"}},
+               "spec": {"request": base64.b64encode(pem).decode(), "signerName": signer,
+                        "usages": ["digital signature", "key encipherment", *usages]}}
+        _node_kubectl(ws, "create", "-f", "-", stdin=json.dumps(csr))
+    deadline = time.monotonic() + 60  # the controller-manager approves the client request first
+    while sum(a["kind"] == "sign-certificate-request" for a in ws.plan_json()["actions"]) < len(WORKER_SIGNERS):
+        if time.monotonic() > deadline:
+            raise CrashPointError(f"round {round_ + 1}: the plan does not sign both requests:\n{ws.plan().stdout}")
+        time.sleep(1)
+    return ""
+
+
+def worker_certificates_issued(ws: Workspace) -> list[str]:
+    """Problems with the requests `worker_requests` made: each must hold a certificate of the cluster's CA
+    for its own key, for the node, with its signer's usage (a serving one approved too)."""
+    record = LocalDirStore(ws.state).load().clusters["team-a"]
+    issuers = {x509.load_pem_x509_certificate(c.encode()).subject
+               for c in (authority(record.authorities, "cluster").cert_pem,
+                         *((record.rotation.other["cluster"].cert_pem,)
+                           if record.rotation is not None and "cluster" in record.rotation.other else ()))}
+    listed = json.loads(ws.kubectl("team-a", "get", "csr", "-l", "crash-points=worker", "-o", "json").stdout)
+    out = []
+    for item in listed["items"]:
+        name, status = item["metadata"]["name"], item.get("status") or {}
+        if not status.get("certificate"):
+            out.append(f"certificate request {name} holds no certificate")
+            continue
+        cert = x509.load_pem_x509_certificate(base64.b64decode(status["certificate"]))
+        request = x509.load_pem_x509_csr(base64.b64decode(item["spec"]["request"]))
+        usage = USAGE_OF[item["spec"]["signerName"]]
+        if cert.public_key().public_numbers() != request.public_key().public_numbers():
+            out.append(f"{name}: the certificate is not for the requested key")
+        if cert.issuer not in issuers:
+            out.append(f"{name}: issued by {cert.issuer.rfc4514_string()}, not the cluster CA")
+        if cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value != f"system:node:{WORKER}":
+            out.append(f"{name}: subject {cert.subject.rfc4514_string()}")
+        if usage not in cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value:
+            out.append(f"{name}: no {usage._name} usage")
+        if not any(c.get("type") == "Approved" for c in status.get("conditions", ())):
+            out.append(f"{name}: signed but not approved")
+    if not listed["items"]:
+        out.append("no certificate request of the worker found")
+    return out
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("leaf-renewal", _renewal),
     Scenario("etcd-image", _etcd_image, start=_etcd_start),
     Scenario("node-replacement", _replace_node),
     Scenario("ca-rotation", _ca_rotation),
     Scenario("scale-3-1-3", _scale),
+    Scenario("worker-certificate-signing", worker_requests, start=_join_worker, check=worker_certificates_issued),
 )}
-
-#: the issue's sixth scenario, left out (see benchmarks/README.md): it needs a joined worker in its own
-#: network namespace (tests/test_workers_lab.py), whose certificate requests gitops signs through the API
-NOT_COVERED = {"worker-certificate-signing": "needs a joined worker (its own network namespace, real kubelet)"}
 
 
 def kill_points(actions: list[dict], timings: dict[int, float] | None = None,
                 first_start: float | None = None) -> list[KillPoint]:
-    """After every action, then inside every gated action: half its measured duration after it started
-    (`timings`: index -> seconds from a run that went through; `first_start`: when action 1 started,
-    from the process start; 1 s when not measured), and for a gated container start also once its new
-    container runs (`until`, set by `_aimed` when the point's turn comes)."""
+    """After every action, then inside every gated action and every signing (approved, then signed: two
+    writes): half its measured duration after it started (`timings`: index -> seconds from a run that went
+    through; `first_start`: when action 1 started, from the process start; 1 s when not measured), and for
+    a gated container start also once its new container runs (`until`, set by `_aimed` when the point's
+    turn comes)."""
     points = [KillPoint(after=k) for k in range(1, len(actions) + 1)]
     for j, action in enumerate(actions, start=1):
-        if is_gated(action):
+        if is_gated(action) or action["kind"] == "sign-certificate-request":
             took = (timings or {}).get(j, 2.0)
             delay = took / 2 + ((first_start or 0.0) if j == 1 else 0.0)
             points.append(KillPoint(inside=j, delay=round(delay, 1)))
@@ -750,6 +880,7 @@ def explore(ws: Workspace, scenario: Scenario, log: Callable[[str], None] = prin
             f"kill {point.label}")
         outcome = run_crash_point(ws, scenario.cluster, scenario.name, variant, point,
                                   f"crash-{scenario.name}-{round_ + 1}", log)
+        outcome.problems += scenario.check(ws)
         if outcome.timings:  # what each action took, from every run of this plan (a stride skips some)
             timings, first_start = measured.get(variant, ({}, None))
             timings.update(outcome.timings)
