@@ -32,6 +32,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[test]'
+# pip byte-compiles what it installs, but not an editable checkout: compile gitops once here, or
+# every `gitops` process the tests start compiles its modules again where the environment
+# sets PYTHONDONTWRITEBYTECODE (a source changed since is still recompiled: Python checks its mtime)
+.venv/bin/python -m compileall -q gitops >/dev/null
 
 # The real Kubernetes control-plane binaries (v1.20.2), built once from Debian's
 # source package into ~/.cache/gitops/kubernetes (minutes the first time, then free).

@@ -6,8 +6,10 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -143,6 +145,34 @@ def test_snapshots_go_to_each_kind_of_target_and_retention_keeps_the_newest(work
     finally:
         stop_all([rest, sshd])
     assert (work / "sftp-repo" / "config").is_file()  # restic's repository really is on the sftp side
+
+
+def test_a_backup_killed_before_its_cleanup_leaves_no_snapshot_behind(work: Path, etcd) -> None:
+    """kill -9 while a backup holds the snapshot in its scratch directory (a copy of the cluster's data):
+    the next backup removes that directory first; a running backup's own stays."""
+    ca, url = etcd
+    tmp = Path(tempfile.gettempdir())
+    killed = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys, tempfile, time\n"
+        "d = tempfile.mkdtemp(prefix=f'gitops-backup-{os.getpid()}-')\n"
+        "open(os.path.join(d, 'etcd.db'), 'wb').write(b'the cluster data')\n"
+        "print(d, flush=True)\n"
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    left = Path(killed.stdout.readline().strip())
+    killed.kill()
+    killed.wait()
+    killed.stdout.close()
+    running = Path(tempfile.mkdtemp(prefix=f"gitops-backup-{os.getpid()}-", dir=tmp))
+    try:
+        assert (left / "etcd.db").is_file()
+        back_up(BackupTarget("local", str(work / "local-repo"), PASSWORD), "team-a", 1, client_context(ca),
+                {"m1": url})
+        assert not left.exists()
+        assert running.is_dir()
+    finally:
+        shutil.rmtree(left, ignore_errors=True)
+        shutil.rmtree(running, ignore_errors=True)
+    assert not [p for p in tmp.glob(f"gitops-backup-{os.getpid()}-*") if p != running]
 
 
 def test_a_snapshot_restores_into_an_etcd_that_serves_its_keys(work: Path, etcd) -> None:
