@@ -54,9 +54,10 @@ def read_bytes(path: str | os.PathLike[str], limit: int, *, inside: str | os.Pat
     """The content of the regular file `path`, at most `limit` bytes, or `FileRefused`.
 
     With `inside`, the file (symlinks resolved) must lie under that directory; `resolved`: the
-    caller found `path` under `inside` with no link in it (a directory listing that follows none),
-    so it is not resolved again, and a link put in its place since is refused. `name` is how
-    errors call the file (default: `path`).
+    caller found `path` under `inside` (itself resolved) with no link in it, listing directories
+    without following any, so it is not resolved again: a link put in the file's place since is
+    refused by the open, one put in a directory's place by checking where the open file lies.
+    `name` is how errors call the file (default: `path`).
     """
     shown = name if name is not None else str(path)
     try:
@@ -80,6 +81,8 @@ def read_bytes(path: str | os.PathLike[str], limit: int, *, inside: str | os.Pat
     except OSError as err:
         raise FileRefused(shown, _why(path, err)) from None
     try:
+        if resolved and inside is not None and not _opened_under(fd, os.fspath(inside)):
+            raise FileRefused(shown, "symlink points outside the repo; refusing to read it")
         info = os.fstat(fd)  # what is read, whatever the name points at by now
         if not stat.S_ISREG(info.st_mode):
             raise FileRefused(shown, f"is {_kind(info.st_mode)}, not a regular file; refusing to read it")
@@ -98,6 +101,16 @@ def read_bytes(path: str | os.PathLike[str], limit: int, *, inside: str | os.Pat
         raise FileRefused(shown, _why(path, err)) from None
     finally:
         os.close(fd)
+
+
+def _opened_under(fd: int, base: str) -> bool:
+    """Whether the open file `fd` lies under the resolved directory `base`: a directory of its path
+    replaced by a link after the caller listed it is caught here (where /proc tells, as on Linux)."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return True
+    return _under(real, base)
 
 
 def read_text(path: str | os.PathLike[str], limit: int, *, inside: str | os.PathLike[str] | None = None,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ("buildah", "mmdebstrap", "unshare")
+TOOLS = ("buildah", "mmdebstrap", "unshare", "age-keygen")
 #: a test module with any of these, or a test of it using the `lab` or `pod` fixture, runs a lab or real
 #: servers: it goes after the build
 _LAB = re.compile(r"require_root|lab_tempdir|kubeapi|labmod")
@@ -78,10 +78,19 @@ def can_build() -> bool:
 
 
 def start() -> Build:
-    """The session's build, started now if it has not been."""
+    """The session's build, started now if it has not been. It runs in a session of its own (so that
+    `stop` can kill all of it), which a signal to pytest's process group does not reach: a SIGTERM or
+    SIGHUP then interrupts pytest as Ctrl-C does, and the session's end stops the build."""
     if not _CURRENT:
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                signal.signal(signum, _interrupt)
         _CURRENT.append(Build())
     return _CURRENT[0]
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def stop() -> None:

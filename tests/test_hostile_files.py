@@ -131,6 +131,26 @@ def test_symlink_loops_dangling_and_outside_links_are_refused(tmp_path: Path) ->
     assert_table(SYMLINKS, tmp_path)
 
 
+def test_a_directory_swapped_for_a_link_after_the_listing_is_refused(tmp_path: Path) -> None:
+    """The repo is listed without following links, then its files are read without resolving them again:
+    a directory replaced by a link out of the repo in between is caught by where the opened file lies."""
+    from gitops.model.repo import _walk_yaml
+    from gitops.model.config import RepoConfig
+
+    root, outside = tmp_path / "repo", tmp_path / "outside"
+    (root / "inventory").mkdir(parents=True)
+    (root / "inventory" / "a.yaml").write_text("kind: Hypervisor\n")
+    (outside / "inventory").mkdir(parents=True)
+    (outside / "inventory" / "a.yaml").write_text("secret: from outside\n")
+    listed = _walk_yaml(root, RepoConfig(paths=("inventory",)), None, [])
+    assert listed == {"inventory/a.yaml": False}
+    assert read_bytes(f"{root}/inventory/a.yaml", 1024, inside=root, resolved=True) == b"kind: Hypervisor\n"
+    (root / "inventory").rename(tmp_path / "moved")
+    (root / "inventory").symlink_to(outside / "inventory")
+    with pytest.raises(FileRefused, match="symlink points outside the repo"):
+        read_bytes(f"{root}/inventory/a.yaml", 1024, inside=root, resolved=True)
+
+
 def test_unreadable_gitops_yaml_is_an_error_not_the_defaults(tmp_path: Path) -> None:
     assert_table(CONFIG, tmp_path)
 

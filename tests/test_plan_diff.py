@@ -203,6 +203,21 @@ def test_a_missing_api_server_starts_after_its_stopped_etcd_member(repo, state_o
     assert start.payload.ready is not None  # the cluster serves: ready before the plan goes on
 
 
+def test_without_a_quorum_every_stopped_member_starts_before_any_api_server(repo):
+    """Two of three members exited and an API server change in the same plan: the API servers, each gated
+    on a /readyz that needs a quorum, roll only after every member started again (not each right after
+    its own member, which would wait for the member started after it)."""
+    state, observed = settle(repo.model)
+    down = _etcd_exited(_etcd_exited(observed, "team-b-cp-1"), "team-b-cp-2")
+    changed = dataclasses.replace(repo.model.clusters["team-b"], api_server_args=(("event-ttl", "2h0m0s"),))
+    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": changed})
+    actions = [a for a in make_plan(model, repo.repo.config, state, down, now=NOW).plan.actions
+               if a.cluster == "team-b"]
+    assert [(a.kind, a.node, a.component) for a in actions] == [
+        (Kind.RECREATE_CONTAINER, "team-b-cp-1", "etcd"), (Kind.RECREATE_CONTAINER, "team-b-cp-2", "etcd")] + [
+        (Kind.RECREATE_CONTAINER, f"team-b-cp-{n}", "kube-apiserver") for n in (1, 2, 3)]
+
+
 def test_a_missing_files_agent_starts_before_the_files_it_writes(repo):
     """A run killed between a pod's sandbox and its files agent: the next plan starts the agent before the
     keys and files that go through it (and that cannot be checked without it)."""

@@ -400,9 +400,11 @@ def drain_api_servers(inputs: ClusterInputs, actions: list[Action], keepers: dic
             if used is not None:
                 taken.add(id(used))
             continue
-        elif action.kind == Kind.RECREATE_CONTAINER and action.component == ETCD and action.node in own:
-            # a stopped member (exited, or left `created` by a run killed while CRI started it) starts
-            # again first: its API server's /readyz needs it
+        elif (action.kind == Kind.RECREATE_CONTAINER and action.component == ETCD and action.node in own
+              and id(own[action.node]) not in taken and _has_quorum(inputs)):
+            # a stopped member (exited, or left `created` by a run killed while CRI started it) of a
+            # serving cluster starts again first: its API server's /readyz needs it (without a quorum,
+            # every member starts before any API server, as the plan's order has it)
             change = own[action.node]
             out.extend([action, dataclasses.replace(change, anchor=action.kind, order=action.order, step=1)])
             taken.add(id(change))
