@@ -8,6 +8,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from gitops import pki
@@ -245,3 +246,45 @@ def test_cli_reads_hypervisors_file(lab, tmp_path, test_labels: dict[str, str]) 
             assert "Traceback" not in unknown.output
         finally:
             _cleanup(client, test_labels)
+
+
+class _Unavailable(grpc.RpcError):
+    """What gRPC raises for a call no connection could be picked for."""
+
+    def __init__(self, details: str) -> None:
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return self._details
+
+
+def test_a_connection_attempt_grpc_gave_up_is_retried_for_a_write_not_called_tls(tmp_path) -> None:
+    """`failed to connect to all addresses ... handshaker shutdown` (gRPC shut a subchannel down while it
+    connected; seen on a unix socket during a lab apply) never reached the runtime: a write is retried
+    like a read within its window, and it is no TLS refusal; a certificate refused over TLS still is."""
+    said = ("failed to connect to all addresses; last error: UNKNOWN: unix:/tmp/x/containerd.sock: "
+            "handshaker shutdown")
+    calls: list[float] = []
+
+    def stop_container(request, timeout):  # type: ignore[no-untyped-def]
+        calls.append(timeout)
+        if len(calls) == 1:
+            raise _Unavailable(said)
+        return "stopped"
+
+    with CRIClient(CRIEndpoint.unix("hv-1", str(tmp_path / "none.sock")), backoff=0.01) as client:
+        assert client._call("StopContainer", stop_container, None, read=False) == "stopped"
+        assert len(calls) == 2
+        assert client._error("StopContainer", _Unavailable(said), 5).reason == Reason.UNREACHABLE
+    ca = pki.create_ca("cri-test-ca")
+    with CRIClient(CRIEndpoint("hv-2", address="127.0.0.1:1", ca_pem=ca.cert_pem)) as client:
+        assert client._error("StopContainer", _Unavailable(said.replace("unix:/tmp/x/containerd.sock",
+                                                                          "ipv4:127.0.0.1:1")), 5).reason \
+            == Reason.UNREACHABLE
+        refused = client._error("Version", _Unavailable("failed to connect to all addresses; last error: "
+                                                       "UNKNOWN: ipv4:127.0.0.1:1: Ssl handshake failed: "
+                                                       "SSL_ERROR_SSL: CERTIFICATE_VERIFY_FAILED"), 5)
+        assert refused.reason == Reason.TLS

@@ -69,6 +69,9 @@ _NEVER_SENT = "failed to connect to all addresses"
 #: is down fails the write soon, as it does a read's plan
 _UNSENT_WINDOW = 5.0
 _TLS_HINTS = re.compile(r"ssl|tls|handshake|certificate|alpn|tsi_", re.IGNORECASE)
+#: gRPC's words for a connection attempt it gave up itself (the subchannel shut down while connecting):
+#: no certificate was refused, so it is a connection blip (a unix socket has no TLS at all)
+_CANCELLED = "handshaker shutdown"
 _RETRYABLE = (Reason.UNREACHABLE,)
 _TLS_EXPLAINED = [  # (substring of gRPC's message, what it means)
     ("CERTIFICATE_VERIFY_FAILED", "the server certificate is not signed by the endpoint's caCertificate"),
@@ -185,7 +188,7 @@ class CRIClient:
                 # down, such as an haproxy before a stopped containerd) serves there
                 reason = Reason.UNREACHABLE
                 details = f"the endpoint never completed a TLS handshake ({details})"
-            elif _TLS_HINTS.search(details):
+            elif _TLS_HINTS.search(details) and not self.endpoint.socket and _CANCELLED not in details:
                 reason, details = Reason.TLS, _explain_tls(details)
             else:
                 reason = Reason.UNREACHABLE
