@@ -40,7 +40,7 @@ from gitops.observe.types import ObservedState
 from gitops.plan.actions import Action, Plan
 from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
 from gitops.status.backups import BACKUPS_DIR, take_due
-from gitops.status.branch import StatusBranch, in_force_branch, record_in_force_branch
+from gitops.status.branch import Note, StatusBranch, in_force_branch, record_in_force_branch
 from gitops.status.commit import commit_documents, converged_files, kubeconfig_files, placements_of
 from gitops.status.lease import ApplyLease, holder_id, lock_workdir
 from gitops.status.poll import NodeFilesCache, live_fingerprint
@@ -346,24 +346,17 @@ class Controller:
         if scope is None or scope.owns_global:  # one replica reports the commit itself
             committed = status.publish(
                 lambda s: s.write_tree({SOURCE: source_document(outcome, s.read, now)}, (SOURCE,)),
-                f"refuse {sha[:12]}: {len(refusal)} error(s)")
-            self._note(status, sha, committed, f"gitops: Refused: {len(refusal)} error(s)", refusal)
+                f"refuse {sha[:12]}: {len(refusal)} error(s)",
+                self._note(sha, f"gitops: Refused: {len(refusal)} error(s)", refusal))
             if committed:
                 self.notifier.send(notify, Event(sha, "Refused", outcome.message, errors=tuple(refusal),
                                                  status_commit=committed, time=now.isoformat(timespec="seconds")))
         return outcome
 
-    def _note(self, status: StatusBranch, sha: str, committed: str | None, headline: str,
-              lines: Iterable[str] = ()) -> None:
-        """The commit's outcome as its git note (`git log --notes=gitops`), when a status commit recorded it.
-        A note that cannot be written is logged: it never fails the reconcile."""
-        if not committed:
-            return
-        text = "\n".join([headline, *lines, f"status commit {committed}"])
-        try:
-            status.note(sha, self.config.branch, text)
-        except GitopsError as err:
-            log.warning("commit note not written", extra={"sha": sha, "error": str(err)})
+    def _note(self, sha: str, headline: str, lines: Iterable[str] = ()) -> Note:
+        """The commit's outcome as its git note (`git log --notes=gitops`), pushed with the status commit that
+        records it (a note that cannot be written is logged: it never fails the reconcile)."""
+        return Note(sha, self.config.branch, "\n".join([headline, *lines]))
 
     def _apply(self, target: Target, status: StatusBranch, live: ObservedState | None = None,
                scope: Scope | None = None) -> Applied:
@@ -447,13 +440,13 @@ class Controller:
         summary = f"{report.result.value.lower()} {sha[:12]}: {applied.actions} action(s)"
         if scope is not None:
             summary += f" [{self.identity}: {', '.join(sorted(scope.held))}]"
-        committed = status.publish(write, summary)
+        note = None
+        if scope is None or scope.owns_global:  # one replica notes the commit itself
+            done = f"{applied.actions} action(s)" + (f" of {len(applied.plan.actions)}" if applied.plan else "")
+            note = self._note(sha, f"gitops: {report.result.value}: {done}", [applied.error] if applied.error else [])
+        committed = status.publish(write, summary, note)
         log.info("reconciled", extra={"sha": sha, "result": report.result.value, "actions": applied.actions,
                                       "status_commit": committed or ""})
-        if scope is None or scope.owns_global:
-            done = f"{applied.actions} action(s)" + (f" of {len(applied.plan.actions)}" if applied.plan else "")
-            self._note(status, sha, committed, f"gitops: {report.result.value}: {done}",
-                       [applied.error] if applied.error else [])
         if committed:
             self._notify(config.notifications, sha, applied, report, committed, now)
         return report

@@ -13,7 +13,7 @@ from gitops.errors import GitopsError
 from gitops.observe.types import ObservedCluster, ObservedState
 from gitops.secrets import decrypt, encrypt
 from gitops.state import CertRecord, ClusterRecord, NodeRecord, State
-from gitops.status.branch import StatusBranch
+from gitops.status.branch import NOTES_REF, Note, StatusBranch
 from gitops.status.lease import ApplyLease, Locked
 from gitops.status.reader import DEFAULT_BRANCH, MANAGED, OBSERVED, SOURCE, SourceStatus, StatusReader
 from gitops.status.sealed_state import PUBLIC, SEALED, ControllerStateStore, Sealer, merge, split
@@ -200,3 +200,49 @@ def test_write_tree_touches_only_what_changed(origin, tmp_path):
     shown = subprocess.run(["git", "--git-dir", origin, "show", "gitops/status:status/b.yaml"], capture_output=True,
                            check=True).stdout
     assert shown == b"2\n" and log(origin)[:2] == ["back", "another writer"]
+
+
+def _hook(origin: str, body: str) -> Path:
+    """A pre-receive hook on `origin` running `body` (sh; each pushed ref arrives on stdin as 'old new ref')."""
+    hook = Path(origin) / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\n" + body)
+    hook.chmod(0o755)
+    return hook
+
+
+def _notes(origin: str) -> str:
+    return subprocess.run(["git", "--git-dir", origin, "log", "--notes=gitops", "--format=%H%n%N--", "main"],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_a_commits_note_goes_in_the_same_push_as_its_status_commit(origin, tmp_path):
+    """Issue #26 (nothing lost): the outcome note and the status commit recording it land together or not at
+    all; a second writer's note is kept beside the first's."""
+    pushes = tmp_path / "pushes"
+    _hook(origin, f"cut -d' ' -f3 | sort | tr '\\n' ' ' >> {pushes}; echo >> {pushes}\n")
+    main = subprocess.run(["git", "--git-dir", origin, "rev-parse", "main"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    a = StatusBranch(origin, tmp_path / "a")
+    sha = a.publish(files({"status/x.yaml": b"x: 1\n"}), "applied", Note(main, "main", "gitops: Applied: 0 action(s)"))
+    assert pushes.read_text().splitlines() == [f"refs/heads/{DEFAULT_BRANCH} {NOTES_REF} "]
+    assert f"{main}\ngitops: Applied: 0 action(s)\nstatus commit {sha}\n" in _notes(origin)
+    # a later outcome of the same commit, from another writer: the note is replaced, in one push again
+    b = StatusBranch(origin, tmp_path / "b")
+    again = b.publish(files({"status/x.yaml": b"x: 2\n"}), "again", Note(main, "main", "gitops: Failed: 1 action(s)"))
+    assert pushes.read_text().splitlines()[-1] == f"refs/heads/{DEFAULT_BRANCH} {NOTES_REF} "
+    assert f"{main}\ngitops: Failed: 1 action(s)\nstatus commit {again}\n" in _notes(origin)
+    # nothing changed: no commit, and so no note
+    assert b.publish(files({"status/x.yaml": b"x: 2\n"}), "same", Note(main, "main", "other")) is None
+    assert len(pushes.read_text().splitlines()) == 2
+
+
+def test_a_remote_that_refuses_notes_still_gets_the_status_commit(origin, tmp_path, caplog):
+    _hook(origin, f"if grep -q ' {NOTES_REF}$'; then echo no notes here >&2; exit 1; fi\n")
+    main = subprocess.run(["git", "--git-dir", origin, "rev-parse", "main"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    sha = StatusBranch(origin, tmp_path / "a").publish(files({"status/x.yaml": b"x: 1\n"}), "applied",
+                                                       Note(main, "main", "gitops: Applied: 0 action(s)"))
+    assert sha is not None and log(origin) == ["applied"]
+    assert subprocess.run(["git", "--git-dir", origin, "rev-parse", "--verify", "-q", NOTES_REF],
+                          capture_output=True).returncode == 1
+    assert "commit note refused by the remote" in caplog.text

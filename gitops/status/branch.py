@@ -6,11 +6,14 @@ non-fast-forward (another writer got there first: several controllers, each
 writing only its shards' files) is retried on top of the new tip with the files
 written again, at most PUSH_ATTEMPTS times with a randomized backoff that grows
 with the attempt and with what an attempt costs, so concurrent writers never lose a
-commit. The apply lease (one controller applies at a time) is `lease.py`; the
-branch's name and layout, and reading it back, are `reader.py`.
+commit. A commit's outcome note (`NOTES_REF`) goes in the same atomic push as the
+status commit that records it: both land or neither does. The apply lease (one
+controller applies at a time) is `lease.py`; the branch's name and layout, and
+reading it back, are `reader.py`.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -39,6 +42,15 @@ IN_FORCE_BRANCH = "status-branch"
 
 class StatusError(GitopsError):
     pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Note:
+    """The outcome of the infra repo's `commit` (on `source_branch`) as its git note in `NOTES_REF`
+    (`git log --notes=gitops`); `publish` ends the text with the status commit that recorded it."""
+    commit: str
+    source_branch: str
+    text: str
 
 
 class StatusBranch:
@@ -136,8 +148,9 @@ class StatusBranch:
                 out[rel] = meta.split()[1]
         return out
 
-    def publish(self, write: Callable[["StatusBranch"], None], message: str) -> str | None:
-        """Write, commit if anything changed, push; returns the new commit SHA or None."""
+    def publish(self, write: Callable[["StatusBranch"], None], message: str, note: Note | None = None) -> str | None:
+        """Write, commit if anything changed, push; returns the new commit SHA or None. `note`: pushed with
+        the commit, atomically (a note that cannot be made is logged and the commit pushed alone)."""
         for attempt in range(1, PUSH_ATTEMPTS + 1):
             started = time.monotonic()
             tip = self.sync()
@@ -151,13 +164,22 @@ class StatusBranch:
                 return None
             repo.git.commit("-q", "-m", message, "--no-verify")
             sha = repo.head.commit.hexsha
+            refspecs = [f"HEAD:refs/heads/{self.branch}"]
+            if note is not None and self._add_note(note, sha):
+                refspecs.append(f"{NOTES_REF}:{NOTES_REF}")
             try:
-                repo.git.push("origin", f"HEAD:refs/heads/{self.branch}")
+                repo.git.push("--atomic", "origin", *refspecs)
                 self._pushed = sha
                 log.info("status committed", extra={"sha": sha, "branch": self.branch})
                 return sha
             except git.GitCommandError as err:
                 text = str(err)
+                if note is not None and len(refspecs) > 1 and "remote rejected" in text and NOTES_REF in text:
+                    # the remote takes no notes (a hook, a permission): neither ref moved; the commit goes alone
+                    log.warning("commit note refused by the remote", extra={"sha": note.commit,
+                                                                             "error": git_message(err)})
+                    note = None
+                    continue
                 if "non-fast-forward" in text or "fetch first" in text or "rejected" in text:
                     log.info("status push raced another writer; retrying", extra={"attempt": attempt})
                     # writers racing again at once take turns: back off by up to `attempt` times what an
@@ -167,30 +189,22 @@ class StatusBranch:
                 raise StatusError(f"cannot push {self.branch}: {git_message(err)}") from None
         raise StatusError(f"cannot push {self.branch}: still racing other writers after {PUSH_ATTEMPTS} attempts")
 
-
-    def note(self, commit: str, source_branch: str, text: str) -> None:
-        """Record `text` as the git note of the infra repo's `commit` (on `source_branch`) in `NOTES_REF`, and
-        push it, so `git log --notes=gitops` shows each commit's outcome beside it. Notes of other
-        writers are fetched first (a push that raced one is made again on top of it)."""
+    def _add_note(self, note: Note, status_commit: str) -> bool:
+        """`note` added locally on top of the remote's notes (fetched now: a push that raced another
+        writer's note is made again on top of it); False, logged, when it cannot be made."""
         repo = self.repo
-        for attempt in range(1, PUSH_ATTEMPTS + 1):
-            try:
-                repo.git.fetch("origin", f"+refs/heads/{source_branch}:refs/remotes/origin/{source_branch}")
-                found = repo.git.ls_remote("origin", NOTES_REF).strip()
-                if found:
-                    repo.git.fetch("origin", f"+{NOTES_REF}:{NOTES_REF}")
-                else:
-                    repo.git.update_ref("-d", NOTES_REF)  # none there: start from nothing
-                repo.git.notes(f"--ref={NOTES_REF}", "add", "-f", "-m", text, commit)
-                repo.git.push("origin", f"{NOTES_REF}:{NOTES_REF}")
-                return
-            except git.GitCommandError as err:
-                message = str(err)
-                if "non-fast-forward" in message or "fetch first" in message or "rejected" in message:
-                    time.sleep(random.uniform(0, 0.2 * attempt))
-                    continue
-                raise StatusError(f"cannot write the note of {commit[:12]}: {git_message(err)}") from None
-        raise StatusError(f"cannot push {NOTES_REF}: still racing other writers after {PUSH_ATTEMPTS} attempts")
+        try:
+            repo.git.fetch("origin", f"+refs/heads/{note.source_branch}:refs/remotes/origin/{note.source_branch}")
+            if repo.git.ls_remote("origin", NOTES_REF).strip():
+                repo.git.fetch("origin", f"+{NOTES_REF}:{NOTES_REF}")
+            else:
+                repo.git.update_ref("-d", NOTES_REF)  # none there: start from nothing
+            repo.git.notes(f"--ref={NOTES_REF}", "add", "-f", "-m", f"{note.text}\nstatus commit {status_commit}",
+                           note.commit)
+            return True
+        except git.GitCommandError as err:
+            log.warning("commit note not written", extra={"sha": note.commit, "error": git_message(err)})
+            return False
 
 
 def in_force_branch(workdir: Path) -> str:
