@@ -175,6 +175,10 @@ class Commits:
         return validation
 
 
+#: In a controller's workdir: notifications queued and not yet sent (gitops/notify.py), sent after a restart.
+NOTIFICATIONS_SPOOL = "notifications"
+
+
 class Controller:
     """The loop: reconcile every `interval` (or when triggered) until stopped; one reconcile at a time."""
 
@@ -188,7 +192,7 @@ class Controller:
         self.holder = holder_id(config.workdir)
         self.stop = threading.Event()
         self.metrics = metrics or Metrics()
-        self.notifier = Notifier()
+        self.notifier = Notifier(spool=config.workdir / NOTIFICATIONS_SPOOL)
         self._status: dict[str, StatusBranch] = {}
         #: node files read on earlier polls, and the last converged reconcile (None: the next poll does it all)
         self.files = NodeFilesCache(RepoConfig().node_files_interval)
@@ -276,6 +280,8 @@ class Controller:
         refused: Outcome | None = None
         if refusal:
             good = self.commits.last_good(applied_before) if applied_before else None
+            if good is not None:
+                self.notifier.resume(good.repo.config.notifications)  # what a killed process left unsent first
             refused = self._refuse(revision.sha, refusal, applied_before, status, now, scope,
                                    good.repo.config.notifications if good is not None else ())
             if good is None:
@@ -285,6 +291,7 @@ class Controller:
         else:
             assert validation is not None
             target = Target(revision.sha, validation)
+            self.notifier.resume(validation.repo.config.notifications)  # what a killed process left unsent
         applied = self._apply(target, status, live if live is not None and target.sha == sha else None, scope)
         self._in_force = (target, scope)
         outcome = self._report(target, applied, refused, applied_before, status, now, scope)

@@ -1,17 +1,21 @@
 """Notifications: each commit's outcome POSTed to `spec.notifications.targets` (a generic JSON webhook, or a
 Slack-compatible payload), from a background thread with retries and backoff, so that a receiver that is
-slow or down never blocks a reconcile (I/O)."""
+slow or down never blocks a reconcile (I/O). With a spool directory (the controller's workdir), each queued
+event is a file until it is sent or given up, so a controller killed meanwhile sends it after its restart:
+delivery is at least once (a receiver may see an event twice, same `commit` and `statusCommit`)."""
 from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import random
 import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 from gitops.model.config import NotificationTarget
 
@@ -19,6 +23,9 @@ log = logging.getLogger(__name__)
 
 #: the outcomes a target may ask for (`events`)
 EVENTS = ("Applied", "Failed", "Refused", "Incomplete")
+#: events waiting at most (beyond: dropped with a log line), and the size read of one spooled event
+MAX_QUEUED = 1000
+MAX_SPOOLED_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -67,26 +74,56 @@ def payload(target: NotificationTarget, event: Event) -> bytes:
 class Notifier:
     """Sends events from one daemon thread: each POST retried `attempts` times, waiting `backoff` seconds,
     then twice that, and so on (with jitter). `send` only queues; `flush` waits for the queue (a one-shot
-    `gitops reconcile` before it exits)."""
+    `gitops reconcile` before it exits). `spool`: where queued events are kept until sent or given up (the
+    target by name, never its URL, which may be a decrypted secret); `resume` queues what an earlier
+    process left there."""
 
-    def __init__(self, attempts: int = 5, backoff: float = 1.0, timeout: float = 10.0):
+    def __init__(self, attempts: int = 5, backoff: float = 1.0, timeout: float = 10.0, spool: Path | None = None):
         self.attempts, self.backoff, self.timeout = attempts, backoff, timeout
-        self._queue: queue.Queue[tuple[NotificationTarget, Event]] = queue.Queue(maxsize=1000)
+        self.spool = spool
+        self._queue: queue.Queue[tuple[NotificationTarget, Event, Path | None]] = queue.Queue(maxsize=MAX_QUEUED)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._resumed = False
+        self._serial = 0
 
     def send(self, targets: tuple[NotificationTarget, ...], event: Event) -> None:
         """Queue `event` for every target that asks for its result (dropped, with a log line, when the queue
         is full: receivers down for long)."""
         for target in targets:
-            if event.result not in target.events:
-                continue
+            if event.result in target.events:
+                self._put(target, event, self._keep(target, event))
+
+    def resume(self, targets: tuple[NotificationTarget, ...]) -> None:
+        """Once per process: queue the events an earlier process spooled and did not finish, oldest first,
+        for the targets still configured under their names (others are dropped with a log line)."""
+        if self._resumed or self.spool is None:
+            return
+        self._resumed = True
+        by_name = {t.name: t for t in targets}
+        try:
+            names = sorted(n for n in os.listdir(self.spool) if n.endswith(".json"))
+        except FileNotFoundError:
+            return
+        for name in names:
+            path = self.spool / name
             try:
-                self._queue.put_nowait((target, event))
-            except queue.Full:
-                log.warning("notification dropped: too many waiting", extra={"target": target.name})
+                data = json.loads(path.read_bytes()[:MAX_SPOOLED_BYTES])
+                known = {f.name for f in fields(Event)}
+                event = Event(**{k: tuple(v) if isinstance(v, list) else v
+                                 for k, v in data["event"].items() if k in known})
+                target = by_name.get(data["target"])
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                log.warning("spooled notification unreadable: dropped", extra={"file": str(path), "error": str(err)})
+                path.unlink(missing_ok=True)
                 continue
-            self._start()
+            if target is None:
+                log.warning("spooled notification dropped: its target is no longer configured",
+                            extra={"target": data["target"], "commit": event.commit[:12]})
+                path.unlink(missing_ok=True)
+                continue
+            log.info("spooled notification queued again", extra={"target": target.name, "commit": event.commit[:12]})
+            self._put(target, event, path)
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queued event was sent or given up (True), or `timeout` seconds passed (False)."""
@@ -97,6 +134,40 @@ class Notifier:
             time.sleep(0.05)
         return True
 
+    def _keep(self, target: NotificationTarget, event: Event) -> Path | None:
+        """The event written to the spool (whole or not at all: a temporary file renamed), or None."""
+        if self.spool is None:
+            return None
+        self._serial += 1
+        path = self.spool / f"{time.time_ns():020d}-{os.getpid()}-{self._serial:06d}.json"
+        tmp = path.with_suffix(".tmp")
+        try:
+            self.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with open(tmp, "wb") as handle:
+                handle.write(json.dumps({"target": target.name, "event": asdict(event)}, sort_keys=True).encode())
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+            descriptor = os.open(self.spool, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+        except OSError as err:
+            log.warning("notification not spooled: sent from memory only", extra={"error": str(err)})
+            return None
+        return path
+
+    def _put(self, target: NotificationTarget, event: Event, path: Path | None) -> None:
+        try:
+            self._queue.put_nowait((target, event, path))
+        except queue.Full:
+            log.warning("notification dropped: too many waiting", extra={"target": target.name})
+            if path is not None:
+                path.unlink(missing_ok=True)
+            return
+        self._start()
+
     def _start(self) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
@@ -105,12 +176,13 @@ class Notifier:
 
     def _run(self) -> None:
         while True:
-            target, event = self._queue.get()
+            target, event, path = self._queue.get()
             try:
                 self._deliver(target, event)
+                if path is not None:  # sent or given up: done with it
+                    path.unlink(missing_ok=True)
             finally:
                 self._queue.task_done()
-
     def _deliver(self, target: NotificationTarget, event: Event) -> None:
         body = payload(target, event)
         if not target.url.startswith(("http://", "https://")):

@@ -11,6 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from ports import free_port
 from repo_helpers import EXAMPLE_REPO
 from test_controller_status import git as status_git
 
@@ -121,5 +122,51 @@ def test_the_controller_notifies_an_incomplete_apply_and_a_refusal_with_an_encry
         assert any("hv-private-1" in source for source in first["incomplete"]), first["incomplete"]
         assert any("clusters/team-a/typo.yaml" in e for e in second["errors"]), second["errors"]
         assert receiver.url not in applied.stderr + refused.stderr  # the URL is a secret: never logged
+    finally:
+        receiver.close()
+
+
+_SPOOLING = """
+import sys, time
+from pathlib import Path
+from gitops.model.config import NotificationTarget
+from gitops.notify import Event, Notifier
+notifier = Notifier(attempts=1000, backoff=5.0, spool=Path(sys.argv[1]))
+hooks = (NotificationTarget("hook", "webhook", sys.argv[2]), NotificationTarget("gone", "webhook", sys.argv[2]))
+notifier.send(hooks, Event("a" * 40, "Failed", "action 3/7 failed", actions_done=2, actions_failed=1,
+                           actions_planned=7, errors=("action 3/7 failed: ...",), status_commit="b" * 40))
+print("queued", flush=True)
+time.sleep(600)
+"""
+
+
+def test_events_queued_by_a_killed_process_are_sent_after_its_restart(tmp_path: Path):
+    """Issue #26 (nothing lost): a controller SIGKILLed while its receiver is down loses no notification: each
+    queued event is a spool file (the target's name, not its URL, a secret) until sent or given up; the next
+    process queues them again for the targets still configured, and removes each once sent."""
+    spool, down = tmp_path / "notifications", f"http://127.0.0.1:{free_port()}/hook?token=secret"
+    proc = subprocess.Popen([sys.executable, "-c", _SPOOLING, str(spool), down], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "queued"
+    finally:
+        proc.kill()
+        proc.wait(10)
+    left = sorted(spool.iterdir())
+    assert len(left) == 2 and all(p.suffix == ".json" for p in left), left
+    assert not any(b"secret" in p.read_bytes() for p in left)
+    receiver = Receiver()
+    try:
+        notifier = Notifier(attempts=3, backoff=0.1, spool=spool)
+        hook = NotificationTarget("hook", "webhook", receiver.url + "/hook")
+        notifier.resume((hook,))  # "gone" is no longer configured: dropped
+        notifier.resume((hook,))  # once per process
+        assert notifier.flush(30)
+        assert [(path, body["commit"], body["result"], body["actions"], body["errors"], body["statusCommit"])
+                for path, body in receiver.bodies] == [
+            ("/hook", "a" * 40, "Failed", {"done": 2, "failed": 1, "planned": 7}, ["action 3/7 failed: ..."],
+             "b" * 40)]
+        assert list(spool.iterdir()) == []
+        notifier.send((hook,), Event("c" * 40, "Applied", "applied"))  # sent, then its file removed too
+        assert notifier.flush(30) and len(receiver.bodies) == 2 and list(spool.iterdir()) == []
     finally:
         receiver.close()
