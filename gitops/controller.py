@@ -270,6 +270,8 @@ class Controller:
         self.replica.coordinate(validation.repo.config if ok else None)
         scope = self.replica.scope(validation.model if ok else None)
         if scope is not None and not scope.held:
+            if ok:
+                self.notifier.resume(validation.repo.config.notifications)  # what it queued before a restart
             log.info("standing by: this replica holds no Lease", extra={"sha": sha, "identity": self.identity})
             return Outcome(sha=sha, result=Result.STANDING_BY, message="standing by: this replica holds no Lease")
         status = self.status_branch(branch_name)

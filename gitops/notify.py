@@ -96,31 +96,35 @@ class Notifier:
 
     def resume(self, targets: tuple[NotificationTarget, ...]) -> None:
         """Once per process: queue the events an earlier process spooled and did not finish, oldest first,
-        for the targets still configured under their names (others are dropped with a log line)."""
+        for the targets still configured under their names (others are dropped with a log line). Never
+        raises: a spool that cannot be read is logged and left alone."""
         if self._resumed or self.spool is None:
             return
         self._resumed = True
         by_name = {t.name: t for t in targets}
         try:
-            names = sorted(n for n in os.listdir(self.spool) if n.endswith(".json"))
+            names = sorted(os.listdir(self.spool))
         except FileNotFoundError:
+            return
+        except OSError as err:
+            log.error("notification spool unreadable: nothing resumed", extra={"spool": str(self.spool),
+                                                                                "error": str(err)})
             return
         for name in names:
             path = self.spool / name
+            if not name.endswith(".json"):  # a write cut short by a crash (`.tmp`): its event was never queued
+                _remove(path)
+                continue
             try:
-                data = json.loads(path.read_bytes()[:MAX_SPOOLED_BYTES])
-                known = {f.name for f in fields(Event)}
-                event = Event(**{k: tuple(v) if isinstance(v, list) else v
-                                 for k, v in data["event"].items() if k in known})
-                target = by_name.get(data["target"])
-            except (OSError, ValueError, KeyError, TypeError) as err:
+                target, event = _spooled(path, by_name)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
                 log.warning("spooled notification unreadable: dropped", extra={"file": str(path), "error": str(err)})
-                path.unlink(missing_ok=True)
+                _remove(path)
                 continue
             if target is None:
                 log.warning("spooled notification dropped: its target is no longer configured",
-                            extra={"target": data["target"], "commit": event.commit[:12]})
-                path.unlink(missing_ok=True)
+                            extra={"file": str(path), "commit": event.commit[:12]})
+                _remove(path)
                 continue
             log.info("spooled notification queued again", extra={"target": target.name, "commit": event.commit[:12]})
             self._put(target, event, path)
@@ -164,7 +168,7 @@ class Notifier:
         except queue.Full:
             log.warning("notification dropped: too many waiting", extra={"target": target.name})
             if path is not None:
-                path.unlink(missing_ok=True)
+                _remove(path)
             return
         self._start()
 
@@ -179,9 +183,12 @@ class Notifier:
             target, event, path = self._queue.get()
             try:
                 self._deliver(target, event)
-                if path is not None:  # sent or given up: done with it
-                    path.unlink(missing_ok=True)
+            except Exception as err:  # noqa: BLE001 - the thread goes on; the text may hold the URL: not logged
+                log.error("notification given up", extra={"target": target.name, "commit": event.commit[:12],
+                                                          "error": type(err).__name__})
             finally:
+                if path is not None:  # sent or given up: done with it
+                    _remove(path)
                 self._queue.task_done()
     def _deliver(self, target: NotificationTarget, event: Event) -> None:
         body = payload(target, event)
@@ -206,3 +213,28 @@ class Notifier:
                                                               "attempts": attempt, "error": str(error)})
                     return
                 time.sleep(self.backoff * 2 ** (attempt - 1) * random.uniform(0.8, 1.2))
+
+
+def _spooled(path: Path, targets: dict[str, NotificationTarget]) -> tuple[NotificationTarget | None, Event]:
+    """A spool file's target (None: not configured) and event; ValueError and the like when it is not one."""
+    with open(path, "rb") as handle:
+        text = handle.read(MAX_SPOOLED_BYTES + 1)
+    if len(text) > MAX_SPOOLED_BYTES:
+        raise ValueError(f"larger than {MAX_SPOOLED_BYTES} bytes")
+    data = json.loads(text)
+    known = {f.name for f in fields(Event)}
+    raw = data["event"]
+    if not isinstance(raw, dict) or not isinstance(data["target"], str):
+        raise ValueError("not a spooled event")
+    values = {k: tuple(str(x) for x in v) if isinstance(v, list) else v for k, v in raw.items() if k in known}
+    event = Event(**values)
+    if not all(isinstance(getattr(event, k), str) for k in ("commit", "result", "message", "status_commit", "time")):
+        raise ValueError("not a spooled event")
+    return targets.get(data["target"]), event
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as err:
+        log.warning("notification spool file not removed", extra={"file": str(path), "error": str(err)})

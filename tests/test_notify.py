@@ -170,3 +170,32 @@ def test_events_queued_by_a_killed_process_are_sent_after_its_restart(tmp_path: 
         assert notifier.flush(30) and len(receiver.bodies) == 2 and list(spool.iterdir()) == []
     finally:
         receiver.close()
+
+
+def test_a_spool_that_cannot_be_read_or_holds_junk_never_stops_the_sender(tmp_path: Path, caplog):
+    """What `resume` finds that is not a spooled event (a write cut short, junk, a hand edit, a spool that is a
+    file) is logged and removed or left alone, never raised; a target whose URL urllib cannot even send to is
+    given up without its URL in the log, and its file removed."""
+    as_file = tmp_path / "not-a-dir"
+    as_file.write_text("x")
+    Notifier(spool=as_file).resume(())  # logged, not raised
+    spool = tmp_path / "notifications"
+    spool.mkdir()
+    (spool / "00000000000000000001-1-000001.tmp").write_text('{"target": "hook", "ev')  # cut short by a kill
+    (spool / "00000000000000000002-1-000001.json").write_text("{not json")
+    (spool / "00000000000000000003-1-000001.json").write_text('{"target": "hook", "event": ["a list"]}')
+    (spool / "00000000000000000004-1-000001.json").write_text('{"target": "hook", "event": {"commit": 7, '
+                                                              '"result": "Failed", "message": "m"}}')
+    bad = NotificationTarget("hook", "webhook", "http://127.0.0.1:1/services/SECRET TOKEN")  # a space: InvalidURL
+    notifier = Notifier(attempts=1, backoff=0.01, spool=spool)
+    notifier.resume((bad,))
+    assert list(spool.iterdir()) == []
+    notifier.send((bad,), Event("d" * 40, "Failed", "failed"))
+    assert notifier.flush(10) and list(spool.iterdir()) == []
+    assert "SECRET" not in caplog.text and "notification given up" in caplog.text
+    receiver = Receiver()  # the sender thread is still there for the next event
+    try:
+        notifier.send((NotificationTarget("ok", "webhook", receiver.url + "/ok"),), Event("e" * 40, "Failed", "f"))
+        assert notifier.flush(10) and [b["commit"] for _, b in receiver.bodies] == ["e" * 40]
+    finally:
+        receiver.close()

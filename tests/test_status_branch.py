@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import subprocess
 from pathlib import Path
 
@@ -246,3 +247,36 @@ def test_a_remote_that_refuses_notes_still_gets_the_status_commit(origin, tmp_pa
     assert subprocess.run(["git", "--git-dir", origin, "rev-parse", "--verify", "-q", NOTES_REF],
                           capture_output=True).returncode == 1
     assert "commit note refused by the remote" in caplog.text
+
+
+def test_a_note_whose_push_raced_another_writer_in_the_remote_lands_on_the_retry(origin, tmp_path, caplog):
+    """Another writer's push lands while ours is in the remote's pre-receive hook: git refuses both of our refs
+    (`cannot lock ref`, `atomic transaction failed`); that is a race, retried with the note, not a refusal."""
+    caplog.set_level(logging.INFO, logger="gitops.status.branch")
+    main = subprocess.run(["git", "--git-dir", origin, "rev-parse", "main"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    StatusBranch(origin, tmp_path / "b").publish(files({"status/x.yaml": b"1\n"}), "b1")
+    other = tmp_path / "other"
+    subprocess.run(["git", "clone", "-q", "-b", DEFAULT_BRANCH, origin, str(other)], check=True, capture_output=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-q", "--allow-empty", "-m",
+                    "other writer"], cwd=other, check=True)
+    marker = tmp_path / "marker"
+    marker.touch()
+    _hook(origin, f"cat >/dev/null\nif [ -e {marker} ]; then rm {marker}; env -i PATH=\"$PATH\" "
+                  f"git -C {other} push -q origin HEAD:refs/heads/{DEFAULT_BRANCH} >&2; fi\n")
+    sha = StatusBranch(origin, tmp_path / "a").publish(files({"status/y.yaml": b"2\n"}), "a1",
+                                                       Note(main, "main", "gitops: Applied: 0 action(s)"))
+    assert log(origin) == ["a1", "other writer", "b1"]
+    assert f"{main}\ngitops: Applied: 0 action(s)\nstatus commit {sha}\n" in _notes(origin)
+    assert "raced another writer" in caplog.text and "refused" not in caplog.text
+
+
+def test_a_remote_without_atomic_pushes_gets_the_commit_then_its_note(origin, tmp_path):
+    subprocess.run(["git", "--git-dir", origin, "config", "receive.advertiseAtomic", "false"], check=True)
+    main = subprocess.run(["git", "--git-dir", origin, "rev-parse", "main"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    branch = StatusBranch(origin, tmp_path / "a")
+    assert branch.publish(files({"status/x.yaml": b"1\n"}), "first") is not None
+    sha = branch.publish(files({"status/x.yaml": b"2\n"}), "second", Note(main, "main", "gitops: Applied"))
+    assert log(origin) == ["second", "first"]
+    assert f"{main}\ngitops: Applied\nstatus commit {sha}\n" in _notes(origin)

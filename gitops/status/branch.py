@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 AUTHOR = git.Actor("gitops", "gitops@localhost")
 PUSH_ATTEMPTS = 8
+#: what git says of a push that lost a race with another writer (client side, or in the remote's transaction)
+RACES = ("non-fast-forward", "fetch first", "stale info", "cannot lock ref", "atomic transaction failed",
+         "incorrect old value")
 #: each applied or refused commit's outcome, as a git note (`git log --notes=gitops`)
 NOTES_REF = "refs/notes/gitops"
 #: In a controller's workdir: the statusBranch of the commit in force, for reporting a refused commit there.
@@ -150,8 +153,10 @@ class StatusBranch:
 
     def publish(self, write: Callable[["StatusBranch"], None], message: str, note: Note | None = None) -> str | None:
         """Write, commit if anything changed, push; returns the new commit SHA or None. `note`: pushed with
-        the commit, atomically (a note that cannot be made is logged and the commit pushed alone)."""
-        for attempt in range(1, PUSH_ATTEMPTS + 1):
+        the commit, atomically; a note that cannot be made, or a push with it that the remote refuses for
+        another reason than a race (a hook, a permission), is logged and the commit pushed alone."""
+        attempt, with_note = 1, note
+        while True:
             started = time.monotonic()
             tip = self.sync()
             write(self)
@@ -165,29 +170,48 @@ class StatusBranch:
             repo.git.commit("-q", "-m", message, "--no-verify")
             sha = repo.head.commit.hexsha
             refspecs = [f"HEAD:refs/heads/{self.branch}"]
-            if note is not None and self._add_note(note, sha):
+            if with_note is not None and self._add_note(with_note, sha):
                 refspecs.append(f"{NOTES_REF}:{NOTES_REF}")
             try:
-                repo.git.push("--atomic", "origin", *refspecs)
-                self._pushed = sha
-                log.info("status committed", extra={"sha": sha, "branch": self.branch})
-                return sha
+                self._push(refspecs)
             except git.GitCommandError as err:
-                text = str(err)
-                if note is not None and len(refspecs) > 1 and "remote rejected" in text and NOTES_REF in text:
-                    # the remote takes no notes (a hook, a permission): neither ref moved; the commit goes alone
-                    log.warning("commit note refused by the remote", extra={"sha": note.commit,
-                                                                             "error": git_message(err)})
-                    note = None
-                    continue
-                if "non-fast-forward" in text or "fetch first" in text or "rejected" in text:
+                if any(race in str(err) for race in RACES):
+                    if attempt == PUSH_ATTEMPTS:
+                        raise StatusError(f"cannot push {self.branch}: still racing other writers after "
+                                          f"{PUSH_ATTEMPTS} attempts") from None
                     log.info("status push raced another writer; retrying", extra={"attempt": attempt})
                     # writers racing again at once take turns: back off by up to `attempt` times what an
                     # attempt took (a big tree's attempt takes seconds; retrying at once would race again)
                     time.sleep(random.uniform(0, min(30.0, attempt * (time.monotonic() - started))))
+                    attempt += 1
+                    continue
+                if len(refspecs) > 1:  # refused, not raced: perhaps for the note; neither ref moved
+                    log.info("status push with its note refused; trying the status commit alone",
+                             extra={"error": git_message(err)})
+                    with_note = None
                     continue
                 raise StatusError(f"cannot push {self.branch}: {git_message(err)}") from None
-        raise StatusError(f"cannot push {self.branch}: still racing other writers after {PUSH_ATTEMPTS} attempts")
+            self._pushed = sha
+            log.info("status committed", extra={"sha": sha, "branch": self.branch})
+            if note is not None and with_note is None:
+                log.warning("commit note refused by the remote", extra={"sha": note.commit})
+            return sha
+
+    def _push(self, refspecs: list[str]) -> None:
+        """Push `refspecs` to origin, several at once atomically (a remote without atomic pushes gets the
+        first, then the others, the old way; their failure is logged). Raises git's error."""
+        repo = self.repo
+        try:
+            repo.git.push("--porcelain", *(["--atomic"] if len(refspecs) > 1 else []), "origin", *refspecs)
+        except git.GitCommandError as err:
+            if len(refspecs) < 2 or "does not support --atomic" not in str(err):
+                raise
+            log.warning("the remote takes no atomic push: the note goes after the status commit")
+            repo.git.push("--porcelain", "origin", refspecs[0])
+            try:
+                repo.git.push("--porcelain", "origin", *refspecs[1:])
+            except git.GitCommandError as late:
+                log.warning("commit note not pushed", extra={"error": git_message(late)})
 
     def _add_note(self, note: Note, status_commit: str) -> bool:
         """`note` added locally on top of the remote's notes (fetched now: a push that raced another
