@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 AUTHOR = git.Actor("gitops", "gitops@localhost")
 PUSH_ATTEMPTS = 8
 #: what git says of a push that lost a race with another writer (client side, or in the remote's transaction)
-RACES = ("non-fast-forward", "fetch first", "stale info", "cannot lock ref", "atomic transaction failed",
+RACES = ("non-fast-forward", "fetch first", "stale info", "cannot lock ref", "failed to update ref", "failed to lock",
+         "atomic transaction failed",
          "incorrect old value")
 #: each applied or refused commit's outcome, as a git note (`git log --notes=gitops`)
 NOTES_REF = "refs/notes/gitops"
