@@ -286,3 +286,38 @@ def test_a_live_fingerprint_moves_with_what_a_plan_reads_not_with_etcd_sizes(wor
         n: dataclasses.replace(hv, pods=tuple(dataclasses.replace(p, ready=False) if p.node == "team-b-cp-2" else p
                                               for p in hv.pods)) for n, hv in world.observed.hypervisors.items()})
     assert live_fingerprints(moved)["team-b"] != live_fingerprints(world.observed)["team-b"]
+
+
+_LOADED = """
+import json, sys
+from gitops.cli import cli
+try:  # (its hypervisors are not there: a plan that cannot observe them loads the same modules)
+    cli.main(["plan", sys.argv[1], "--state-dir", sys.argv[2], "--out", sys.argv[3]], standalone_mode=False)
+except SystemExit:
+    pass
+import gitops.apply.executor, gitops.controller, gitops.status.against  # apply, the controller, a PR's plan
+print(json.dumps(sorted((m, getattr(sys.modules[m], "__file__", None)) for m in list(sys.modules)
+                        if m.startswith("gitops."))))
+"""
+
+
+def test_the_code_digest_covers_every_module_a_plan_runs(tmp_path):
+    """Records are valid for the code that planned them (`code_digest`); it leaves out the packages a plan never
+    runs, so changing the lab, the UI or the worker's join replans nothing: planning, applying and the
+    controller import none of them."""
+    import sys
+    from pathlib import Path as P
+
+    from gitops.plan import converged as conv
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPO, repo)
+    proc = subprocess.run([sys.executable, "-c", _LOADED, str(repo), str(tmp_path / "state"), str(tmp_path / "p")],
+                          capture_output=True, text=True, timeout=300)
+    loaded = dict(json.loads(proc.stdout.splitlines()[-1]))
+    assert "gitops.plan.converged" in loaded and "gitops.engine" in loaded, proc.stdout + proc.stderr
+    assert not [m for m in loaded if m.split(".")[1] in conv.NOT_PLANNING], loaded
+    root = P(conv.__file__).resolve().parents[1]
+    digested = set(conv.digested_sources(root))
+    assert root / "plan/converged.py" in digested and root / "engine.py" in digested
+    assert not [p for p in digested if p.relative_to(root).parts[0] in conv.NOT_PLANNING]
+    assert {P(f).resolve() for f in loaded.values() if f} - digested == set()

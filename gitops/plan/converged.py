@@ -94,10 +94,20 @@ def blob_id(data: bytes) -> str:
 _LIBRARIES = ("cryptography", "PyYAML", "jsonschema")
 
 
+#: packages of gitops a plan never runs (the lab and its crash harness, the web UI's pages, a worker's join):
+#: changing them replans nothing (tests/test_cold_plan.py checks that planning imports none of them)
+NOT_PLANNING = ("lab", "ui", "worker")
+
+
+def digested_sources(root: Path) -> list[Path]:
+    """The gitops sources `code_digest` covers, sorted: every module but those of `NOT_PLANNING`."""
+    return sorted(p for p in root.rglob("*.py") if p.relative_to(root).parts[0] not in NOT_PLANNING)
+
+
 @lru_cache(maxsize=1)
 def code_digest() -> str:
-    """A digest of the gitops sources, the Python version and the libraries a plan's answers depend on:
-    another version of any of them may plan otherwise."""
+    """A digest of the gitops sources a plan runs, the Python version and the libraries a plan's answers
+    depend on: another version of any of them may plan otherwise."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256(sys.version.encode())
     for name in _LIBRARIES:
@@ -105,7 +115,7 @@ def code_digest() -> str:
             h.update(f"{name}={metadata.version(name)}\0".encode())
         except metadata.PackageNotFoundError:
             h.update(f"{name}=?\0".encode())
-    for path in sorted(root.rglob("*.py")):
+    for path in digested_sources(root):
         h.update(path.relative_to(root).as_posix().encode() + b"\0")
         h.update(path.read_bytes())
     return h.hexdigest()
