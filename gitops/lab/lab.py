@@ -258,6 +258,15 @@ def _ctr_import(socket_path: str, tarball: Path, hv: str) -> None:
          f"importing {tarball.name} into {hv}")
 
 
+def _import_everywhere(hvs: list[LabHypervisor], tarball: Path) -> None:
+    """`tarball` into each of `hvs` at once (a thread per `ctr import`: each is its own containerd's work)."""
+    if not hvs:
+        return
+    with ThreadPoolExecutor(max_workers=len(hvs)) as pool:
+        for done in [pool.submit(_ctr_import, hv.socket, tarball, hv.name) for hv in hvs]:
+            done.result()
+
+
 def _ctr_tag(socket_path: str, src: str, dst: str, hv: str) -> None:
     """Tag `src` as `dst` in the k8s.io namespace; containerd's CRI plugin sees it at once."""
     _run(["ctr", "-a", socket_path, "-n", "k8s.io", "images", "tag", "--force", src, dst],
@@ -388,9 +397,7 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
         _wait(f"containerd for {name}", _cri_ready(hv.local()), READY_TIMEOUT, ctrd)
     # the images into every hypervisor at once: each import is its own containerd's work (ingest, unpack),
     # most of a lab's start when done one after another
-    with ThreadPoolExecutor(max_workers=len(hvs)) as pool:
-        for done in [pool.submit(_ctr_import, hv.socket, archive, hv.name) for hv in hvs]:
-            done.result()
+    _import_everywhere(hvs, archive)
     for hv in hvs:
         if remote:
             assert ca is not None
@@ -575,13 +582,9 @@ def import_image(tarball: Path, lab_dir: Path | None = None, only: Iterable[str]
     if not tarball.is_file():
         raise LabError(f"no such image tarball: {tarball}")
     wanted = None if only is None else set(only)
-    done = []
-    for hv in lab.hypervisors:
-        if wanted is not None and hv.name not in wanted:
-            continue
-        _ctr_import(hv.socket, tarball.absolute(), hv.name)
-        done.append(hv.name)
-    return done
+    hvs = [hv for hv in lab.hypervisors if wanted is None or hv.name in wanted]
+    _import_everywhere(hvs, tarball.absolute())
+    return [hv.name for hv in hvs]
 
 
 def alias_image(src: str, dst: str, lab_dir: Path | None = None) -> list[str]:
