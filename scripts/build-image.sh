@@ -98,21 +98,29 @@ rm -f "$OUT/gitops.tar" "$OUT/gitops-agent.tar"
 total=$(since "$t0")
 python3 - "$OUT/build.json" "$base_seconds" "$t1" "$t2" "$t3" "$total" "$BASE" "$CONTROLLER" "$AGENT" <<'EOF'
 import json, os, sys, tarfile, zlib
+from concurrent.futures import ThreadPoolExecutor
 out, base_s, t1, t2, t3, total, base, controller, agent = sys.argv[1:]
 
 
-def entry(ref, tar):
+def layer(tar, name):
+    """(bytes as stored, bytes gzipped at gzip's default level) of one layer of a docker archive."""
+    size = gz = 0
+    with tarfile.open(tar) as archive:
+        f, z = archive.extractfile(name), zlib.compressobj(6, zlib.DEFLATED, 31)
+        while chunk := f.read(1 << 20):
+            size += len(chunk)
+            gz += len(z.compress(chunk))
+        gz += len(z.flush())
+    return size, gz
+
+
+def entry(ref, tar, pool):
     """Layer bytes as stored (uncompressed) and gzipped (what a registry would serve), and the config."""
     with tarfile.open(tar) as archive:
         manifest = json.load(archive.extractfile("manifest.json"))[0]
         config = json.load(archive.extractfile(manifest["Config"]))["config"]
-        size = gz = 0
-        for layer in manifest["Layers"]:
-            f, z = archive.extractfile(layer), zlib.compressobj(6, zlib.DEFLATED, 31)
-            while chunk := f.read(1 << 20):
-                size += len(chunk)
-                gz += len(z.compress(chunk))
-            gz += len(z.flush())
+    sizes = [f.result() for f in [pool.submit(layer, tar, name) for name in manifest["Layers"]]]
+    size, gz = sum(s for s, _ in sizes), sum(g for _, g in sizes)
     print(f"build-image: {ref}: {size / 2**20:.0f} MiB ({gz / 2**20:.0f} MiB gzipped), "
           f"{len(manifest['Layers'])} layers, user {config.get('User') or 'root'}")
     return {"ref": ref, "archive": os.path.basename(tar), "size": size, "gzipSize": gz,
@@ -122,9 +130,9 @@ def entry(ref, tar):
 d = os.path.dirname(out)
 seconds = {"base": round(float(base_s), 1), "agent": round(float(t2) - float(t1), 1),
            "controller": round(float(t3) - float(t2), 1), "total": float(total)}
-result = {"base": base, "seconds": seconds,
-          "controller": entry(controller, os.path.join(d, "gitops.tar")),
-          "agent": entry(agent, os.path.join(d, "gitops-agent.tar"))}
+with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # zlib lets go of the GIL: layers at once
+    result = {"base": base, "seconds": seconds, "controller": entry(controller, os.path.join(d, "gitops.tar"), pool),
+              "agent": entry(agent, os.path.join(d, "gitops-agent.tar"), pool)}
 with open(out, "w") as f:
     json.dump(result, f, indent=2)
 print(f"build-image: seconds: {seconds}")
