@@ -258,11 +258,15 @@ def _ctr_import(socket_path: str, tarball: Path, hv: str) -> None:
          f"importing {tarball.name} into {hv}")
 
 
+#: image imports running at once (a lab of many hypervisors would otherwise unpack them all together)
+IMPORTS_AT_ONCE = 4
+
+
 def _import_everywhere(hvs: list[LabHypervisor], tarball: Path) -> None:
     """`tarball` into each of `hvs` at once (a thread per `ctr import`: each is its own containerd's work)."""
     if not hvs:
         return
-    with ThreadPoolExecutor(max_workers=len(hvs)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(hvs), IMPORTS_AT_ONCE)) as pool:
         for done in [pool.submit(_ctr_import, hv.socket, tarball, hv.name) for hv in hvs]:
             done.result()
 
