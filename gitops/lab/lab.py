@@ -28,7 +28,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import yaml
@@ -266,9 +266,12 @@ def _import_everywhere(hvs: list[LabHypervisor], tarball: Path) -> None:
     """`tarball` into each of `hvs` at once (a thread per `ctr import`: each is its own containerd's work)."""
     if not hvs:
         return
-    with ThreadPoolExecutor(max_workers=min(len(hvs), IMPORTS_AT_ONCE)) as pool:
-        for done in [pool.submit(_ctr_import, hv.socket, tarball, hv.name) for hv in hvs]:
-            done.result()
+    pool = ThreadPoolExecutor(max_workers=min(len(hvs), IMPORTS_AT_ONCE))
+    try:
+        for done in as_completed([pool.submit(_ctr_import, hv.socket, tarball, hv.name) for hv in hvs]):
+            done.result()  # the first failure ends it: what is still queued is cancelled below
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _ctr_tag(socket_path: str, src: str, dst: str, hv: str) -> None:

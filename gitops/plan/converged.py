@@ -95,7 +95,8 @@ _LIBRARIES = ("cryptography", "PyYAML", "jsonschema")
 
 
 #: packages of gitops a plan never runs (the lab and its crash harness, the web UI's pages, a worker's join):
-#: changing them replans nothing (tests/test_cold_plan.py checks that planning imports none of them)
+#: changing them replans nothing (tests/test_cold_plan.py checks that planning imports none of them). The
+#: UI's branch plan (`ui/plans.py`) only hands a checkout to `status.against`: plan logic belongs there.
 NOT_PLANNING = ("lab", "ui", "worker")
 
 
