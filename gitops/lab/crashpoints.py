@@ -409,6 +409,8 @@ class Outcome:
     probe_requests: int = 0
     probe_failures: int = 0
     failures_outside: list[str] = dataclasses.field(default_factory=list)
+    #: the probe's first failures (inside a stopped API server's window, or not): what they were
+    probe_errors: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
     problems: list[str] = dataclasses.field(default_factory=list)
     #: how long each action of the killed run took (index -> s), and when its first action started
@@ -428,7 +430,8 @@ class Outcome:
         return {"scenario": self.scenario, "variant": self.variant, "point": self.point, "action": self.action,
                 "actions": self.actions, "killed": self.killed, "resumed_actions": self.resumed,
                 "healed": self.healed, "probe_requests": self.probe_requests, "probe_failures": self.probe_failures,
-                "failures_outside_window": self.failures_outside, "seconds": round(self.seconds, 1),
+                "failures_outside_window": self.failures_outside, "probe_errors": self.probe_errors,
+                "seconds": round(self.seconds, 1),
                 "outcome": self.outcome, "problems": self.problems}
 
 
@@ -578,6 +581,9 @@ def run_crash_point(ws: Workspace, cluster: str, scenario: str, variant: str, po
         counts = probe.stop()
     ended = time.time()
     out.probe_requests, out.probe_failures = counts.requests, counts.failures
+    out.probe_errors = list(counts.errors[:5])
+    if counts.failures:
+        log(f"    probe: {counts.failures} of {counts.requests} request(s) failed, first: {counts.errors[:1]}")
     running = plan[done] if killed and done < len(plan) else None
     windows = _stopped_windows([first, second], running, ended)
     for error in counts.errors:
