@@ -400,6 +400,12 @@ class _Runner:
             self._until_ready(action, api, url.path, deadline, f"kube-apiserver on {action.node}",
                               lambda last: f"kube-apiserver on {action.node} not ready after {ready.timeout}s "
                                            f"({ready.url}: {last}); stopping before any other API server is touched")
+        counted_in = time.monotonic() + ready.ingress  # the ingress's health check takes it back meanwhile
+        while (left := counted_in - time.monotonic()) > 0:
+            refused = self.refused(action)
+            if refused:
+                raise ApplyError(f"fenced while the ingress counts kube-apiserver on {action.node} in: {refused}")
+            time.sleep(min(left, 0.5))
 
     def _until_ready(self, action: Action, api: KubeAPI, path: str, deadline: float, what: str,
                      timed_out: Callable[[str], str]) -> None:

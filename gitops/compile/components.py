@@ -47,6 +47,10 @@ ETCD_DATA = "/var/lib/etcd"
 #: seconds a stopping API server keeps serving while /readyz fails, so the ingress (a check every
 #: second, out at the first failure, 2 s timeout) stops sending it requests before its port closes
 SHUTDOWN_DELAY = 3
+#: the ingress's health check of an API server (haproxy): every READY_CHECK_INTER s, READY_CHECK_RISE answers in
+#: a row count it in again; so an API server ready on its own /readyz is surely routed to INGRESS_COUNTS_IN s later
+READY_CHECK_INTER, READY_CHECK_RISE = 1, 2
+INGRESS_COUNTS_IN = READY_CHECK_INTER * READY_CHECK_RISE + 1
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 API_DNS_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
 
@@ -403,7 +407,8 @@ def haproxy_config(ip: str, port: int, backends: list[tuple[str, str]], ready_ch
     ]
     if ready_check_ca:
         lines += ["  option httpchk", "  http-check send meth GET uri /readyz", "  http-check expect status 200"]
-        check = f"check check-ssl verify required ca-file {ready_check_ca} inter 1s fall 1 rise 2"
+        check = (f"check check-ssl verify required ca-file {ready_check_ca} inter {READY_CHECK_INTER}s fall 1 "
+                 f"rise {READY_CHECK_RISE}")
     else:
         lines += ["  option tcp-check"]
         check = "check inter 2s fall 2 rise 1"

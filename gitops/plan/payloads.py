@@ -103,10 +103,12 @@ class EtcdHealth:
 @dataclass(frozen=True)
 class ApiReady:
     """A running API server replaced: apply waits until `url` (its own /readyz, verified against the
-    cluster CA) answers ok, within `timeout` seconds, before the next action replaces another."""
+    cluster CA) answers ok, within `timeout` seconds, then `ingress` seconds more (the ingress's health
+    check counts it back in), before the next action replaces another."""
 
     url: str
     timeout: int = 60
+    ingress: int = 0
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gitops.compile.components import SHUTDOWN_DELAY
+from gitops.compile.components import INGRESS_COUNTS_IN, SHUTDOWN_DELAY
 from gitops.compile.desired import AFTER_APPLY, DesiredPod, DesiredState
 from gitops.memo import Memo
 from gitops.model.components import APISERVER, CONTROLPLANE, ETCD, ETCD_MEMBER, OVERLAP, READYZ, rollout_of
@@ -201,7 +201,7 @@ def _gate_start(action: Action, pod: DesiredPod, timeout: int) -> Action:
     if ready is None:
         return action
     return dataclasses.replace(action, payload=dataclasses.replace(action.payload, ready=ready), details=(
-        *action.details, f"the cluster serves: waits until its /readyz answers ok (up to {ready.timeout}s)"))
+        *action.details, f"the cluster serves: {_ready_wait(ready)}"))
 
 
 def _gate_replacement(action: Action, pod: DesiredPod, inputs: ClusterInputs, timeout: int) -> Action:
@@ -224,12 +224,23 @@ def _gate_replacement(action: Action, pod: DesiredPod, inputs: ClusterInputs, ti
 
 
 def _api_ready(pod: DesiredPod, component: str, timeout: int) -> ApiReady | None:
-    """The gate of a controlplane node's own API server: its /readyz."""
-    return ApiReady(f"{pod.api_url}/readyz", timeout) if rollout_of(component) == READYZ and pod.api_url else None
+    """The gate of a controlplane node's own API server: its /readyz, then the ingress counting it in."""
+    return _readyz(pod.api_url, timeout) if rollout_of(component) == READYZ and pod.api_url else None
+
+
+def _readyz(api_url: str, timeout: int) -> ApiReady:
+    """Its /readyz ok, then as long as the ingress's check takes to count it in again: the API server the
+    plan stops next may be the only other one the ingress counts (one left, or one not behind it yet)."""
+    return ApiReady(f"{api_url}/readyz", timeout, ingress=INGRESS_COUNTS_IN)
+
+
+def _ready_wait(ready: ApiReady) -> str:
+    return f"waits until its /readyz answers ok (up to {ready.timeout}s), then {ready.ingress}s for the ingress " \
+           "to count it in"
 
 
 def _ready_gate(ready: ApiReady) -> str:
-    return f"one at a time: waits until its /readyz answers ok (up to {ready.timeout}s)"
+    return f"one at a time: {_ready_wait(ready)}"
 
 
 def _etcd_health(pod: DesiredPod, inputs: ClusterInputs, timeout: int) -> EtcdHealth | None:
@@ -449,7 +460,7 @@ def _around_member(etcd: Action, change: Action | None, want: DesiredPod | None,
     stop = Action(Kind.REMOVE_CONTAINER, **around, step=-1, target_id=target, payload=Remove(target, etcd=members),
                   reason="its etcd member (the only one it talks to) is recreated next",
                   details=(_healthy_first(members), _GRACEFUL_STOP))
-    ready = ApiReady(f"{want.api_url}/readyz", timeout)
+    ready = _readyz(want.api_url, timeout)
     if change is not None and isinstance(change.payload, CreateContainer):
         payload = change.payload if change.payload.ready is not None else dataclasses.replace(change.payload,
                                                                                                 ready=ready)
