@@ -13,7 +13,9 @@ window of a stopped API server (`gitops.lab.crashpoints.run_crash_point`).
 
 Prints a line per step and a table (scenario, kill point, action killed after, outcome, seconds);
 `--json` ends with one JSON object holding the rows. `--scenario NAME` runs one (repeatable),
-`--limit N` only the first N points of each, `--stride S` every S-th point. The lab is torn down on exit, Ctrl-C and SIGTERM included.
+`--limit N` only the first N points of each, `--stride S` every S-th point, `--resume LOG` skips the
+points that converged in an earlier run (its `--json` output; repeatable), so an exploration can be
+spread over several sittings. The lab is torn down on exit, Ctrl-C and SIGTERM included.
 Run it alone, under the lab lock: `flock /tmp/gitops-lab.lock .venv/bin/python benchmarks/crash_points.py`.
 """
 from __future__ import annotations
@@ -45,6 +47,24 @@ def table(rows: list[crashpoints.Outcome]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *cells]]
 
 
+def explored(logs: list[Path]) -> dict[str, set[tuple[str, str]]]:
+    """The points that converged in earlier `--json` runs (the JSON object is the log's last line), as
+    scenario -> {(variant, point key)}."""
+    done: dict[str, set[tuple[str, str]]] = {}
+    for log in logs:
+        lines = log.read_text().strip().splitlines()
+        try:
+            rows = json.loads(lines[-1])["rows"] if lines else None
+        except (ValueError, KeyError, TypeError):
+            rows = None
+        if not isinstance(rows, list):
+            raise SystemExit(f"{log}: its last line is not the JSON object of a --json run")
+        for row in rows:
+            if row.get("outcome") == "converged":
+                done.setdefault(row["scenario"], set()).add((row["variant"], crashpoints.point_key(row["point"])))
+    return done
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", action="append", choices=sorted(crashpoints.SCENARIOS),
@@ -52,6 +72,8 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="only the first N crash points of each scenario")
     parser.add_argument("--stride", type=int, default=1,
                         help="only every S-th crash point of each list (after-points, inside-points): a sample")
+    parser.add_argument("--resume", action="append", type=Path, default=[], metavar="LOG",
+                        help="skip the points that converged in this earlier --json run's output (repeatable)")
     parser.add_argument("--subnet", default=SUBNET, help="the lab's loopback /24 (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="end with the rows as one JSON object")
     args = parser.parse_args()
@@ -60,6 +82,7 @@ def main() -> int:
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
     names = args.scenario or list(crashpoints.SCENARIOS)
+    skip = explored(args.resume)
     rows: list[crashpoints.Outcome] = []
     started = time.monotonic()
     base = Path(tempfile.mkdtemp(prefix="gitops-bench-crash-", dir="/tmp"))
@@ -70,7 +93,8 @@ def main() -> int:
             print(f"team-a applied and ready in {time.monotonic() - started:.1f}s", flush=True)
             for name in names:
                 crashpoints.explore(ws, crashpoints.SCENARIOS[name], log=lambda s: print(s, flush=True),
-                                    limit=args.limit, outcomes=rows, stride=args.stride)
+                                    limit=args.limit, outcomes=rows, stride=args.stride,
+                                    skip=skip.get(name, set()))
     except KeyboardInterrupt:
         interrupted = True
         print("interrupted: lab torn down", flush=True)

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -371,6 +371,16 @@ class KillPoint:
     @property
     def action(self) -> int:
         return self.after or self.inside
+
+    @property
+    def key(self) -> str:
+        return point_key(self.label)
+
+
+def point_key(label: str) -> str:
+    """A kill point's label without its measured delay (`in 4 +5.0s` -> `in 4`): the same point in another
+    run, whose timings differ."""
+    return re.sub(r" \+[0-9.]+s$", "", label)
 
 
 def is_gated(action: dict) -> bool:
@@ -858,12 +868,13 @@ def _aimed(ws: Workspace, point: KillPoint, actions: list[dict]) -> KillPoint:
 
 def explore(ws: Workspace, scenario: Scenario, log: Callable[[str], None] = print,
             max_rounds: int = 300, limit: int | None = None, outcomes: list[Outcome] | None = None,
-            stride: int = 1) -> list[Outcome]:
+            stride: int = 1, skip: Collection[tuple[str, str]] = ()) -> list[Outcome]:
     """Every crash point of `scenario`'s plan, of each variant (after each action, then inside each gated
     action): one round per point, each from where the round before left the lab; a round whose variant has
     no point left is applied without a crash. `limit`: stop after that many points; `stride`: only every
-    stride-th point of each list (a sample spread over the plan). Each outcome is also
-    appended to `outcomes` as it comes (kept when interrupted)."""
+    stride-th point of each list (a sample spread over the plan); `skip`: (variant, `point_key`) pairs
+    already explored (an exploration resumed). Each outcome is also appended to `outcomes` as it comes
+    (kept when interrupted)."""
     scenario.start(ws)
     done: list[Outcome] = []
     outcomes = done if outcomes is None else outcomes
@@ -876,11 +887,15 @@ def explore(ws: Workspace, scenario: Scenario, log: Callable[[str], None] = prin
         variant = scenario.prepare(ws, round_)
         actions = ws.plan_json()["actions"]
         if variant not in queue:
-            queue[variant] = [KillPoint(after=k) for k in range(1, len(actions) + 1)][::stride]
+            afters = [KillPoint(after=k) for k in range(1, len(actions) + 1)][::stride]
+            queue[variant] = [p for p in afters if (variant, p.key) not in skip]
+            if afters and afters[-1] not in queue[variant]:  # explored before: the last one again, which
+                queue[variant].append(afters[-1])            # measures every action's time for inside points
         queue[variant] = [p for p in queue[variant] if p.action <= len(actions)]  # a shorter plan this round
         if not queue[variant] and variant not in inside_queued:
             timings, first_start = measured.get(variant, ({}, None))
-            queue[variant] = [p for p in kill_points(actions, timings, first_start) if p.inside][::stride]
+            queue[variant] = [p for p in [p for p in kill_points(actions, timings, first_start) if p.inside][::stride]
+                              if (variant, p.key) not in skip]
             inside_queued.add(variant)
         if not queue[variant]:
             if inside_queued >= set(queue) and not any(queue.values()):

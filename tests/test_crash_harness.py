@@ -1,0 +1,53 @@
+"""The crash-point harness's pure parts (gitops/lab/crashpoints.py, benchmarks/crash_points.py): where it
+kills, and how an exploration resumed from an earlier run's rows knows a point it already explored."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from gitops.lab.crashpoints import KillPoint, kill_points, point_key
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("crash_points_bench", ROOT / "benchmarks/crash_points.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_point_is_the_same_point_in_another_run_whatever_its_measured_delay() -> None:
+    assert KillPoint(inside=4, delay=5.0).key == KillPoint(inside=4, delay=0.3).key == "in 4"
+    assert KillPoint(after=12).key == point_key("after 12") == "after 12"
+    waited = KillPoint(inside=5, what="its new etcd runs")
+    assert waited.key == point_key("in 5 (its new etcd runs)") != KillPoint(inside=5).key
+
+
+def test_kill_points_are_after_each_action_then_inside_each_gated_one() -> None:
+    actions = [{"kind": "write-files", "details": []},
+               {"kind": "recreate-container", "component": "etcd", "details": ["waits until it is healthy"]},
+               {"kind": "sign-certificate-request", "details": []}]
+    points = kill_points(actions, {2: 3.0})
+    labels = [p.label for p in points]
+    assert labels[:3] == ["after 1", "after 2", "after 3"]
+    inside = [p for p in points if p.inside]
+    assert [(p.inside, p.what) for p in inside] == [(2, ""), (2, "its new etcd runs"), (3, "")]
+    assert inside[0].delay == 1.5 and inside[2].delay == 1.0  # half the measured time; 2 s when not measured
+
+
+def test_resume_skips_only_points_that_converged(tmp_path: Path) -> None:
+    rows = [{"scenario": "scale-3-1-3", "variant": "3->1", "point": "in 4 +5.0s", "outcome": "converged"},
+            {"scenario": "scale-3-1-3", "variant": "1->3", "point": "after 2", "outcome": "converged"},
+            {"scenario": "scale-3-1-3", "variant": "1->3", "point": "after 3", "outcome": "FAILED: not converged"}]
+    log = tmp_path / "run.log"
+    log.write_text("lab up ...\nscale-3-1-3 round 1 ...\n" + json.dumps({"rows": rows}) + "\n")
+    done = _benchmark().explored([log])
+    assert done == {"scale-3-1-3": {("3->1", "in 4"), ("1->3", "after 2")}}
+    cut = tmp_path / "cut.log"
+    cut.write_text("lab up ...\ninterrupted before the JSON line\n")
+    with pytest.raises(SystemExit, match="not the JSON object"):
+        _benchmark().explored([cut])
