@@ -217,6 +217,30 @@ def test_a_joining_member_is_a_learner_promoted_right_after_its_etcd_starts(repo
     assert "as a learner" in next(a for a in plan.actions if a.kind == Kind.ETCD_MEMBER_ADD).reason
 
 
+def test_a_member_recreated_after_one_joined_in_the_same_plan_needs_the_new_one_healthy_too(repo):
+    """A scale-up and an etcd change in one plan: team-a-cp-2 joins (promoted) before cp-1 and cp-3 are
+    recreated; stopping cp-1 leaves cp-2 and cp-3, so both must be healthy first, not only the member
+    recorded when the plan was made (3 voters: with cp-2 down and cp-1 stopped, no quorum)."""
+    nodes = {n: v for n, v in repo.model.nodes.items() if n != "team-a-cp-2"}
+    state, observed = settle(dataclasses.replace(repo.model, nodes=nodes))
+    cluster = dataclasses.replace(repo.model.clusters["team-a"], image_overrides={"etcd": "lab/etcd:next"})
+    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-a": cluster})
+    plan = make_plan(model, repo.repo.config, state, observed, now=NOW).plan
+    team_a = [a for a in plan.actions if a.cluster == "team-a"]
+    promote = next(i for i, a in enumerate(team_a) if a.kind == Kind.ETCD_MEMBER_PROMOTE)
+    joined = team_a[promote].payload.client_url
+    rolled = [(i, a) for i, a in enumerate(team_a) if a.kind == Kind.RECREATE_CONTAINER and a.component == "etcd"]
+    assert [a.node for _, a in rolled] == ["team-a-cp-1", "team-a-cp-3"] and promote < rolled[0][0]
+    for i, action in rolled:
+        gate = action.payload.etcd
+        assert joined in gate.peers and len(gate.peers) == 2 and gate.client_url not in gate.peers, gate
+        assert any(d.startswith("one member at a time: the 2 other member(s) healthy before") for d in action.details)
+        stop = team_a[i - 1]
+        assert (stop.kind, stop.component, stop.node) == (Kind.REMOVE_CONTAINER, "kube-apiserver", action.node)
+        assert stop.payload.etcd.peers == gate.peers and stop.details[0].startswith("the 3 etcd member(s) healthy first")
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))).actions == plan.actions
+
+
 def test_an_etcd_spec_change_rolls_one_member_at_a_time_with_health_gates(repo):
     state, observed = settle(repo.model)
     cluster = dataclasses.replace(repo.model.clusters["team-b"],

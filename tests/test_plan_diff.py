@@ -1023,7 +1023,11 @@ def test_a_lost_quorum_says_what_to_set_then_rebuilds_from_the_survivor(repo):
         (Kind.ETCD_MEMBER_ADD, "team-a-cp-1"), (Kind.ETCD_MEMBER_PROMOTE, "team-a-cp-1"),
         (Kind.ETCD_MEMBER_ADD, "team-a-cp-3"), (Kind.ETCD_MEMBER_PROMOTE, "team-a-cp-3")]
     adds = [a for a in team_a if a.kind == Kind.ETCD_MEMBER_ADD]
-    assert all(a.payload.client_urls == (first.payload.client_url,) for a in adds)  # asked of the survivor
+    promote = next(a for a in team_a if a.kind == Kind.ETCD_MEMBER_PROMOTE)
+    # the first asked of the survivor; the second of the survivor and the member that joined before it
+    assert [a.payload.client_urls for a in adds] == [(first.payload.client_url,),
+                                                     (promote.payload.client_url, first.payload.client_url)]
+    assert adds[1].details[-1] == "the 2 member(s) must be healthy first"
     assert not [a for a in planned.plan.actions if a.hypervisor == "hv-private-1" and a.kind != Kind.ETCD_MEMBER_REMOVE]
     record = planned.state.clusters["team-a"]
     assert (record.etcd_members, record.forcing) == (["team-a-cp-2"], "team-a-cp-2")

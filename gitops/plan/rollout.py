@@ -136,7 +136,7 @@ def roll_out(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, Ob
     actions = drain_api_servers(inputs, actions, keepers, timeout)
     actions, votes = hold_votes(inputs, actions)
     actions, quorum = hold_quorum(inputs, actions)
-    return back_up_first(inputs, leadership_order(actions)), [*votes, *quorum]
+    return back_up_first(inputs, leadership_order(count_joined(inputs, actions))), [*votes, *quorum]
 
 
 def back_up_first(inputs: ClusterInputs, actions: list[Action]) -> list[Action]:
@@ -211,8 +211,7 @@ def _gate_replacement(action: Action, pod: DesiredPod, inputs: ClusterInputs, ti
     ready = _api_ready(pod, name, timeout)
     if etcd is not None:
         payload = dataclasses.replace(payload, etcd=etcd)
-        gate = (f"one member at a time: the {len(etcd.peers)} other member(s) healthy before, this one healthy "
-                f"after (up to {etcd.timeout}s each)")
+        gate = _member_gate(etcd)
     elif ready is not None:
         payload, gate = dataclasses.replace(payload, ready=ready), _ready_gate(ready)
     elif rollout_of(name) == OVERLAP and pod.role != CONTROLPLANE:
@@ -221,6 +220,11 @@ def _gate_replacement(action: Action, pod: DesiredPod, inputs: ClusterInputs, ti
     else:
         return action
     return dataclasses.replace(action, details=(*action.details, gate), payload=payload)
+
+
+def _member_gate(etcd: EtcdHealth) -> str:
+    return (f"one member at a time: the {len(etcd.peers)} other member(s) healthy before, this one healthy "
+            f"after (up to {etcd.timeout}s each)")
 
 
 def _api_ready(pod: DesiredPod, component: str, timeout: int) -> ApiReady | None:
@@ -311,7 +315,7 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
         why = (f"Node {node} moves from {was_on} to {location.get(node)}: its member leaves, then joins again "
                "from there" if node in members else f"Node {node} is no longer a controlplane node of {cluster}")
         actions.append(Action(Kind.ETCD_MEMBER_REMOVE, was_on, cluster, node, reason=why,
-                              details=(f"the {len(ask(node))} member(s) that stay must be healthy first",),
+                              details=(_asked(ask(node), staying=True),),
                               payload=EtcdMemberChange(node, ask(node), timeout=timeout)))
     learners = set(record.etcd_learners) if record else set()
     for node, member in sorted(members.items()):
@@ -327,7 +331,7 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
                       "beside the old one" if node in leaving else
                       "the moved node joins etcd again from here, as a learner")
             actions.append(Action(Kind.ETCD_MEMBER_ADD, where, cluster, node, reason=reason,
-                                  details=(member.peer_url, f"the {len(ask(node))} member(s) must be healthy first"),
+                                  details=(member.peer_url, _asked(ask(node))),
                                   payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout)))
         actions.append(Action(Kind.ETCD_MEMBER_PROMOTE, where, cluster, node, component=ETCD,
                               order=order.get(node, 0),
@@ -343,9 +347,55 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
         actions.append(Action(Kind.ETCD_MEMBER_REMOVE, was_on, cluster, node, **_AFTER_THE_MOVE, step=2,
                               reason=f"Node {node} moved to {location.get(node)}: its old member leaves once the "
                                      "new one votes",
-                              details=(peer_url, f"the {len(staying)} member(s) that stay must be healthy first"),
+                              details=(peer_url, _asked(staying, staying=True)),
                               payload=EtcdMemberChange(node, staying, peer_url, timeout)))
     return actions
+
+
+def _asked(client_urls: tuple[str, ...], staying: bool = False) -> str:
+    return f"the {len(client_urls)} member(s) {'that stay ' if staying else ''}must be healthy first"
+
+
+def count_joined(inputs: ClusterInputs, actions: list[Action]) -> list[Action]:
+    """The members a change asks to be healthy first include the ones that joined (were promoted) earlier
+    in the same plan: a member recreated after a new one joined (a renewal with a scale-up, a node
+    replaced) needs the new one healthy too, or stopping it could leave no quorum. The plan's order puts
+    a cluster's joins before its recreates; the sort keys say which promotion comes before what."""
+    urls = {m.node: m.client_url for m in inputs.want.etcd_members} if inputs.want else {}
+    promoted = [(a.sort_key(), a.node) for a in actions if a.kind == Kind.ETCD_MEMBER_PROMOTE and a.node in urls]
+    if not promoted:
+        return actions
+    node_of = {url: node for node, url in urls.items()}
+    out = []
+    for action in actions:
+        key = action.sort_key()
+        joined = tuple(urls[n] for k, n in promoted if k < key and n != action.node)
+        out.append(_asking_also(action, joined, lambda u: (node_of.get(u, ""), u)) if joined else action)
+    return out
+
+
+def _asking_also(action: Action, joined: tuple[str, ...], order: Callable[[str], tuple[str, str]]) -> Action:
+    """`action` asking the members at `joined` too, its details saying so."""
+    payload = action.payload
+
+    def more(urls: tuple[str, ...], own: str = "") -> tuple[str, ...]:
+        return tuple(sorted({*urls, *(u for u in joined if u != own)}, key=order))
+
+    if isinstance(payload, CreateContainer) and payload.etcd is not None:
+        etcd = dataclasses.replace(payload.etcd, peers=more(payload.etcd.peers, payload.etcd.client_url))
+        texts, payload = {_member_gate(payload.etcd): _member_gate(etcd)}, dataclasses.replace(payload, etcd=etcd)
+    elif isinstance(payload, Remove) and payload.etcd is not None:
+        etcd = dataclasses.replace(payload.etcd, peers=more(payload.etcd.peers, payload.etcd.client_url))
+        texts, payload = {_healthy_first(payload.etcd): _healthy_first(etcd)}, dataclasses.replace(payload, etcd=etcd)
+    elif isinstance(payload, EtcdMemberChange):
+        urls = more(payload.client_urls, payload.client_url)
+        texts = {_asked(payload.client_urls, staying): _asked(urls, staying) for staying in (False, True)}
+        payload = dataclasses.replace(payload, client_urls=urls)
+    else:
+        return action
+    if payload == action.payload:
+        return action
+    return dataclasses.replace(action, payload=payload, details=tuple(texts.get(d, d) for d in action.details))
 
 
 #: a learner-first move ends after its node's new containers (the new member voting): its old API server
@@ -542,5 +592,5 @@ def hold_quorum(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Acti
     return [a for a in actions if a.node not in waiting], held
 
 
-__all__ = ["CLUSTER_DIFFS", "drain_api_servers", "etcd_membership", "gate", "hold_quorum",
+__all__ = ["CLUSTER_DIFFS", "count_joined", "drain_api_servers", "etcd_membership", "gate", "hold_quorum",
            "hold_votes", "leadership_order", "ordered", "plan_nodes", "roll_out"]
