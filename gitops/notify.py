@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from gitops.model.config import NotificationTarget
+from gitops.safeio import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -144,19 +145,9 @@ class Notifier:
             return None
         self._serial += 1
         path = self.spool / f"{time.time_ns():020d}-{os.getpid()}-{self._serial:06d}.json"
-        tmp = path.with_suffix(".tmp")
         try:
             self.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with open(tmp, "wb") as handle:
-                handle.write(json.dumps({"target": target.name, "event": asdict(event)}, sort_keys=True).encode())
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-            descriptor = os.open(self.spool, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
+            write_atomic(path, json.dumps({"target": target.name, "event": asdict(event)}, sort_keys=True))
         except OSError as err:
             log.warning("notification not spooled: sent from memory only", extra={"error": str(err)})
             return None

@@ -1,4 +1,5 @@
-"""The one way gitops reads a file it is given: the repo's YAML, gitops.yaml, state, saved plans, identities.
+"""The one way gitops reads a file it is given (the repo's YAML, gitops.yaml, state, saved plans,
+identities) and writes one of its own (`write_atomic`).
 
 Regular files only (a FIFO, a device, a socket or a directory is refused, nothing waits on
 it), checked with `fstat` on the descriptor that is then read; at most `limit` bytes (the
@@ -10,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 
 from gitops.errors import GitopsError
 from gitops.printable import printable
@@ -136,3 +138,31 @@ def _why(path: str | os.PathLike[str], err: OSError) -> str:
 
 
 __all__ = ["FileRefused", "MiB", "read_bytes", "read_text", "within"]
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str, mode: int = 0o600) -> None:
+    """Replace `path` with `data` whole or not at all: written to a temporary file beside it (a hidden
+    `.NAME.*.tmp`, mode `mode`), fsynced, renamed over it, then the directory fsynced so the rename
+    itself survives a power loss. On any failure the temporary file is removed and `path` is left as it
+    was; OSError is raised for the caller to word."""
+    path = os.fspath(path)
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    descriptor = os.open(directory or ".", os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -71,3 +71,25 @@ def test_copy_is_deep_and_misses_no_field():
                                                      {"etcd": "CROSS"}), restored="latest", recovered="n1", forcing="n1")
     assert state.nodes["n1"].ports == {"etcd-client": 31000}
     assert state.sip_labels == {"metal3/host-1": {"role": "lb", "gone": None}}
+
+
+def test_every_file_gitops_keeps_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
+    """`write_atomic` (state.json, saved plans, the notification spool, the sealed-state cache, edited repo
+    files): a write that fails at any step leaves the old content and no temporary file behind."""
+    import os
+
+    from gitops import safeio
+    target = tmp_path / "kept.json"
+    safeio.write_atomic(target, "old\n", mode=0o640)
+    assert target.read_text() == "old\n" and stat.S_IMODE(target.stat().st_mode) == 0o640
+    for step in ("fsync", "replace"):
+        def broken(*args, _step=step, **kwargs):
+            raise OSError(28, f"No space left on device ({_step})")
+        with monkeypatch.context() as patched:
+            patched.setattr(os, step, broken)
+            with pytest.raises(OSError, match=step):
+                safeio.write_atomic(target, "new\n")
+        assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"], step
+    safeio.write_atomic(target, b"new\n")
+    assert target.read_bytes() == b"new\n" and stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]

@@ -7,9 +7,7 @@ atomically, so an error leaves the repo as it was.
 from __future__ import annotations
 
 import copy
-import os
 import re
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +20,7 @@ from gitops.model.documents import Document, FieldPath
 from gitops.model.secretfields import describe_declared, secret_values
 from gitops.model.yamledit import EditError, literal_block
 from gitops.model.yamlload import MAX_FILE_BYTES, RawDocument, YamlError, load_yaml_documents
-from gitops.safeio import FileRefused, read_text
+from gitops.safeio import FileRefused, read_text, write_atomic
 from gitops.secrets import SecretsError, decrypt, encrypt, is_armored
 
 #: (index of the YAML document in its file, path prefix of a `kind: List` item)
@@ -226,16 +224,7 @@ def write_changes(changes: Sequence[FileChange]) -> int:
     for change in changes:
         if change.new_text is None:
             continue
-        mode = change.path.stat().st_mode & 0o7777
-        fd, tmp = tempfile.mkstemp(prefix=f".{change.path.name}.", dir=change.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
-                out.write(change.new_text)
-            os.chmod(tmp, mode)
-            os.replace(tmp, change.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(change.path, change.new_text, mode=change.path.stat().st_mode & 0o7777)
         written += 1
     return written
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from gitops.model.yamlload import MAX_FILE_BYTES
 from gitops.observe.types import ObservedState
 from gitops.plan.actions import Plan
 from gitops.printable import printable, shorten
-from gitops.safeio import FileRefused, MiB, read_bytes, read_text
+from gitops.safeio import FileRefused, MiB, read_bytes, read_text, write_atomic
 from gitops.secrets import decrypt, encrypt, load_identities
 from gitops.state.records import State
 from gitops.state.sealing import merge, split
@@ -105,16 +104,7 @@ class SavedPlan:
 
     def write(self, path: Path) -> None:
         """Write atomically, private (the planned state may hold new clusters' CA keys)."""
-        path = path.resolve()
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(self.to_json())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path.resolve(), self.to_json())
 
     @classmethod
     def read(cls, path: Path, identity: str | None = None) -> "SavedPlan":

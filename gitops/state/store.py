@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Protocol
 
 from gitops.errors import GitopsError
 from gitops.printable import printable, shorten
-from gitops.safeio import FileRefused, MiB, read_text
+from gitops.safeio import FileRefused, MiB, read_text, write_atomic
 from gitops.state.records import State
 
 STATE_FILE = "state.json"
@@ -71,19 +70,9 @@ class LocalDirStore:
         """Write `text` to `path` atomically (a temporary file, fsync, rename), mode 0600."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".state-", suffix=".tmp")
         except OSError as err:
             raise GitopsError(f"{printable(str(self.directory))}: cannot save {what}: {err.strerror or err}") from None
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
+            write_atomic(path, text)
         except OSError as err:
-            Path(tmp).unlink(missing_ok=True)
             raise GitopsError(f"{printable(str(path))}: cannot save {what}: {err.strerror or err}") from None
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import os
 import random
 import shutil
 import time
@@ -29,6 +28,7 @@ import git
 from gitops.errors import GitopsError
 from gitops.gitclone import open_clone
 from gitops.status.reader import DEFAULT_BRANCH, StatusReader
+from gitops.safeio import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -244,9 +244,7 @@ def record_in_force_branch(workdir: Path, name: str) -> None:
     path = workdir / IN_FORCE_BRANCH
     if path.is_file() and path.read_text().strip() == name:
         return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(name + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, name + "\n", mode=0o644)
 
 
 def blob_id(data: bytes) -> str:

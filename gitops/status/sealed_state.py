@@ -10,7 +10,6 @@ another machine with that identity carries on. A local copy in the workdir
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from gitops.errors import GitopsError
@@ -18,6 +17,7 @@ from gitops.secrets import decrypt, encrypt, load_identity, public_recipient
 from gitops.state.records import State
 from gitops.state.sealing import merge, split
 from gitops.status.reader import PLAINTEXT, PUBLIC, SEALED
+from gitops.safeio import write_atomic
 
 
 class StateSealError(GitopsError):
@@ -136,7 +136,4 @@ class ControllerStateStore:
         for rel, data in self.files(previous).items():
             path = self.cache_dir / rel
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(data)
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
+            write_atomic(path, data)
