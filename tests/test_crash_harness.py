@@ -51,3 +51,25 @@ def test_resume_skips_only_points_that_converged(tmp_path: Path) -> None:
     cut.write_text("lab up ...\ninterrupted before the JSON line\n")
     with pytest.raises(SystemExit, match="not the JSON object"):
         _benchmark().explored([cut])
+
+
+def _line(at: float, index: int, sign: str, subject: str, verb: str, took: float):
+    from gitops.lab.crashpoints import Line
+    return Line(at, f"[{index}/9] {sign} {subject} {verb} ... done ({took:.1f}s)", index, took)
+
+
+def test_a_leaving_api_servers_window_ends_when_the_ingress_is_replaced_without_it() -> None:
+    """A probe failure is excused only while an API server is stopped: one stopped and started again, from
+    the stop's start to the start's end; one that leaves, until the ingress's haproxy is replaced without
+    it (not to the end of the run, which excused real failures in a resumed node replacement)."""
+    from gitops.lab.crashpoints import Line, _stopped_windows
+    killed = [_line(10, 1, "-", "team-a/team-a-cp-3/kube-apiserver", "remove container: its member leaves", 1.0),
+              _line(15, 2, "-", "team-a/team-a-cp-1/kube-apiserver", "remove container: its member changes", 2.0),
+              Line(16, "(killed)")]
+    rerun = [_line(30, 1, "+", "team-a/team-a-cp-1/kube-apiserver", "create container: starts again", 4.0),
+             _line(40, 2, "~", "team-a/team-a-ingress/haproxy", "recreate container: spec changed", 3.0),
+             _line(50, 3, "~", "team-a/team-a-cp-2/kube-controller-manager", "recreate container: x", 1.0)]
+    windows = sorted(_stopped_windows([killed, rerun], None, until=60.0))
+    assert windows == [(9.0, 40, "team-a-cp-3"), (13.0, 30, "team-a-cp-1")]
+    without_ingress = sorted(_stopped_windows([killed, rerun[:1]], None, until=60.0))
+    assert without_ingress == [(9.0, 60.0, "team-a-cp-3"), (13.0, 30, "team-a-cp-1")]

@@ -506,10 +506,13 @@ def _run_apply(ws: Workspace, point: KillPoint | None, lines: list[Line],
 def _stopped_windows(runs: list[list[Line]], running: dict | None, until: float) -> list[tuple[float, float, str]]:
     """When an API server was stopped by the plans: from the start of the action that stops it (remove or
     recreate its container) to the end of the one that starts it again, across the killed run and the
-    rerun (one left stopped by the kill stays in its window until it starts; `until` closes one still
-    open). `running`: the plan action the kill interrupted (its stop counts from when it started)."""
+    rerun (one left stopped by the kill stays in its window until it starts). One that never starts again
+    (its node leaves) is in its window until the ingress is replaced without it (the end of the next
+    haproxy change after its stop), else until `until`. `running`: the plan action the kill interrupted
+    (its stop counts from when it started)."""
     windows: list[tuple[float, float, str]] = []
     stopped: dict[str, float] = {}
+    ingress: list[float] = []
     for lines in runs:
         last = lines[0].at if lines else until
         for line in lines:
@@ -521,6 +524,8 @@ def _stopped_windows(runs: list[list[Line]], running: dict | None, until: float)
                 continue
             last = line.at
             subject, verb = found.group(4).split("/"), found.group(5)
+            if len(subject) == 3 and subject[2] == "haproxy" and verb.startswith(("create", "recreate")):
+                ingress.append(line.at)
             if len(subject) != 3 or subject[2] != "kube-apiserver":
                 continue
             node, start = subject[1], line.at - line.took
@@ -528,7 +533,8 @@ def _stopped_windows(runs: list[list[Line]], running: dict | None, until: float)
                 stopped.setdefault(node, start)
             elif verb.startswith(("create container", "recreate container")):
                 windows.append((stopped.pop(node, start), line.at, node))
-    windows += [(since, until, node) for node, since in stopped.items()]
+    windows += [(since, min((t for t in ingress if t > since), default=until), node)
+                for node, since in stopped.items()]
     return windows
 
 
