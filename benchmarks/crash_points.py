@@ -47,10 +47,10 @@ def table(rows: list[crashpoints.Outcome]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *cells]]
 
 
-def explored(logs: list[Path]) -> dict[str, set[tuple[str, str]]]:
+def explored(logs: list[Path]) -> dict[str, set[tuple[str, str, str]]]:
     """The points that converged in earlier `--json` runs (the JSON object is the log's last line), as
-    scenario -> {(variant, point key)}."""
-    done: dict[str, set[tuple[str, str]]] = {}
+    scenario -> {(variant, point key, action text)}."""
+    done: dict[str, set[tuple[str, str, str]]] = {}
     for log in logs:
         lines = log.read_text().strip().splitlines()
         try:
@@ -60,8 +60,12 @@ def explored(logs: list[Path]) -> dict[str, set[tuple[str, str]]]:
         if not isinstance(rows, list):
             raise SystemExit(f"{log}: its last line is not the JSON object of a --json run")
         for row in rows:
-            if row.get("outcome") == "converged":
-                done.setdefault(row["scenario"], set()).add((row["variant"], crashpoints.point_key(row["point"])))
+            try:
+                if row["outcome"] == "converged":
+                    point = (row["variant"], crashpoints.point_key(row["point"]), row["action"])
+                    done.setdefault(row["scenario"], set()).add(point)
+            except (KeyError, TypeError):
+                raise SystemExit(f"{log}: a row without scenario, variant, point, action and outcome: {row!r:.200}")
     return done
 
 

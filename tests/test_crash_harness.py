@@ -40,13 +40,20 @@ def test_kill_points_are_after_each_action_then_inside_each_gated_one() -> None:
 
 
 def test_resume_skips_only_points_that_converged(tmp_path: Path) -> None:
-    rows = [{"scenario": "scale-3-1-3", "variant": "3->1", "point": "in 4 +5.0s", "outcome": "converged"},
-            {"scenario": "scale-3-1-3", "variant": "1->3", "point": "after 2", "outcome": "converged"},
-            {"scenario": "scale-3-1-3", "variant": "1->3", "point": "after 3", "outcome": "FAILED: not converged"}]
+    rows = [{"scenario": "scale-3-1-3", "variant": "3->1", "point": "in 4 +5.0s", "outcome": "converged",
+             "action": "etcd-member-remove team-a/team-a-cp-3"},
+            {"scenario": "scale-3-1-3", "variant": "1->3", "point": "after 2", "outcome": "converged",
+             "action": "create-pod team-a/team-a-cp-3"},
+            {"scenario": "scale-3-1-3", "variant": "1->3", "point": "after 3", "outcome": "FAILED: not converged",
+             "action": "generate-keys team-a/team-a-cp-2"}]
     log = tmp_path / "run.log"
     log.write_text("lab up ...\nscale-3-1-3 round 1 ...\n" + json.dumps({"rows": rows}) + "\n")
     done = _benchmark().explored([log])
-    assert done == {"scale-3-1-3": {("3->1", "in 4"), ("1->3", "after 2")}}
+    assert done == {"scale-3-1-3": {("3->1", "in 4", "etcd-member-remove team-a/team-a-cp-3"),
+                                    ("1->3", "after 2", "create-pod team-a/team-a-cp-3")}}
+    log.write_text(json.dumps({"rows": [{"scenario": "scale-3-1-3", "outcome": "converged"}]}) + "\n")
+    with pytest.raises(SystemExit, match="a row without"):
+        _benchmark().explored([log])
     cut = tmp_path / "cut.log"
     cut.write_text("lab up ...\ninterrupted before the JSON line\n")
     with pytest.raises(SystemExit, match="not the JSON object"):

@@ -1026,7 +1026,7 @@ def test_a_lost_quorum_says_what_to_set_then_rebuilds_from_the_survivor(repo):
     promote = next(a for a in team_a if a.kind == Kind.ETCD_MEMBER_PROMOTE)
     # the first asked of the survivor; the second of the survivor and the member that joined before it
     assert [a.payload.client_urls for a in adds] == [(first.payload.client_url,),
-                                                     (promote.payload.client_url, first.payload.client_url)]
+                                                     (first.payload.client_url, promote.payload.client_url)]
     assert adds[1].details[-1] == "the 2 member(s) must be healthy first"
     assert not [a for a in planned.plan.actions if a.hypervisor == "hv-private-1" and a.kind != Kind.ETCD_MEMBER_REMOVE]
     record = planned.state.clusters["team-a"]

@@ -874,12 +874,13 @@ def _aimed(ws: Workspace, point: KillPoint, actions: list[dict]) -> KillPoint:
 
 def explore(ws: Workspace, scenario: Scenario, log: Callable[[str], None] = print,
             max_rounds: int = 300, limit: int | None = None, outcomes: list[Outcome] | None = None,
-            stride: int = 1, skip: Collection[tuple[str, str]] = ()) -> list[Outcome]:
+            stride: int = 1, skip: Collection[tuple[str, str, str]] = ()) -> list[Outcome]:
     """Every crash point of `scenario`'s plan, of each variant (after each action, then inside each gated
     action): one round per point, each from where the round before left the lab; a round whose variant has
     no point left is applied without a crash. `limit`: stop after that many points; `stride`: only every
-    stride-th point of each list (a sample spread over the plan); `skip`: (variant, `point_key`) pairs
-    already explored (an exploration resumed). Each outcome is also appended to `outcomes` as it comes
+    stride-th point of each list (a sample spread over the plan); `skip`: (variant, `point_key`, action
+    text) of the points already explored (an exploration resumed; the action text ties a point to the
+    same action of the same plan). Each outcome is also appended to `outcomes` as it comes
     (kept when interrupted)."""
     scenario.start(ws)
     done: list[Outcome] = []
@@ -892,16 +893,21 @@ def explore(ws: Workspace, scenario: Scenario, log: Callable[[str], None] = prin
             break
         variant = scenario.prepare(ws, round_)
         actions = ws.plan_json()["actions"]
+
+        def fresh(point: KillPoint) -> bool:
+            return (variant, point.key, action_text(actions[point.action - 1])) not in skip
+
         if variant not in queue:
             afters = [KillPoint(after=k) for k in range(1, len(actions) + 1)][::stride]
-            queue[variant] = [p for p in afters if (variant, p.key) not in skip]
-            if afters and afters[-1] not in queue[variant]:  # explored before: the last one again, which
-                queue[variant].append(afters[-1])            # measures every action's time for inside points
+            queue[variant] = [p for p in afters if fresh(p)]
+            inside_left = any(fresh(p) for p in kill_points(actions)[len(actions):][::stride])
+            if afters and afters[-1] not in queue[variant] and inside_left:  # explored before: the last one
+                queue[variant].append(afters[-1])  # again, which measures each action's time for inside points
         queue[variant] = [p for p in queue[variant] if p.action <= len(actions)]  # a shorter plan this round
         if not queue[variant] and variant not in inside_queued:
             timings, first_start = measured.get(variant, ({}, None))
             queue[variant] = [p for p in [p for p in kill_points(actions, timings, first_start) if p.inside][::stride]
-                              if (variant, p.key) not in skip]
+                              if fresh(p)]
             inside_queued.add(variant)
         if not queue[variant]:
             if inside_queued >= set(queue) and not any(queue.values()):

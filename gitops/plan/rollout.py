@@ -396,21 +396,21 @@ def count_joined(inputs: ClusterInputs, actions: list[Action]) -> list[Action]:
     promoted = [(a.sort_key(), a.node) for a in actions if a.kind == Kind.ETCD_MEMBER_PROMOTE and a.node in urls]
     if not promoted:
         return actions
-    node_of = {url: node for node, url in urls.items()}
     out = []
     for action in actions:
         key = action.sort_key()
-        joined = tuple(urls[n] for k, n in promoted if k < key and n != action.node)
-        out.append(_asking_also(action, joined, lambda u: (node_of.get(u, ""), u)) if joined else action)
+        joined = tuple(urls[n] for k, n in sorted(promoted) if k < key and n != action.node)
+        out.append(_asking_also(action, joined) if joined else action)
     return out
 
 
-def _asking_also(action: Action, joined: tuple[str, ...], order: Callable[[str], tuple[str, str]]) -> Action:
-    """`action` asking the members at `joined` too, its details saying so."""
+def _asking_also(action: Action, joined: tuple[str, ...]) -> Action:
+    """`action` asking the members at `joined` too (after the ones it asked, in the order they joined: a
+    leadership hand-off keeps preferring established members), its details saying so."""
     payload = action.payload
 
     def more(urls: tuple[str, ...], own: str = "") -> tuple[str, ...]:
-        return tuple(sorted({*urls, *(u for u in joined if u != own)}, key=order))
+        return (*urls, *(u for u in joined if u not in urls and u != own))
 
     if isinstance(payload, CreateContainer) and payload.etcd is not None:
         etcd = dataclasses.replace(payload.etcd, peers=more(payload.etcd.peers, payload.etcd.client_url))
