@@ -875,6 +875,33 @@ def _membership(plan: Plan, cluster: str) -> list[tuple]:
                            Kind.REMOVE_POD, Kind.CREATE_POD)]
 
 
+def test_a_join_before_a_move_in_the_same_plan_asks_only_members_that_vote(repo):
+    """team-a-cp-1 joins and team-a-cp-2 moves learner-first in one plan (cp-1's join sorts first): the join
+    asks the members that vote now, never cp-2's new member, which only joins after it (asking it timed
+    out, and the next plan was the same: the cluster was stuck). Actions after cp-2's promotion ask it."""
+    nodes = {n: v for n, v in repo.model.nodes.items() if n != "team-a-cp-1"}
+    state, observed = settle(dataclasses.replace(repo.model, nodes=nodes))
+    where = state.nodes["team-a-cp-2"].hypervisor
+    other = next(h for h in ("hv-private-1", "hv-private-2") if h != where)
+
+    def pin(model):
+        node = model.nodes["team-a-cp-2"]
+        return dataclasses.replace(model, nodes={**model.nodes, "team-a-cp-2": dataclasses.replace(
+            node, hypervisor=other)})
+    planned = _moved(repo, pin, state_and_observed=(state, observed))
+    team_a = [a for a in planned.plan.actions if a.cluster == "team-a"]
+    promotes = {a.node: a for a in team_a if a.kind == Kind.ETCD_MEMBER_PROMOTE}
+    assert sorted(promotes) == ["team-a-cp-1", "team-a-cp-2"], _membership(planned.plan, "team-a")
+    moved = promotes["team-a-cp-2"].payload.client_url
+    add_1 = next(a for a in team_a if a.kind == Kind.ETCD_MEMBER_ADD and a.node == "team-a-cp-1")
+    assert team_a.index(add_1) < team_a.index(promotes["team-a-cp-2"])
+    assert moved not in add_1.payload.client_urls and moved not in promotes["team-a-cp-1"].payload.client_urls
+    assert add_1.payload.client_urls and add_1.details[-1] == f"the {len(add_1.payload.client_urls)} member(s) " \
+        "must be healthy first"
+    leave = next(a for a in team_a if a.kind == Kind.ETCD_MEMBER_REMOVE)
+    assert moved in leave.payload.client_urls and promotes["team-a-cp-1"].payload.client_url in leave.payload.client_urls
+
+
 def test_a_member_pinned_elsewhere_joins_from_there_before_its_old_member_leaves(repo):
     """A controlplane node moved off a live hypervisor (issue #29.4) is the same name in a new place, moved
     learner-first: its new pod starts, its new member joins as a learner (etcd told of the old one under

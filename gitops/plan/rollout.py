@@ -331,11 +331,15 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
              for p in inputs.wants}
     placed_on = dict(inputs.members_on)
 
-    def ask(exclude: str) -> tuple[str, ...]:
-        """The client URLs of the members that stay, the changing one excluded."""
-        return tuple(m.client_url for n, m in sorted(members.items()) if n in recorded and n != exclude)
-
     moving = inputs.moving
+
+    def ask(exclude: str) -> tuple[str, ...]:
+        """The client URLs of the members that stay and vote now, the changing one excluded: a moving member's
+        URL is where it goes, not voting there yet (its promotion, earlier in the plan, adds it to the
+        changes after it: `count_joined`)."""
+        return tuple(m.client_url for n, m in sorted(members.items())
+                     if n in recorded and n != exclude and n not in moving)
+
     leaving = {node for node, _, _ in inputs.leaving}
     for node in recorded:
         if (node in members and node not in moving) or node in leaving:
