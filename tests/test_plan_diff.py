@@ -902,6 +902,31 @@ def test_a_join_before_a_move_in_the_same_plan_asks_only_members_that_vote(repo)
     assert moved in leave.payload.client_urls and promotes["team-a-cp-1"].payload.client_url in leave.payload.client_urls
 
 
+def test_a_node_placed_while_another_moves_learner_first_never_gets_the_old_pods_ports(repo):
+    """team-a-cp-3 moves learner-first while team-a-cp-1 joins: cp-3's old pod keeps its host ports where it
+    was until its member is removed, so cp-1, placed on that hypervisor, gets others (it got cp-3's old
+    etcd ports: its peer URL was the old member's, taken by etcd for an existing member). The state keeps
+    the old ports through the move, for the plans after this one."""
+    nodes = {n: v for n, v in repo.model.nodes.items() if n != "team-a-cp-1"}
+    state, observed = settle(dataclasses.replace(repo.model, nodes=nodes))
+    old = state.nodes["team-a-cp-3"]
+    other = next(h for h in ("hv-private-1", "hv-private-2") if h != old.hypervisor)
+
+    def pin(model):
+        node = model.nodes["team-a-cp-3"]
+        return dataclasses.replace(model, nodes={**model.nodes, "team-a-cp-3": dataclasses.replace(
+            node, hypervisor=other)})
+    planned = _moved(repo, pin, state_and_observed=(state, observed))
+    moved = planned.state.nodes["team-a-cp-3"]
+    assert (moved.leaving_from, moved.leaving_ports) == (old.hypervisor, old.ports)
+    for name, record in planned.state.nodes.items():
+        if record.hypervisor == old.hypervisor:
+            assert not set(record.ports.values()) & set(old.ports.values()), (name, record.ports, old.ports)
+    assert planned.state.nodes["team-a-cp-1"].hypervisor == old.hypervisor  # the case: placed where cp-3 was
+    again = State.parse(json.loads(json.dumps(planned.state.to_dict())))
+    assert again.nodes["team-a-cp-3"].leaving_ports == old.ports
+
+
 def test_a_member_pinned_elsewhere_joins_from_there_before_its_old_member_leaves(repo):
     """A controlplane node moved off a live hypervisor (issue #29.4) is the same name in a new place, moved
     learner-first: its new pod starts, its new member joins as a learner (etcd told of the old one under

@@ -42,7 +42,7 @@ def test_copy_is_deep_and_misses_no_field():
                                       rotation=CARotation(3, "drop-old", {"etcd": CertRecord("NEW", "NK")},
                                                           {"etcd": "CROSS"}), restored="latest", recovered="n1", forcing="n1")},
         nodes={"n1": NodeRecord("c1", "hv-1", {"etcd-client": 31000}, "n1=https://x:1", "new", "hv-0", "hv-0",
-                                   "https://x:0")},
+                                   "https://x:0", {"etcd-client": 30000})},
         sip_labels={"metal3/host-1": {"role": "lb", "gone": None}},
     )
     for record in (state, *state.clusters.values(), *state.nodes.values(), state.clusters["c1"].admin,
@@ -61,6 +61,7 @@ def test_copy_is_deep_and_misses_no_field():
     copied.clusters["c1"].rotation.other["etcd"].key_pem = "NK2"
     copied.clusters["c1"].rotation.cross["front-proxy"] = "X"
     copied.nodes["n1"].ports["etcd-peer"] = 31001
+    copied.nodes["n1"].leaving_ports["etcd-peer"] = 30001
     copied.sip_labels["metal3/host-1"]["role"] = "jump"
     assert state.to_dict() == State.from_dict(state.to_dict()).to_dict() and copied != state
     assert state.clusters["c1"] == ClusterRecord(authorities={"etcd": CertRecord("CERT", "KEY")},
@@ -69,7 +70,7 @@ def test_copy_is_deep_and_misses_no_field():
                                                  ca_generation=2, rotation=CARotation(
                                                      3, "drop-old", {"etcd": CertRecord("NEW", "NK")},
                                                      {"etcd": "CROSS"}), restored="latest", recovered="n1", forcing="n1")
-    assert state.nodes["n1"].ports == {"etcd-client": 31000}
+    assert state.nodes["n1"].ports == {"etcd-client": 31000} and state.nodes["n1"].leaving_ports == {"etcd-client": 30000}
     assert state.sip_labels == {"metal3/host-1": {"role": "lb", "gone": None}}
 
 

@@ -334,6 +334,7 @@ class _Runner:
         if p.peer_url:
             if node is not None:
                 node.leaving_from = node.leaving_peer = ""
+                node.leaving_ports = {}
         else:
             record.etcd_members = [m for m in record.etcd_members if m != p.member]
             record.etcd_learners = [m for m in record.etcd_learners if m != p.member]

@@ -87,6 +87,7 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
             # learner-first: the old member keeps its vote until the new one votes, then leaves
             placed.leaving_from = record.hypervisor
             placed.leaving_peer = etcd_member(model.hypervisors[record.hypervisor], node, record).peer_url
+            placed.leaving_ports = dict(record.ports)
         if member:
             moving[node.cluster] = node.name
         if record is not None and record.hypervisor != placed.hypervisor and node.cluster in new.clusters:
@@ -128,10 +129,13 @@ class _Spread:
 
 
 def _ports_by_hypervisor(state: State) -> dict[str, Counter[int]]:
-    """How many records hold each port, per hypervisor (a bad state may hold a port twice)."""
+    """How many records hold each port, per hypervisor (a bad state may hold a port twice); the old pod of
+    a node moving learner-first still holds its ports where it was."""
     taken: dict[str, Counter[int]] = {}
     for record in state.nodes.values():
         taken.setdefault(record.hypervisor, Counter()).update(record.ports.values())
+        if record.leaving_from:
+            taken.setdefault(record.leaving_from, Counter()).update(record.leaving_ports.values())
     return taken
 
 

@@ -165,10 +165,13 @@ class NodeRecord:
     #: stays until the new one votes, then is removed ("" otherwise). A move off a lost one removes first.
     leaving_from: str = ""
     leaving_peer: str = ""
+    #: the old pod's host ports on `leaving_from` while it runs there: no other node is given them
+    leaving_ports: dict[str, int] = field(default_factory=dict)
 
     def copy(self) -> NodeRecord:
         return NodeRecord(self.cluster, self.hypervisor, dict(self.ports), self.etcd_initial_cluster,
-                          self.etcd_initial_state, self.moved_from, self.leaving_from, self.leaving_peer)
+                          self.etcd_initial_state, self.moved_from, self.leaving_from, self.leaving_peer,
+                          dict(self.leaving_ports))
 
 
 @dataclass
@@ -194,7 +197,7 @@ class State:
                 if not record[name]:
                     del record[name]  # (never done: state files written before these fields stay as they were)
         for record in data["nodes"].values():
-            for name in ("moved_from", "leaving_from", "leaving_peer"):
+            for name in ("moved_from", "leaving_from", "leaving_peer", "leaving_ports"):
                 if not record[name]:
                     del record[name]  # (not moving: as above)
         return _sorted(data)
@@ -281,7 +284,8 @@ STATE_SCHEMA: dict[str, Any] = {
         "nodes": _map({"type": "object", "required": ["cluster", "hypervisor"], "additionalProperties": False,
                        "properties": {"cluster": _STR, "hypervisor": _STR, "ports": _map(_INT),
                                       "etcd_initial_cluster": _STR, "etcd_initial_state": _STR,
-                                      "moved_from": _STR, "leaving_from": _STR, "leaving_peer": _STR}}),
+                                      "moved_from": _STR, "leaving_from": _STR, "leaving_peer": _STR,
+                                      "leaving_ports": _map(_INT)}}),
         "sip_labels": _map(_map({"type": ["string", "null"]})),
     },
 }
