@@ -242,24 +242,6 @@ def test_a_member_recreated_after_one_joined_in_the_same_plan_needs_the_new_one_
     assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))).actions == plan.actions
 
 
-def test_the_ingress_wait_is_kept_only_where_another_api_server_stops_after(repo):
-    """An etcd change on team-b restarts its 3 API servers around their members: the first two wait for the
-    ingress to count them in (the next stop could leave it none); the last waits for its /readyz only."""
-    state, observed = settle(repo.model)
-    cluster = dataclasses.replace(repo.model.clusters["team-b"], image_overrides={"etcd": "lab/etcd:next"})
-    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": cluster})
-    plan = make_plan(model, repo.repo.config, state, observed, now=NOW).plan
-    starts = [a for a in plan.actions if a.cluster == "team-b" and a.component == "kube-apiserver"
-              and a.kind == Kind.CREATE_CONTAINER]
-    assert [a.node for a in starts] == ["team-b-cp-1", "team-b-cp-2", "team-b-cp-3"]
-    assert [a.payload.ready.ingress for a in starts] == [3, 3, 0]
-    assert any(d.endswith("then 3s for the ingress to count it in") for d in starts[1].details), starts[1].details
-    assert "one at a time: waits until its /readyz answers ok (up to 60s; no API server stops after it)" \
-        in starts[2].details, starts[2].details
-    assert not any("for the ingress" in d for d in starts[2].details)
-    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))).actions == plan.actions
-
-
 def test_an_etcd_spec_change_rolls_one_member_at_a_time_with_health_gates(repo):
     state, observed = settle(repo.model)
     cluster = dataclasses.replace(repo.model.clusters["team-b"],

@@ -136,8 +136,7 @@ def roll_out(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, Ob
     actions = drain_api_servers(inputs, actions, keepers, timeout)
     actions, votes = hold_votes(inputs, actions)
     actions, quorum = hold_quorum(inputs, actions)
-    actions = ingress_waits(leadership_order(count_joined(inputs, actions)))
-    return back_up_first(inputs, actions), [*votes, *quorum]
+    return back_up_first(inputs, leadership_order(count_joined(inputs, actions))), [*votes, *quorum]
 
 
 def back_up_first(inputs: ClusterInputs, actions: list[Action]) -> list[Action]:
@@ -240,38 +239,8 @@ def _readyz(api_url: str, timeout: int) -> ApiReady:
 
 
 def _ready_wait(ready: ApiReady) -> str:
-    if not ready.ingress:
-        return f"waits until its /readyz answers ok (up to {ready.timeout}s; no API server stops after it)"
     return f"waits until its /readyz answers ok (up to {ready.timeout}s), then {ready.ingress}s for the ingress " \
            "to count it in"
-
-
-def _stops_api_server(action: Action) -> bool:
-    """Whether `action` may take an API server out of the cluster's ingress (a pod removal: its containers
-    with it), or changes the ingress itself."""
-    return (action.kind == Kind.REMOVE_POD
-            or (action.kind in (Kind.REMOVE_CONTAINER, Kind.RECREATE_CONTAINER)
-                and (action.component == APISERVER or rollout_of(action.component) == OVERLAP)))
-
-
-def ingress_waits(actions: list[Action]) -> list[Action]:
-    """The wait for the ingress to count a started API server in is kept only where a later action of
-    the cluster could take another one out (or changes the ingress): the last start of a roll waits for
-    its /readyz only."""
-    stops = [a.sort_key() for a in actions if _stops_api_server(a)]
-    last = max(stops, default=None)
-    out = []
-    for action in actions:
-        payload = action.payload
-        ready = payload.ready if isinstance(payload, CreateContainer) else None
-        if ready is None or not ready.ingress or (last is not None and last > action.sort_key()):
-            out.append(action)
-            continue
-        waits = dataclasses.replace(ready, ingress=0)
-        old, new = _ready_wait(ready), _ready_wait(waits)
-        out.append(dataclasses.replace(action, payload=dataclasses.replace(payload, ready=waits),
-                                       details=tuple(d.replace(old, new) for d in action.details)))
-    return out
 
 
 def _ready_gate(ready: ApiReady) -> str:
@@ -627,5 +596,5 @@ def hold_quorum(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Acti
     return [a for a in actions if a.node not in waiting], held
 
 
-__all__ = ["CLUSTER_DIFFS", "count_joined", "drain_api_servers", "ingress_waits", "etcd_membership", "gate", "hold_quorum",
+__all__ = ["CLUSTER_DIFFS", "count_joined", "drain_api_servers", "etcd_membership", "gate", "hold_quorum",
            "hold_votes", "leadership_order", "ordered", "plan_nodes", "roll_out"]
