@@ -896,8 +896,12 @@ def test_a_join_before_a_move_in_the_same_plan_asks_only_members_that_vote(repo)
     add_1 = next(a for a in team_a if a.kind == Kind.ETCD_MEMBER_ADD and a.node == "team-a-cp-1")
     assert team_a.index(add_1) < team_a.index(promotes["team-a-cp-2"])
     assert moved not in add_1.payload.client_urls and moved not in promotes["team-a-cp-1"].payload.client_urls
-    assert add_1.payload.client_urls and add_1.details[-1] == f"the {len(add_1.payload.client_urls)} member(s) " \
-        "must be healthy first"
+    # cp-2's old member still votes from where it was: asked there (its host, its old client port)
+    was = state.nodes["team-a-cp-2"]
+    host = planned.state.nodes["team-a-cp-2"].leaving_peer.split("//")[1].rsplit(":", 1)[0]
+    old_url = f"https://{host}:{was.ports['etcd-client']}"
+    assert add_1.payload.client_urls == promotes["team-a-cp-1"].payload.client_urls and len(add_1.payload.client_urls) == 2
+    assert old_url in add_1.payload.client_urls and add_1.details[-1] == "the 2 member(s) must be healthy first"
     leave = next(a for a in team_a if a.kind == Kind.ETCD_MEMBER_REMOVE)
     assert moved in leave.payload.client_urls and promotes["team-a-cp-1"].payload.client_url in leave.payload.client_urls
 
@@ -962,7 +966,11 @@ def test_a_member_pinned_elsewhere_joins_from_there_before_its_old_member_leaves
     assert record.etcd_initial_cluster.split(",").count(f"team-a-cp-1={add.payload.peer_url}") == 1
     assert f"team-a-cp-1.hv-private-1={record.leaving_peer}" in record.etcd_initial_cluster.split(",")
     assert len(record.etcd_initial_cluster.split(",")) == 4
-    assert "team-a-cp-1" not in " ".join(add.payload.client_urls) and len(add.payload.client_urls) == 2
+    # the other two, and its own old member, which votes until it is removed (at its old client port)
+    was = settle(repo.model)[0].nodes["team-a-cp-1"]
+    old_url = f"https://{record.leaving_peer.split('//')[1].rsplit(':', 1)[0]}:{was.ports['etcd-client']}"
+    assert len(add.payload.client_urls) == 3 and add.payload.client_urls[-1] == old_url, add.payload.client_urls
+    assert old_url not in leave.payload.client_urls  # the one removed is not asked
     assert len(leave.payload.client_urls) == 3  # the new member among those that stay
     # its new pod generates a new service-account key: every API server trusts it in the same plan
     assert planned.state.clusters["team-a"].service_account_keys.get("team-a-cp-1") is None

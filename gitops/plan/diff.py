@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from gitops.compile.desired import (
     AFTER_APPLY,
@@ -37,7 +38,7 @@ from gitops.plan.payloads import (
     WriteFiles,
 )
 from gitops.pods import AGENT, FILES, SPEC_HASH, NodeFiles
-from gitops.state.records import ClusterRecord, State
+from gitops.state.records import ClusterRecord, NodeRecord, State
 
 MAX_LISTED_CHANGES = 6
 _PEM_END = "-----END CERTIFICATE-----"
@@ -77,6 +78,9 @@ class ClusterInputs:
     #: members moving learner-first: (node, hypervisor, peer URL) of the old member, removed once the new
     #: one votes
     leaving: tuple[tuple[str, str, str], ...] = ()
+    #: (node, client URL) of those old members, where known (`NodeRecord.leaving_ports`): they vote until
+    #: removed, so a membership change meanwhile asks them there
+    leaving_clients: tuple[tuple[str, str], ...] = ()
 
     def key(self, settings: str) -> bytes:
         """A digest of the inputs (`settings`: the diff options as text): content digests of the pods
@@ -89,7 +93,8 @@ class ClusterInputs:
             for role, authority in sorted(record.authorities.items()):
                 parts += (role, authority.cert_pem)
         parts.append(repr((self.members_on, sorted(self.down), self.snapshots, sorted(self.moving), sorted(self.lost),
-                           self.leaving, (record.restored, record.forcing) if record is not None else None)))
+                           self.leaving, self.leaving_clients,
+                           (record.restored, record.forcing) if record is not None else None)))
         parts += [p.content_digest for p in self.wants]
         for node in sorted(self.have):
             parts.append(f"{node}:{len(self.have[node])}")
@@ -121,6 +126,8 @@ def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
         leaving = () if record is None else tuple(
             (n, nodes[n].leaving_from, nodes[n].leaving_peer) for n in record.etcd_members
             if n in nodes and nodes[n].leaving_peer)
+        leaving_clients = tuple((n, _old_client_url(nodes[n])) for n, _, _ in leaving
+                                if _old_client_url(nodes[n]))
         mine = wants.get(cluster, [])
         involved = gone = frozenset()
         if down or lost:
@@ -128,8 +135,18 @@ def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
             involved, gone = frozenset(down & where), frozenset(lost & where)
         out.append(ClusterInputs(cluster, mine, desired.clusters.get(cluster), have.get(cluster, {}), record,
                                  members_on, involved, observed.snapshots.get(cluster), moving, gone,
-                                 observed.etcd.get(cluster), leaving))
+                                 observed.etcd.get(cluster), leaving, leaving_clients))
     return out
+
+
+def _old_client_url(record: NodeRecord) -> str:
+    """The client URL of a node's old member during a learner-first move: its peer URL's host, its old
+    client port ("" when the record has no old ports: written by an older build)."""
+    port = record.leaving_ports.get("etcd-client")
+    host = urlsplit(record.leaving_peer).hostname if record.leaving_peer else None
+    if not port or not host:
+        return ""
+    return f"https://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 @dataclass(frozen=True)

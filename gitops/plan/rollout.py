@@ -301,13 +301,26 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
     placed_on = dict(inputs.members_on)
 
     moving = inputs.moving
+    old_clients = dict(inputs.leaving_clients)
 
     def ask(exclude: str) -> tuple[str, ...]:
-        """The client URLs of the members that stay and vote now, the changing one excluded: a moving member's
-        URL is where it goes, not voting there yet (its promotion, earlier in the plan, adds it to the
-        changes after it: `count_joined`)."""
-        return tuple(m.client_url for n, m in sorted(members.items())
-                     if n in recorded and n != exclude and n not in moving)
+        """The client URLs of the members that stay and vote now, the changing one excluded. A node moving
+        learner-first votes from its old place until its old member is removed (asked there), and from its
+        new place once promoted (asked there too; a promotion earlier in this plan adds it to the changes
+        after it: `count_joined`); a member moving off a lost hypervisor votes from nowhere."""
+        urls: list[str] = []
+        for n, m in sorted(members.items()):
+            if n not in recorded or n == exclude:
+                continue
+            if n in old_clients:
+                urls.append(old_clients[n])
+            if n not in moving:
+                urls.append(m.client_url)
+        return tuple(urls)
+
+    def beside(node: str) -> tuple[str, ...]:
+        """What a node's own join or promotion asks: the others, and its old member while it votes."""
+        return (*ask(node), *((old_clients[node],) if node in old_clients else ()))
 
     leaving = {node for node, _, _ in inputs.leaving}
     for node in recorded:
@@ -335,14 +348,14 @@ def etcd_membership(inputs: ClusterInputs, timeout: int) -> list[Action]:
                       "beside the old one" if node in leaving else
                       "the moved node joins etcd again from here, as a learner")
             actions.append(Action(Kind.ETCD_MEMBER_ADD, where, cluster, node, reason=reason,
-                                  details=(member.peer_url, _asked(ask(node))),
-                                  payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout)))
+                                  details=(member.peer_url, _asked(beside(node))),
+                                  payload=EtcdMemberChange(node, beside(node), member.peer_url, timeout)))
         actions.append(Action(Kind.ETCD_MEMBER_PROMOTE, where, cluster, node, component=ETCD,
                               order=order.get(node, 0),
                               reason="the learner votes once it has caught up" if joins
                               else "a learner added by an earlier run: it votes once it has caught up",
                               details=(f"then waits until it is healthy (up to {timeout}s)",),
-                              payload=EtcdMemberChange(node, ask(node), member.peer_url, timeout,
+                              payload=EtcdMemberChange(node, beside(node), member.peer_url, timeout,
                                                        member.client_url)))
     for node, was_on, peer_url in inputs.leaving:
         if node not in members:
