@@ -137,7 +137,7 @@ def _why(path: str | os.PathLike[str], err: OSError) -> str:
     return f"cannot read: {err.strerror or err}"
 
 
-__all__ = ["FileRefused", "MiB", "read_bytes", "read_text", "within"]
+__all__ = ["FileRefused", "MiB", "read_bytes", "read_text", "within", "write_atomic"]
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, mode: int = 0o600) -> None:

@@ -126,8 +126,7 @@ def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
         leaving = () if record is None else tuple(
             (n, nodes[n].leaving_from, nodes[n].leaving_peer) for n in record.etcd_members
             if n in nodes and nodes[n].leaving_peer)
-        leaving_clients = tuple((n, _old_client_url(nodes[n])) for n, _, _ in leaving
-                                if _old_client_url(nodes[n]))
+        leaving_clients = tuple((n, url) for n, _, _ in leaving if (url := _old_client_url(nodes[n])))
         mine = wants.get(cluster, [])
         involved = gone = frozenset()
         if down or lost:

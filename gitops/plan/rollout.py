@@ -379,13 +379,14 @@ def count_joined(inputs: ClusterInputs, actions: list[Action]) -> list[Action]:
     replaced) needs the new one healthy too, or stopping it could leave no quorum. The plan's order puts
     a cluster's joins before its recreates; the sort keys say which promotion comes before what."""
     urls = {m.node: m.client_url for m in inputs.want.etcd_members} if inputs.want else {}
-    promoted = [(a.sort_key(), a.node) for a in actions if a.kind == Kind.ETCD_MEMBER_PROMOTE and a.node in urls]
+    promoted = sorted((a.sort_key(), a.node) for a in actions
+                      if a.kind == Kind.ETCD_MEMBER_PROMOTE and a.node in urls)
     if not promoted:
         return actions
     out = []
     for action in actions:
         key = action.sort_key()
-        joined = tuple(urls[n] for k, n in sorted(promoted) if k < key and n != action.node)
+        joined = tuple(urls[n] for k, n in promoted if k < key and n != action.node)
         out.append(_asking_also(action, joined) if joined else action)
     return out
 
