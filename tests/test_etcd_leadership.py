@@ -1,6 +1,7 @@
 """etcd leadership hand-off on a real 3-member etcd over mutual TLS (issue #13): a member that leads hands
 leadership to the member the plan prefers before it is replaced, and a leader about to be removed hands it
-off first, so the cluster is never left without one."""
+off first, so the cluster is never left without one; a member that no longer runs (a run killed while it
+stopped, resumed) leads nothing and is not asked to hand anything off (issue #26)."""
 from __future__ import annotations
 
 import shutil
@@ -47,7 +48,7 @@ def etcd3():
         urls = {name: f"https://{IP}:{port}" for name, port in zip(NAMES, clients)}
         with EtcdAdmin(ca, list(urls.values())) as admin:
             admin.wait_healthy(list(urls.values()), 60, "test cluster start")
-            yield admin, urls
+            yield admin, urls, dict(zip(NAMES, procs))
     finally:
         stop_all(procs)
         shutil.rmtree(work, ignore_errors=True)
@@ -65,7 +66,7 @@ def leader(admin: EtcdAdmin) -> str:
 
 
 def test_a_leader_hands_off_to_the_preferred_member_and_a_follower_does_nothing(etcd3):
-    admin, urls = etcd3
+    admin, urls, _ = etcd3
     first = leader(admin)
     target = next(n for n in reversed(NAMES) if n != first)
     other = next(n for n in NAMES if n not in (first, target))
@@ -76,7 +77,7 @@ def test_a_leader_hands_off_to_the_preferred_member_and_a_follower_does_nothing(
 
 
 def test_a_leader_about_to_be_removed_hands_off_first_and_the_rest_keep_a_leader(etcd3):
-    admin, urls = etcd3
+    admin, urls, _ = etcd3
     going = leader(admin)
     staying = [n for n in NAMES if n != going]
     assert not admin.hand_off_from(staying[0])  # not the leader: nothing moves
@@ -86,3 +87,17 @@ def test_a_leader_about_to_be_removed_hands_off_first_and_the_rest_keep_a_leader
     admin.client_urls = [urls[n] for n in staying]  # ask only the members that stay
     admin.wait_healthy(admin.client_urls, 10, "after removing the old leader")
     assert leader(admin) == staying[1]
+
+
+def test_a_member_that_no_longer_runs_hands_nothing_off_and_its_peers_keep_a_leader(etcd3):
+    """A run killed while an etcd member stopped for its replacement resumes with the same gated recreate:
+    the member refuses connections, so it leads nothing; the hand-off says so instead of failing the run."""
+    admin, urls, procs = etcd3
+    gone = leader(admin)  # the worst case: the member that stopped was leading
+    procs[gone].kill()
+    procs[gone].wait(10)
+    staying = [n for n in NAMES if n != gone]
+    admin.client_urls = [urls[n] for n in staying]
+    assert not admin.hand_off_leadership(urls[gone], prefer=(urls[staying[0]],))
+    admin.wait_healthy(admin.client_urls, 30, "the peers after their leader stopped")
+    assert leader(admin) in staying

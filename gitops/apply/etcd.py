@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -12,6 +13,8 @@ from typing import Any
 from gitops.errors import GitopsError
 from gitops.etcdclient import client_context
 from gitops.pki import CertKey
+
+log = logging.getLogger(__name__)
 
 TIMEOUT = 10.0
 #: a defragmentation rewrites the whole database file: a large one takes minutes
@@ -27,9 +30,12 @@ TRANSIENT = ("not enough started members", "unhealthy cluster", "leader changed"
 
 
 class EtcdError(GitopsError):
-    def __init__(self, message: str, retryable: bool = False):
+    """`refused`: every member asked refused the connection (nothing listens there: not running)."""
+
+    def __init__(self, message: str, retryable: bool = False, refused: bool = False):
         super().__init__(message)
         self.retryable = retryable
+        self.refused = refused
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ class EtcdAdmin:
     def _post(self, path: str, body: dict[str, Any], urls: list[str] | None = None,
               timeout: float = TIMEOUT) -> dict[str, Any]:
         """POST to the first of `urls` (default: every member this admin knows) that answers."""
-        errors = []
+        errors, refused = [], True
         for url in urls or self.client_urls:
             request = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(),
                                              headers={"Content-Type": "application/json"}, method="POST")
@@ -79,8 +85,11 @@ class EtcdAdmin:
                 raise EtcdError(f"etcd {path} at {url}: HTTP {err.code}: {detail}",
                                 retryable=err.code in (503, 504) or any(t in detail for t in TRANSIENT)) from None
             except (urllib.error.URLError, OSError, ValueError) as err:
-                errors.append(f"{url}: {getattr(err, 'reason', err)}")
-        raise EtcdError(f"etcd {path}: no member answered ({'; '.join(errors)})", retryable=True)
+                reason = getattr(err, "reason", err)
+                refused = refused and isinstance(reason, ConnectionRefusedError)
+                errors.append(f"{url}: {reason}")
+        raise EtcdError(f"etcd {path}: no member answered ({'; '.join(errors)})", retryable=True,
+                        refused=refused and bool(errors))
 
     def _pause(self, seconds: float) -> None:
         """Sleep inside a wait, unless this controller may no longer act (a wait is no call in flight)."""
@@ -182,8 +191,15 @@ class EtcdAdmin:
     def hand_off_leadership(self, client_url: str, timeout: float = SETTLE, prefer: tuple[str, ...] = ()) -> bool:
         """If the member at `client_url` leads, make another voting member the leader first (the first one
         holding a URL of `prefer`, else the first by name), so that stopping it costs the cluster no
-        election. True when leadership moved."""
-        status = self._post("/v3/maintenance/status", {}, [client_url])
+        election. True when leadership moved. A member that refuses the connection does not run, so it
+        leads nothing (a run killed while it stopped, resumed: its peers' health is the gate's to check)."""
+        try:
+            status = self._post("/v3/maintenance/status", {}, [client_url])
+        except EtcdError as err:
+            if not err.refused:
+                raise
+            log.info("etcd member at %s does not run (%s): no leadership to hand off", client_url, err)
+            return False
         me, leader = str(status.get("header", {}).get("member_id", "")), str(status.get("leader", ""))
         if not me or me != leader:
             return False
