@@ -546,6 +546,11 @@ def _probe_time(stamp: str, near: float) -> float:
     return time.mktime(parsed) + int(ms) / 1000
 
 
+def _after_phase(phase: int) -> int:
+    """The CA rotation phase the state records once `phase` ran to its end (0: the rotation is over)."""
+    return phase + 1 if 0 < phase < 3 else 0
+
+
 def run_crash_point(ws: Workspace, cluster: str, scenario: str, variant: str, point: KillPoint,
                     marker: str, log: Callable[[str], None] = lambda _: None) -> Outcome:
     """One crash point: the repo already holds the scenario's edit. Plans it, writes a ConfigMap `marker`
@@ -563,6 +568,8 @@ def run_crash_point(ws: Workspace, cluster: str, scenario: str, variant: str, po
     ws.wait_ready(cluster)
     ws.kubectl(cluster, "-n", "default", "create", "configmap", marker, f"--from-literal=made={marker}")
     probe = Probe(ws.kubeconfig(cluster).read_text())  # its credentials stay valid through one CA phase
+    rotating = variant.startswith("phase ")
+    crashed_in = int(variant.split()[1]) if rotating else 0  # the CA rotation phase the rerun finishes
     probe.start()
     first: list[Line] = []
     second: list[Line] = []
@@ -577,6 +584,12 @@ def run_crash_point(ws: Workspace, cluster: str, scenario: str, variant: str, po
             out.killed = f"killed after {done} of {len(plan)} done" + (
                 f", inside action {point.inside}" if point.inside else "")
         log(f"    {out.killed}")
+        if rotating and rotation_phase(ws, cluster) == _after_phase(crashed_in):
+            # the kill came after the phase's last action: the rerun runs the next phase, for which an
+            # operator takes the credentials gitops publishes now (the older ones may not outlive it)
+            crashed_in = _after_phase(crashed_in)
+            probe.use_kubeconfig(ws.kubeconfig(cluster, fresh=True).read_text())
+            out.killed += f"; phase done, the rerun runs phase {crashed_in} (the probe takes its credentials)"
         code, _ = _run_apply(ws, None, second)
         out.resumed = max((line.index for line in second), default=0)
         if code != 0:
@@ -617,11 +630,11 @@ def run_crash_point(ws: Workspace, cluster: str, scenario: str, variant: str, po
         etcd_members_match_state(ws, cluster)
     except CrashPointError as err:
         out.problems.append(str(err))
-    if variant.startswith("phase ") and not out.problems:  # the CA rotation phase crashed in ran to its end
-        crashed_in, now = int(variant.split()[1]), rotation_phase(ws, cluster)
-        if now != (crashed_in + 1 if crashed_in < 3 else 0):
-            out.problems.append(f"CA rotation: crashed in phase {crashed_in}, the state records phase {now} after "
-                                "the rerun")
+    if rotating and crashed_in and not out.problems:  # the CA rotation phase the rerun ran went to its end
+        now = rotation_phase(ws, cluster)
+        if now != _after_phase(crashed_in):
+            out.problems.append(f"CA rotation: the rerun ran phase {crashed_in}, the state records phase {now} "
+                                "after it")
     stale = stale_servers(ws, cluster)
     if stale:
         out.problems.append("running on an older certificate than the one on disk: " + "; ".join(stale))
