@@ -142,12 +142,14 @@ __all__ = ["FileRefused", "MiB", "read_bytes", "read_text", "within", "write_ato
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, mode: int = 0o600) -> None:
     """Replace `path` with `data` whole or not at all: written to a temporary file beside it (a hidden
-    `.NAME.*.tmp`, mode `mode`), fsynced, renamed over it, then the directory fsynced so the rename
+    `.NAME.PID.*.tmp`, mode `mode`), fsynced, renamed over it, then the directory fsynced so the rename
     itself survives a power loss. On any failure the temporary file is removed and `path` is left as it
-    was; OSError is raised for the caller to word."""
+    was; OSError is raised for the caller to word. What a killed writer left of `path` (its process gone)
+    is removed first: such a file may hold the same secrets."""
     path = os.fspath(path)
     directory, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".tmp")
+    _sweep(directory or ".", name)
+    fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data.encode("utf-8") if isinstance(data, str) else data)
@@ -166,3 +168,30 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, mode: int = 0o
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def _sweep(directory: str, name: str) -> None:
+    """Remove the `.NAME.PID.*.tmp` files of `write_atomic` whose process no longer runs (killed mid-write)."""
+    prefix = f".{name}."
+    try:
+        entries = [e for e in os.scandir(directory) if e.name.startswith(prefix) and e.name.endswith(".tmp")]
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass
+
+
+def _running(pid: int) -> bool:
+    """Whether a process `pid` exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import stat
+import subprocess
 from dataclasses import MISSING, fields
 
 import pytest
@@ -94,3 +95,14 @@ def test_every_file_gitops_keeps_is_replaced_whole_or_left_as_it_was(tmp_path, m
     safeio.write_atomic(target, b"new\n")
     assert target.read_bytes() == b"new\n" and stat.S_IMODE(target.stat().st_mode) == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]
+    # a writer killed mid-write left its temporary file: the next write removes it, not a live writer's
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = tmp_path / f".kept.json.{gone.pid}.x1y2.tmp"
+    live = tmp_path / f".kept.json.{os.getpid()}.z3.tmp"
+    other = tmp_path / f".other.json.{gone.pid}.q.tmp"
+    for leftover in (left, live, other):
+        leftover.write_text("secret")
+    safeio.write_atomic(target, "newer\n")
+    assert target.read_text() == "newer\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["kept.json", live.name, other.name])
