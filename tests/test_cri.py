@@ -7,6 +7,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -288,3 +289,60 @@ def test_a_connection_attempt_grpc_gave_up_is_retried_for_a_write_not_called_tls
                                                        "UNKNOWN: ipv4:127.0.0.1:1: Ssl handshake failed: "
                                                        "SSL_ERROR_SSL: CERTIFICATE_VERIFY_FAILED"), 5)
         assert refused.reason == Reason.TLS
+
+
+def test_a_container_still_being_started_is_removed_once_its_start_ends(pod, lab) -> None:  # type: ignore[no-untyped-def]
+    """A run killed inside StartContainer leaves the runtime starting the container on its own (issue #26):
+    the next run sees it `created`, and containerd refuses to remove it until that start ends. Here the
+    start is held open for real: its log path is a FIFO nobody reads yet, which containerd opens inside
+    StartContainer. `stop_and_remove` tries again until the start ends, then removes it."""
+    import os
+    import threading
+
+    client, sandbox_id, spec, base = pod
+    logs = Path(spec.log_directory)
+    logs.mkdir(parents=True, exist_ok=True)
+    fifo = logs / "held.log"
+
+    def release() -> None:  # a reader opens the FIFO: containerd's open of the log returns
+        try:
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        except FileNotFoundError:
+            pass  # removed with its container
+
+    starting = None
+    try:
+        for delay in (0.3, 1.0, 3.0):  # until the removal finds it starting (not yet: it is simply removed)
+            if not fifo.exists():  # a container removed takes its log file with it
+                os.mkfifo(fifo)
+            container_id = client.create_container(
+                sandbox_id, ContainerSpec("held", lab.images["pause"], log_path="held.log"), spec)
+            starting = threading.Thread(target=lambda cid=container_id: _start_quietly(client, cid), daemon=True)
+            starting.start()
+            time.sleep(delay)
+            try:
+                client.remove_container(container_id)
+            except CRIError as err:
+                refused = err
+                break
+            starting.join(30)
+        else:
+            raise AssertionError("containerd never held the container in its starting state")
+        assert "starting" in str(refused) and client.container_status(container_id).state == ContainerState.CREATED
+        released = threading.Timer(2.0, release)
+        began = time.monotonic()
+        released.start()
+        client.stop_and_remove(container_id, starting_grace=30)
+        assert time.monotonic() - began >= 1.5  # it waited for the start to end, and did not give up
+        assert client.list_containers(container_id=container_id) == []
+    finally:
+        release()
+        if starting is not None:
+            starting.join(30)
+
+
+def _start_quietly(client: CRIClient, container_id: str) -> None:
+    try:
+        client.start_container(container_id)
+    except CRIError:
+        pass  # the log FIFO closes at once: the start may fail; either way it has ended

@@ -69,6 +69,8 @@ from gitops.state.store import StateStore
 log = logging.getLogger(__name__)
 #: seconds `etcdctl snapshot restore` may take on one member (a full 8 GiB database: minutes)
 RESTORE_TIMEOUT = 1800
+#: seconds a container the runtime is still starting (a killed run's StartContainer) may take to be removable
+STARTING_GRACE = 60.0
 
 Progress = Callable[[int, int, Action, str], None]
 #: asked before every action: why it must not start now (a lost or stale Lease), or None to go on
@@ -441,13 +443,7 @@ class _Runner:
         self._remove_container(action.hypervisor, p.target_id)
 
     def _remove_container(self, hypervisor: str, container_id: str) -> None:
-        client = self.client(hypervisor)
-        try:
-            client.stop_container(container_id)
-            client.remove_container(container_id)
-        except CRIError as err:
-            if err.reason != Reason.NOT_FOUND:
-                raise
+        self.client(hypervisor).stop_and_remove(container_id, STARTING_GRACE)
 
     def remove_pod(self, action: Action, p: Remove) -> None:
         client = self.client(action.hypervisor)

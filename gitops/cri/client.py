@@ -347,6 +347,33 @@ class CRIClient:
                    pb.RemoveContainerRequest(container_id=container_id), read=False,
                    timeout=self.slow_timeout)
 
+    def stop_and_remove(self, container_id: str, starting_grace: float = 60.0) -> None:
+        """Stop and remove a container; one already gone is success. One the runtime reports `created`
+        may be starting right now (a StartContainer whose caller was killed: the runtime finishes it on
+        its own) and cannot be removed until that ends: removal is tried again for up to
+        `starting_grace` seconds."""
+        deadline = time.monotonic() + starting_grace
+        while True:
+            try:
+                self.stop_container(container_id)
+                self.remove_container(container_id)
+                return
+            except CRIError as err:
+                if err.reason == Reason.NOT_FOUND:
+                    return
+                if time.monotonic() > deadline or not self._created(container_id):
+                    raise
+                log.info("container %s on %s is being started (%s): removing it again", container_id[:12],
+                         self.endpoint.name, err)
+                time.sleep(0.5)
+
+    def _created(self, container_id: str) -> bool:
+        """Whether the runtime reports the container `created` (not started yet, or starting right now)."""
+        try:
+            return self.container_status(container_id).state == ContainerState.CREATED
+        except CRIError:
+            return False
+
     def exec_sync(self, container_id: str, cmd: Iterable[str], timeout: int = 10) -> tuple[int, bytes, bytes]:
         """Run a command in a container; returns (exit code, stdout, stderr)."""
         r = self._call("ExecSync", self._runtime.ExecSync,
