@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import tempfile
 
@@ -172,14 +173,13 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, mode: int = 0o
 
 def _sweep(directory: str, name: str) -> None:
     """Remove the `.NAME.PID.*.tmp` files of `write_atomic` whose process no longer runs (killed mid-write)."""
-    prefix = f".{name}."
+    mine = re.compile(rf"\.{re.escape(name)}\.(\d+)\.[A-Za-z0-9_]+\.tmp")  # mkstemp's part: letters, digits, _
     try:
-        entries = [e for e in os.scandir(directory) if e.name.startswith(prefix) and e.name.endswith(".tmp")]
+        entries = [(e, found) for e in os.scandir(directory) if (found := mine.fullmatch(e.name))]
     except OSError:
         return
-    for entry in entries:
-        pid = entry.name[len(prefix):].split(".", 1)[0]
-        if pid.isdigit() and not _running(int(pid)):
+    for entry, found in entries:
+        if not _running(int(found.group(1))):
             try:
                 os.unlink(entry.path)
             except OSError:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import socket
 import time
 import urllib.request
@@ -291,18 +292,20 @@ def test_a_connection_attempt_grpc_gave_up_is_retried_for_a_write_not_called_tls
         assert refused.reason == Reason.TLS
 
 
-def test_a_container_still_being_started_is_removed_once_its_start_ends(pod, lab) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("removed", ["container", "sandbox"])
+def test_a_container_still_being_started_is_removed_once_its_start_ends(lab, removed: str,  # type: ignore[no-untyped-def]
+                                                                        test_labels: dict[str, str]) -> None:
     """A run killed inside StartContainer leaves the runtime starting the container on its own (issue #26):
-    the next run sees it `created`, and containerd refuses to remove it until that start ends. Here the
-    start is held open for real: its log path is a FIFO nobody reads yet, which containerd opens inside
-    StartContainer. `stop_and_remove` tries again until the start ends, then removes it."""
+    the next run sees it `created`, and containerd refuses to remove it (or its pod) until that start ends.
+    Here the start is held open for real: its log path is a FIFO nobody reads yet, which containerd opens
+    inside StartContainer. `stop_and_remove` (`stop_and_remove_sandbox`) tries again until the start ends."""
     import os
+    import tempfile
     import threading
 
-    client, sandbox_id, spec, base = pod
-    logs = Path(spec.log_directory)
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="gitops-starting-"))
     fifo = logs / "held.log"
+    spec = SandboxSpec(f"starting-{removed}", labels=test_labels, log_directory=str(logs))
 
     def release() -> None:  # a reader opens the FIFO: containerd's open of the log returns
         try:
@@ -311,34 +314,42 @@ def test_a_container_still_being_started_is_removed_once_its_start_ends(pod, lab
             pass  # removed with its container
 
     starting = None
-    try:
-        for delay in (0.3, 1.0, 3.0):  # until the removal finds it starting (not yet: it is simply removed)
-            if not fifo.exists():  # a container removed takes its log file with it
-                os.mkfifo(fifo)
-            container_id = client.create_container(
-                sandbox_id, ContainerSpec("held", lab.images["pause"], log_path="held.log"), spec)
-            starting = threading.Thread(target=lambda cid=container_id: _start_quietly(client, cid), daemon=True)
-            starting.start()
-            time.sleep(delay)
-            try:
-                client.remove_container(container_id)
-            except CRIError as err:
-                refused = err
-                break
-            starting.join(30)
-        else:
-            raise AssertionError("containerd never held the container in its starting state")
-        assert "starting" in str(refused) and client.container_status(container_id).state == ContainerState.CREATED
-        released = threading.Timer(2.0, release)
-        began = time.monotonic()
-        released.start()
-        client.stop_and_remove(container_id, starting_grace=30)
-        assert time.monotonic() - began >= 1.5  # it waited for the start to end, and did not give up
-        assert client.list_containers(container_id=container_id) == []
-    finally:
-        release()
-        if starting is not None:
-            starting.join(30)
+    with CRIClient(_hv(lab, "unix")) as client:
+        sandbox_id = client.run_sandbox(spec)
+        try:
+            for delay in (0.3, 1.0, 3.0):  # until the removal finds it starting (not yet: it is simply removed)
+                if not fifo.exists():  # a container removed takes its log file with it
+                    os.mkfifo(fifo)
+                container_id = client.create_container(
+                    sandbox_id, ContainerSpec("held", lab.images["pause"], log_path="held.log"), spec)
+                starting = threading.Thread(target=lambda cid=container_id: _start_quietly(client, cid), daemon=True)
+                starting.start()
+                time.sleep(delay)
+                try:
+                    client.remove_container(container_id)
+                except CRIError as err:
+                    refused = err
+                    break
+                starting.join(30)
+            else:
+                raise AssertionError("containerd never held the container in its starting state")
+            assert "starting" in str(refused) and client.container_status(container_id).state == ContainerState.CREATED
+            released = threading.Timer(2.0, release)
+            began = time.monotonic()
+            released.start()
+            if removed == "container":
+                client.stop_and_remove(container_id, starting_grace=30)
+            else:
+                client.stop_and_remove_sandbox(sandbox_id, starting_grace=30)
+            assert time.monotonic() - began >= 1.5  # it waited for the start to end, and did not give up
+            assert client.list_containers(container_id=container_id) == []
+            assert (client.list_sandboxes(test_labels) == []) == (removed == "sandbox")
+        finally:
+            release()
+            if starting is not None:
+                starting.join(30)
+            _cleanup(client, test_labels)
+            shutil.rmtree(logs, ignore_errors=True)
 
 
 def _start_quietly(client: CRIClient, container_id: str) -> None:

@@ -101,8 +101,9 @@ def test_every_file_gitops_keeps_is_replaced_whole_or_left_as_it_was(tmp_path, m
     left = tmp_path / f".kept.json.{gone.pid}.x1y2.tmp"
     live = tmp_path / f".kept.json.{os.getpid()}.z3.tmp"
     other = tmp_path / f".other.json.{gone.pid}.q.tmp"
-    for leftover in (left, live, other):
+    longer = tmp_path / f".kept.json.{gone.pid}.{gone.pid}.q.tmp"  # of `kept.json.PID`, not of `kept.json`
+    for leftover in (left, live, other, longer):
         leftover.write_text("secret")
     safeio.write_atomic(target, "newer\n")
     assert target.read_text() == "newer\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["kept.json", live.name, other.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["kept.json", live.name, other.name, longer.name])

@@ -15,7 +15,7 @@ from gitops.observe.types import ObservedCluster, ObservedState
 from gitops.secrets import decrypt, encrypt
 from gitops.state import CertRecord, ClusterRecord, NodeRecord, State
 from gitops.status.branch import NOTES_REF, Note, StatusBranch
-from gitops.status.lease import ApplyLease, Locked
+from gitops.status.lease import ApplyLease, Locked, holder_id
 from gitops.status.reader import DEFAULT_BRANCH, MANAGED, OBSERVED, SOURCE, SourceStatus, StatusReader
 from gitops.status.sealed_state import PUBLIC, SEALED, ControllerStateStore, Sealer, merge, split
 from gitops.status.snapshot import HYPERVISORS, cluster_path, snapshot_files
@@ -60,6 +60,16 @@ def test_racing_writers_lose_nothing(origin, tmp_path):
     a.publish(files({"status/a.yaml": b"2\n"}), "a2")  # a moves the tip; b's push will be rejected
     assert b.publish(files({"status/a.yaml": b"2\n", "status/b.yaml": b"1\n"}), "b1") is not None
     assert log(origin) == ["b1", "a2", "a1"]
+
+
+def test_the_holder_id_is_kept_and_an_empty_one_made_again(tmp_path):
+    """A restarted controller takes its own lease back (same id); a `controller-id` an older build left empty
+    when killed while writing it is made again, never the holder ``""``."""
+    first = holder_id(tmp_path)
+    assert first and holder_id(tmp_path) == first == (tmp_path / "controller-id").read_text().strip()
+    (tmp_path / "controller-id").write_text("")
+    again = holder_id(tmp_path)
+    assert again and again != first and holder_id(tmp_path) == again
 
 
 def test_apply_lease(origin, tmp_path):

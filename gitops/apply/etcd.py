@@ -198,7 +198,8 @@ class EtcdAdmin:
         except EtcdError as err:
             if not err.refused:
                 raise
-            log.info("etcd member at %s does not run (%s): no leadership to hand off", client_url, err)
+            log.warning("etcd member at %s refuses connections (%s): not running, no leadership to hand off",
+                        client_url, err)
             return False
         me, leader = str(status.get("header", {}).get("member_id", "")), str(status.get("leader", ""))
         if not me or me != leader:
@@ -223,7 +224,15 @@ class EtcdAdmin:
             return False
         ranked = sorted(others, key=lambda m: min((prefer.index(u) for u in m.client_urls if u in prefer),
                                                   default=len(prefer)))
-        self._post("/v3/maintenance/transfer-leadership", {"targetID": ranked[0].id}, leader_urls)
+        try:
+            self._post("/v3/maintenance/transfer-leadership", {"targetID": ranked[0].id}, leader_urls)
+        except EtcdError as err:
+            if not err.refused:
+                raise
+            # stopped (a killed run) while its peers still name it: they elect another without it
+            log.warning("etcd leader at %s refuses connections (%s): not running, nothing to hand off",
+                        leader_urls[0], err)
+            return False
         deadline = time.monotonic() + timeout
         while str(self._post("/v3/maintenance/status", {}, leader_urls).get("leader", "")) == leader:
             if time.monotonic() > deadline:

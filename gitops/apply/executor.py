@@ -370,7 +370,7 @@ class _Runner:
         if p.overlap:
             self._replace_beside(action, p)
         else:
-            self._remove_container(action.hypervisor, action.target_id)
+            self._remove_container(action.hypervisor, action.target_id, action)
             self._create_container(action, p)
         if p.etcd is not None:
             self._etcd_gate(action, p, before=False)
@@ -392,7 +392,7 @@ class _Runner:
         if client.container_status(new).state != ContainerState.RUNNING:
             raise ApplyError(f"the new {action.component} on {action.node} is not running {p.overlap}s after it "
                              "started; the old one is left in place")
-        self._remove_container(action.hypervisor, action.target_id)
+        self._remove_container(action.hypervisor, action.target_id, action)
 
     def _wait_ready(self, action: Action, ready: ApiReady) -> None:
         """Until the API server's own /readyz answers ok (anonymous; TLS verified against the cluster's CAs)."""
@@ -440,10 +440,11 @@ class _Runner:
             with self.etcd(action, tuple(urls)) as etcd:
                 etcd.wait_healthy(urls, p.etcd.timeout, f"before stopping {action.component} on {action.node} "
                                                         "for its etcd member")
-        self._remove_container(action.hypervisor, p.target_id)
+        self._remove_container(action.hypervisor, p.target_id, action)
 
-    def _remove_container(self, hypervisor: str, container_id: str) -> None:
-        self.client(hypervisor).stop_and_remove(container_id, STARTING_GRACE)
+    def _remove_container(self, hypervisor: str, container_id: str, action: Action) -> None:
+        """Stop and remove it (waiting while the runtime may still be starting it; fenced like any wait)."""
+        self.client(hypervisor).stop_and_remove(container_id, STARTING_GRACE, lambda: self.refused(action))
 
     def remove_pod(self, action: Action, p: Remove) -> None:
         client = self.client(action.hypervisor)
@@ -459,12 +460,7 @@ class _Runner:
             except CRIError as err:
                 if err.reason != Reason.NOT_FOUND:
                     raise
-        try:
-            client.stop_sandbox(p.target_id)
-            client.remove_sandbox(p.target_id)
-        except CRIError as err:
-            if err.reason != Reason.NOT_FOUND:
-                raise
+        client.stop_and_remove_sandbox(p.target_id, STARTING_GRACE, lambda: self.refused(action))
         if p.forget:
             self._forget(action.node, action.cluster)
 
@@ -544,7 +540,7 @@ class _Runner:
         healthy); then record it the only member. A run repeated after a crash forces again (a one-member
         cluster forced again is the same cluster)."""
         for container_id in p.stop:
-            self._remove_container(action.hypervisor, container_id)
+            self._remove_container(action.hypervisor, container_id, action)
         client = self.client(action.hypervisor)
         spec = p.create.resolved({f.name: self.content(f) for f in p.create.files},
                                  self.certificate_digests(action, p.create))
@@ -556,7 +552,7 @@ class _Runner:
         client.start_container(forced_id)
         with self.etcd(action, (p.client_url,)) as etcd:
             etcd.wait_healthy([p.client_url], p.timeout, f"after --force-new-cluster on {action.node}")
-        self._remove_container(action.hypervisor, forced_id)
+        self._remove_container(action.hypervisor, forced_id, action)
         self._create_container(action, p.create)
         with self.etcd(action, (p.client_url,)) as etcd:
             etcd.wait_healthy([p.client_url], p.timeout, f"after rebuilding etcd on {action.node}")
@@ -576,7 +572,7 @@ class _Runner:
             for member in p.members:
                 agent.send_snapshot(self.client(member.hypervisor), member.pod.agent_id, data)
         for hypervisor, container_id in p.stop:
-            self._remove_container(hypervisor, container_id)
+            self._remove_container(hypervisor, container_id, action)
         for member in p.members:
             self._restore_member(action, member)
         for member in p.members:
@@ -590,7 +586,7 @@ class _Runner:
         """`etcdctl snapshot restore` in a one-shot container of the member's pod, until it exits 0."""
         client = self.client(member.hypervisor)
         for stale in client.list_containers({RESTORE_LABEL: member.node}, sandbox_id=member.pod.sandbox_id):
-            self._remove_container(member.hypervisor, stale.id)  # left by a run that stopped on the way
+            self._remove_container(member.hypervisor, stale.id, action)  # left by a run that stopped on the way
         client.pull_image(member.restorer.image)
         container_id = client.create_container(member.pod.sandbox_id, member.restorer, member.sandbox)
         client.start_container(container_id)
@@ -608,7 +604,7 @@ class _Runner:
             output = agent.restore_log(client, member.pod.agent_id, member.restorer.log_path)
             raise ApplyError(f"etcdctl snapshot restore on {member.node} exited {status.exit_code}: "
                              f"{output or status.message or status.reason}")
-        self._remove_container(member.hypervisor, container_id)
+        self._remove_container(member.hypervisor, container_id, action)
 
     def advance_ca_rotation(self, action: Action, p: RotationStep) -> None:
         """Record the next phase of the cluster's CA rotation: the phase the plan ran is done."""

@@ -347,11 +347,12 @@ class CRIClient:
                    pb.RemoveContainerRequest(container_id=container_id), read=False,
                    timeout=self.slow_timeout)
 
-    def stop_and_remove(self, container_id: str, starting_grace: float = 60.0) -> None:
+    def stop_and_remove(self, container_id: str, starting_grace: float = 60.0,
+                        fenced: Callable[[], str | None] = lambda: None) -> None:
         """Stop and remove a container; one already gone is success. One the runtime reports `created`
         may be starting right now (a StartContainer whose caller was killed: the runtime finishes it on
         its own) and cannot be removed until that ends: removal is tried again for up to
-        `starting_grace` seconds."""
+        `starting_grace` seconds, unless `fenced` says why this process may no longer act."""
         deadline = time.monotonic() + starting_grace
         while True:
             try:
@@ -361,18 +362,47 @@ class CRIClient:
             except CRIError as err:
                 if err.reason == Reason.NOT_FOUND:
                     return
-                if time.monotonic() > deadline or not self._created(container_id):
+                state = self._state(container_id)
+                if state is None:  # gone meanwhile
+                    return
+                if state != ContainerState.CREATED or time.monotonic() > deadline:
                     raise
-                log.info("container %s on %s is being started (%s): removing it again", container_id[:12],
-                         self.endpoint.name, err)
-                time.sleep(0.5)
+                self._wait_for_start(f"container {container_id[:12]}", err, fenced)
 
-    def _created(self, container_id: str) -> bool:
-        """Whether the runtime reports the container `created` (not started yet, or starting right now)."""
+    def stop_and_remove_sandbox(self, sandbox_id: str, starting_grace: float = 60.0,
+                                fenced: Callable[[], str | None] = lambda: None) -> None:
+        """Stop and remove a pod sandbox with its containers; one already gone is success. Removal is
+        tried again while one of its containers is `created` (maybe starting: see `stop_and_remove`)."""
+        deadline = time.monotonic() + starting_grace
+        while True:
+            try:
+                self.stop_sandbox(sandbox_id)
+                self.remove_sandbox(sandbox_id)
+                return
+            except CRIError as err:
+                if err.reason == Reason.NOT_FOUND:
+                    return
+                starting = any(c.state == ContainerState.CREATED for c in self.list_containers(sandbox_id=sandbox_id))
+                if not starting or time.monotonic() > deadline:
+                    raise
+                self._wait_for_start(f"pod sandbox {sandbox_id[:12]}", err, fenced)
+
+    def _wait_for_start(self, what: str, err: CRIError, fenced: Callable[[], str | None]) -> None:
+        why = fenced()
+        if why:
+            raise CRIError(self.endpoint.name, err.call, err.reason,
+                           f"{err.detail}; not removed again while fenced: {why}") from err
+        log.info("%s on %s may be starting (%s): removing it again", what, self.endpoint.name, err)
+        time.sleep(0.5)
+
+    def _state(self, container_id: str) -> ContainerState | None:
+        """The container's state as the runtime reports it; None when it is gone."""
         try:
-            return self.container_status(container_id).state == ContainerState.CREATED
-        except CRIError:
-            return False
+            return self.container_status(container_id).state
+        except CRIError as err:
+            if err.reason == Reason.NOT_FOUND:
+                return None
+            return ContainerState.UNKNOWN
 
     def exec_sync(self, container_id: str, cmd: Iterable[str], timeout: int = 10) -> tuple[int, bytes, bytes]:
         """Run a command in a container; returns (exit code, stdout, stderr)."""

@@ -569,7 +569,8 @@ def run_crash_point(ws: Workspace, cluster: str, scenario: str, variant: str, po
     ws.kubectl(cluster, "-n", "default", "create", "configmap", marker, f"--from-literal=made={marker}")
     probe = Probe(ws.kubeconfig(cluster).read_text())  # its credentials stay valid through one CA phase
     rotating = variant.startswith("phase ")
-    crashed_in = int(variant.split()[1]) if rotating else 0  # the CA rotation phase the rerun finishes
+    crashed_in = int(variant.split()[1]) if rotating and variant.split()[1].isdigit() else 0  # the phase the
+    # rerun finishes (0: none, or not known from the plan: then only convergence is checked)
     probe.start()
     first: list[Line] = []
     second: list[Line] = []

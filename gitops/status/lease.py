@@ -24,6 +24,7 @@ from git.objects.fun import tree_to_stream
 from gitdb import IStream
 
 from gitops.errors import GitopsError
+from gitops.safeio import write_atomic
 from gitops.status.branch import StatusError, git_message
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,8 @@ def lock_workdir(workdir: Path) -> IO[str]:
 def holder_id(workdir: Path) -> str:
     """The apply-lease holder: stable per workdir, so a restarted controller takes its own lease back."""
     path = workdir / "controller-id"
-    if not path.is_file():
-        path.write_text(f"{socket.gethostname()}/{uuid.uuid4().hex[:12]}\n")
-    return path.read_text().strip()
+    held = path.read_text().strip() if path.is_file() else ""
+    if not held:  # none yet (or an empty one an older build left when killed while writing it)
+        held = f"{socket.gethostname()}/{uuid.uuid4().hex[:12]}"
+        write_atomic(path, held + "\n", mode=0o644)
+    return held

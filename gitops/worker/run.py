@@ -23,6 +23,7 @@ from gitops.cri.client import CRIClient
 from gitops.cri.endpoint import CRIEndpoint
 from gitops.cri.errors import CRIError
 from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
+from gitops.safeio import write_atomic
 from gitops import procs
 from gitops.worker import configs
 from gitops.worker.configs import WorkerSpec
@@ -135,9 +136,8 @@ def _start(spec: WorkerSpec, name: str, argv: list[str]) -> dict[str, object]:
 
 
 def _write(path: Path, text: str, secret: bool = False) -> None:
-    path.write_text(text)
-    if secret:
-        path.chmod(0o600)
+    """Whole or not at all (a kill leaves the old file); a secret is never readable by others, even briefly."""
+    write_atomic(path, text, mode=0o600 if secret else 0o644)
 
 
 def _save(spec: WorkerSpec, state: dict[str, object]) -> None:
