@@ -175,12 +175,9 @@ def _remove_pods(spec: WorkerSpec) -> list[str]:
             for sandbox in client.list_sandboxes():
                 if KUBELET_POD_LABEL not in sandbox.labels:
                     continue
-                for container in client.list_containers():
-                    if container.sandbox_id == sandbox.id:
-                        client.stop_container(container.id)
-                        client.remove_container(container.id)
-                client.stop_sandbox(sandbox.id)
-                client.remove_sandbox(sandbox.id)
+                for container in client.list_containers(sandbox_id=sandbox.id):
+                    client.stop_and_remove(container.id)
+                client.stop_and_remove_sandbox(sandbox.id)
                 done.append(f"removed pod {sandbox.namespace}/{sandbox.name}")
     except CRIError as err:
         log.warning("cannot clean pods from %s: %s", spec.cri_endpoint, err)
