@@ -306,50 +306,55 @@ def test_a_container_still_being_started_is_removed_once_its_start_ends(lab, rem
     logs = Path(tempfile.mkdtemp(prefix="gitops-starting-"))
     fifo = logs / "held.log"
     spec = SandboxSpec(f"starting-{removed}", labels=test_labels, log_directory=str(logs))
+    readers: list[int] = []
 
-    def release() -> None:  # a reader opens the FIFO: containerd's open of the log returns
+    def release() -> None:  # a reader holds the FIFO open: containerd's open of the log returns, now or later
         try:
-            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+            readers.append(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
         except FileNotFoundError:
             pass  # removed with its container
 
-    starting = None
-    with CRIClient(_hv(lab, "unix")) as client:
-        sandbox_id = client.run_sandbox(spec)
-        try:
-            for delay in (0.3, 1.0, 3.0):  # until the removal finds it starting (not yet: it is simply removed)
-                if not fifo.exists():  # a container removed takes its log file with it
-                    os.mkfifo(fifo)
-                container_id = client.create_container(
-                    sandbox_id, ContainerSpec("held", lab.images["pause"], log_path="held.log"), spec)
-                starting = threading.Thread(target=lambda cid=container_id: _start_quietly(client, cid), daemon=True)
-                starting.start()
-                time.sleep(delay)
-                try:
-                    client.remove_container(container_id)
-                except CRIError as err:
-                    refused = err
-                    break
-                starting.join(30)
-            else:
-                raise AssertionError("containerd never held the container in its starting state")
-            assert "starting" in str(refused) and client.container_status(container_id).state == ContainerState.CREATED
-            released = threading.Timer(2.0, release)
-            began = time.monotonic()
-            released.start()
-            if removed == "container":
-                client.stop_and_remove(container_id, starting_grace=30)
-            else:
-                client.stop_and_remove_sandbox(sandbox_id, starting_grace=30)
-            assert time.monotonic() - began >= 1.5  # it waited for the start to end, and did not give up
-            assert client.list_containers(container_id=container_id) == []
-            assert (client.list_sandboxes(test_labels) == []) == (removed == "sandbox")
-        finally:
-            release()
-            if starting is not None:
-                starting.join(30)
-            _cleanup(client, test_labels)
-            shutil.rmtree(logs, ignore_errors=True)
+    try:
+        starting = None
+        with CRIClient(_hv(lab, "unix")) as client:
+            try:
+                sandbox_id = client.run_sandbox(spec)
+                for delay in (0.3, 1.0, 3.0):  # until the removal finds it starting (not yet: it is simply removed)
+                    if not fifo.exists():  # a container removed takes its log file with it
+                        os.mkfifo(fifo)
+                    container_id = client.create_container(
+                        sandbox_id, ContainerSpec("held", lab.images["pause"], log_path="held.log"), spec)
+                    starting = threading.Thread(target=lambda cid=container_id: _start_quietly(client, cid), daemon=True)
+                    starting.start()
+                    time.sleep(delay)
+                    try:
+                        client.remove_container(container_id)
+                    except CRIError as err:
+                        refused = err
+                        break
+                    starting.join(30)
+                else:
+                    raise AssertionError("containerd never held the container in its starting state")
+                assert "starting" in str(refused) and client.container_status(container_id).state == ContainerState.CREATED
+                released = threading.Timer(2.0, release)
+                began = time.monotonic()
+                released.start()
+                if removed == "container":
+                    client.stop_and_remove(container_id, starting_grace=30)
+                else:
+                    client.stop_and_remove_sandbox(sandbox_id, starting_grace=30)
+                assert time.monotonic() - began >= 1.5  # it waited for the start to end, and did not give up
+                assert client.list_containers(container_id=container_id) == []
+                assert (client.list_sandboxes(test_labels) == []) == (removed == "sandbox")
+            finally:
+                release()
+                if starting is not None:
+                    starting.join(30)
+                for fd in readers:
+                    os.close(fd)
+                _cleanup(client, test_labels)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def _start_quietly(client: CRIClient, container_id: str) -> None:
