@@ -590,7 +590,8 @@ def run_crash_point(ws: Workspace, cluster: str, scenario: str, variant: str, po
             # operator takes the credentials gitops publishes now (the older ones may not outlive it)
             crashed_in = _after_phase(crashed_in)
             probe.use_kubeconfig(ws.kubeconfig(cluster, fresh=True).read_text())
-            out.killed += f"; phase done, the rerun runs phase {crashed_in} (the probe takes its credentials)"
+            out.killed += (f"; phase done, the rerun runs phase {crashed_in} (the probe takes its credentials)"
+                           if crashed_in else "; the rotation is done (the probe takes the new credentials)")
         code, _ = _run_apply(ws, None, second)
         out.resumed = max((line.index for line in second), default=0)
         if code != 0:
