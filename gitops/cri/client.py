@@ -353,47 +353,50 @@ class CRIClient:
         may be starting right now (a StartContainer whose caller was killed: the runtime finishes it on
         its own) and cannot be removed until that ends: removal is tried again for up to
         `starting_grace` seconds, unless `fenced` says why this process may no longer act."""
-        deadline = time.monotonic() + starting_grace
-        while True:
-            try:
-                self.stop_container(container_id)
-                self.remove_container(container_id)
-                return
-            except CRIError as err:
-                if err.reason == Reason.NOT_FOUND:
-                    return
-                state = self._state(container_id)
-                if state is None:  # gone meanwhile
-                    return
-                if state != ContainerState.CREATED or time.monotonic() > deadline:
-                    raise
-                self._wait_for_start(f"container {container_id[:12]}", err, fenced)
+        def remove() -> None:
+            self.stop_container(container_id)
+            self.remove_container(container_id)
+
+        def starting() -> bool | None:
+            state = self._state(container_id)
+            return None if state is None else state == ContainerState.CREATED
+        self._remove_unless_starting(f"container {container_id[:12]}", remove, starting, starting_grace, fenced)
 
     def stop_and_remove_sandbox(self, sandbox_id: str, starting_grace: float = 60.0,
                                 fenced: Callable[[], str | None] = lambda: None) -> None:
         """Stop and remove a pod sandbox with its containers; one already gone is success. Removal is
         tried again while one of its containers is `created` (maybe starting: see `stop_and_remove`)."""
-        deadline = time.monotonic() + starting_grace
+        def remove() -> None:
+            self.stop_sandbox(sandbox_id)
+            self.remove_sandbox(sandbox_id)
+
+        def starting() -> bool:
+            return any(c.state == ContainerState.CREATED for c in self.list_containers(sandbox_id=sandbox_id))
+        self._remove_unless_starting(f"pod sandbox {sandbox_id[:12]}", remove, starting, starting_grace, fenced)
+
+    def _remove_unless_starting(self, what: str, remove: Callable[[], None], starting: Callable[[], bool | None],
+                                grace: float, fenced: Callable[[], str | None]) -> None:
+        """`remove()` until it succeeds or finds nothing; after a refusal, again every 0.5 s for up to
+        `grace` seconds while `starting()` (None: gone meanwhile, success), unless `fenced()` says why not."""
+        deadline = time.monotonic() + grace
         while True:
             try:
-                self.stop_sandbox(sandbox_id)
-                self.remove_sandbox(sandbox_id)
+                remove()
                 return
             except CRIError as err:
                 if err.reason == Reason.NOT_FOUND:
                     return
-                starting = any(c.state == ContainerState.CREATED for c in self.list_containers(sandbox_id=sandbox_id))
-                if not starting or time.monotonic() > deadline:
+                now = starting()
+                if now is None:
+                    return
+                if not now or time.monotonic() > deadline:
                     raise
-                self._wait_for_start(f"pod sandbox {sandbox_id[:12]}", err, fenced)
-
-    def _wait_for_start(self, what: str, err: CRIError, fenced: Callable[[], str | None]) -> None:
-        why = fenced()
-        if why:
-            raise CRIError(self.endpoint.name, err.call, err.reason,
-                           f"{err.detail}; not removed again while fenced: {why}") from err
-        log.info("%s on %s may be starting (%s): removing it again", what, self.endpoint.name, err)
-        time.sleep(0.5)
+                why = fenced()
+                if why:
+                    raise CRIError(self.endpoint.name, err.call, err.reason,
+                                   f"{err.detail}; not removed again while fenced: {why}") from err
+                log.info("%s on %s may be starting (%s): removing it again", what, self.endpoint.name, err)
+                time.sleep(0.5)
 
     def _state(self, container_id: str) -> ContainerState | None:
         """The container's state as the runtime reports it; None when it is gone."""
