@@ -1,6 +1,7 @@
 """etcd membership changes through etcd's v3 JSON gateway, over mutual TLS (`gitops.etcdclient`)."""
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import time
@@ -71,8 +72,12 @@ class EtcdAdmin:
         self.close()
 
     def _post(self, path: str, body: dict[str, Any], urls: list[str] | None = None,
-              timeout: float = TIMEOUT) -> dict[str, Any]:
-        """POST to the first of `urls` (default: every member this admin knows) that answers."""
+              timeout: float = TIMEOUT, replay: bool = False) -> dict[str, Any]:
+        """POST to the first of `urls` (default: every member this admin knows) that answers. A request
+        that failed before it was sent (urllib's URLError: connecting, TLS, sending) goes to the next
+        one; one sent and not answered (a timeout, a reset) may have been applied all the same, so it
+        goes on only when `replay` (a read, or a write whose repetition changes nothing), else it is a
+        retryable error for the caller to check what etcd holds now."""
         errors, refused = [], True
         for url in urls or self.client_urls:
             request = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(),
@@ -84,7 +89,10 @@ class EtcdAdmin:
                 detail = err.read().decode(errors="replace")
                 raise EtcdError(f"etcd {path} at {url}: HTTP {err.code}: {detail}",
                                 retryable=err.code in (503, 504) or any(t in detail for t in TRANSIENT)) from None
-            except (urllib.error.URLError, OSError, ValueError) as err:
+            except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as err:
+                if not replay and not isinstance(err, urllib.error.URLError):
+                    raise EtcdError(f"etcd {path} at {url}: sent, no answer ({err}): it may have been applied",
+                                    retryable=True) from None
                 reason = getattr(err, "reason", err)
                 refused = refused and isinstance(reason, ConnectionRefusedError)
                 errors.append(f"{url}: {reason}")
@@ -99,7 +107,8 @@ class EtcdAdmin:
         time.sleep(seconds)
 
     def _settled(self, change, timeout: float = SETTLE):
-        """Run an idempotent membership change, retrying while etcd settles."""
+        """Run an idempotent membership change, retrying while etcd settles (each try reads the members
+        again: a change answered with an error, or not at all, may have been applied)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -110,27 +119,44 @@ class EtcdAdmin:
                 self._pause(1.0)
 
     def members(self) -> list[Member]:
-        data = self._post("/v3/cluster/member/list", {})
+        data = self._post("/v3/cluster/member/list", {}, replay=True)
         return sorted((Member(str(m["ID"]), m.get("name", ""), tuple(m.get("peerURLs", [])),
                               bool(m.get("isLearner", False)), tuple(m.get("clientURLs", [])))
                        for m in data.get("members", [])), key=lambda m: (m.name, m.id))
 
+    def _holding(self, peer_url: str) -> Member | None:
+        """The member holding `peer_url`, or None."""
+        return next((m for m in self.members() if peer_url in m.peer_urls), None)
+
     def add(self, peer_url: str, learner: bool = False) -> None:
         """Add a member by peer URL (as a non-voting learner when asked); one already holding it is success."""
         def change() -> None:
-            if not any(peer_url in m.peer_urls for m in self.members()):
+            if self._holding(peer_url) is not None:
+                return
+            try:
                 self._post("/v3/cluster/member/add", {"peerURLs": [peer_url], "isLearner": learner})
+            except EtcdError:
+                # an add answered with an error or not at all may be in etcd all the same (once applied, a
+                # repeated one answers "member ID already exist" or "Peer URLs already exists")
+                if self._holding(peer_url) is None:
+                    raise
         self._settled(change)
 
     def promote(self, peer_url: str, timeout: float = SETTLE) -> None:
         """Make the learner at `peer_url` a voting member, retrying while it catches up; a voter is success."""
         def change() -> None:
-            for m in self.members():
-                if peer_url in m.peer_urls:
-                    if m.learner:
-                        self._post("/v3/cluster/member/promote", {"ID": m.id})
-                    return
-            raise EtcdError(f"no etcd member with peer URL {peer_url} to promote")
+            member = self._holding(peer_url)
+            if member is None:
+                raise EtcdError(f"no etcd member with peer URL {peer_url} to promote")
+            if not member.learner:
+                return
+            try:
+                self._post("/v3/cluster/member/promote", {"ID": member.id})
+            except EtcdError:
+                # applied though unanswered, a repeated one answers "can only promote a learner member"
+                now = self._holding(peer_url)
+                if now is None or now.learner:
+                    raise
         self._settled(change, timeout)
 
     def wait_healthy(self, urls: list[str], timeout: float, what: str) -> None:
@@ -168,7 +194,7 @@ class EtcdAdmin:
     def _not_serving(self, url: str) -> str:
         """Why the member at `url` does not answer its status with a leader known, or "" when it does."""
         try:
-            status = self._post("/v3/maintenance/status", {}, [url])
+            status = self._post("/v3/maintenance/status", {}, [url], replay=True)
         except EtcdError as err:
             return str(err)
         return "no leader" if str(status.get("leader", "0")) in ("", "0") else ""
@@ -178,13 +204,14 @@ class EtcdAdmin:
         self._post("/v3/maintenance/defragment", {}, [url], timeout=DEFRAGMENT_TIMEOUT)
 
     def disarm(self, alarm: str) -> int:
-        """Clear every `alarm` (e.g. NOSPACE) the cluster holds; how many were cleared."""
-        raised = self._post("/v3/maintenance/alarm", {"action": "GET"}).get("alarms") or []
+        """Clear every `alarm` (e.g. NOSPACE) the cluster holds; how many were cleared. (etcd answers success
+        to clearing an alarm that is not raised, so one unanswered may be asked again of another member.)"""
+        raised = self._post("/v3/maintenance/alarm", {"action": "GET"}, replay=True).get("alarms") or []
         cleared = 0
         for entry in raised:
             if entry.get("alarm") == alarm:
                 self._post("/v3/maintenance/alarm", {"action": "DEACTIVATE", "memberID": entry.get("memberID"),
-                                                      "alarm": alarm})
+                                                      "alarm": alarm}, replay=True)
                 cleared += 1
         return cleared
 
@@ -194,7 +221,7 @@ class EtcdAdmin:
         election. True when leadership moved. A member that refuses the connection does not run, so it
         leads nothing (a run killed while it stopped, resumed: its peers' health is the gate's to check)."""
         try:
-            status = self._post("/v3/maintenance/status", {}, [client_url])
+            status = self._post("/v3/maintenance/status", {}, [client_url], replay=True)
         except EtcdError as err:
             if not err.refused:
                 raise
@@ -212,7 +239,7 @@ class EtcdAdmin:
         members), move leadership away from it first (to the first voting member holding a URL of
         `prefer`): a leader removed outright leaves the others without one until they elect another. True
         when leadership moved."""
-        leader = str(self._post("/v3/maintenance/status", {}).get("leader", ""))
+        leader = str(self._post("/v3/maintenance/status", {}, replay=True).get("leader", ""))
         member = next((m for m in self.members() if _is(m, name, peer_url)), None)
         if member is None or member.id != leader or not member.client_urls:
             return False
@@ -227,27 +254,47 @@ class EtcdAdmin:
         try:
             self._post("/v3/maintenance/transfer-leadership", {"targetID": ranked[0].id}, leader_urls)
         except EtcdError as err:
-            if not err.refused:
+            if err.refused:
+                # stopped (a killed run) while its peers still name it: they elect another without it
+                log.warning("etcd leader at %s refuses connections (%s): not running, nothing to hand off",
+                            leader_urls[0], err)
+                return False
+            # answered with an error or not at all, the transfer may have happened (or still happen): what the
+            # member says now decides (waiting for it only when the error may pass: a timeout, an election)
+            if not self._moved(leader, leader_urls, timeout if err.retryable else 0.0):
                 raise
-            # stopped (a killed run) while its peers still name it: they elect another without it
-            log.warning("etcd leader at %s refuses connections (%s): not running, nothing to hand off",
-                        leader_urls[0], err)
-            return False
+            return True
+        if not self._moved(leader, leader_urls, timeout):
+            raise EtcdError(f"etcd leadership did not move away from {leader_urls[0]} in {timeout:.0f}s")
+        return True
+
+    def _moved(self, leader: str, leader_urls: list[str], timeout: float) -> bool:
+        """Whether the member at `leader_urls` names a leader other than `leader` within `timeout` seconds."""
         deadline = time.monotonic() + timeout
-        while str(self._post("/v3/maintenance/status", {}, leader_urls).get("leader", "")) == leader:
+        while str(self._post("/v3/maintenance/status", {}, leader_urls, replay=True).get("leader", "")) == leader:
             if time.monotonic() > deadline:
-                raise EtcdError(f"etcd leadership did not move away from {leader_urls[0]} in {timeout:.0f}s")
+                return False
             self._pause(0.2)
         return True
 
     def remove(self, name: str, peer_url: str = "") -> bool:
-        """Remove the member called `name` (the one holding `peer_url`, when given); False when absent."""
+        """Remove the member called `name` (the one holding `peer_url`, when given); False when it was absent
+        before this call asked etcd to remove it."""
+        asked = False
+
         def change() -> bool:
-            for m in self.members():
-                if _is(m, name, peer_url):
-                    self._post("/v3/cluster/member/remove", {"ID": m.id})
-                    return True
-            return False
+            nonlocal asked
+            member = next((m for m in self.members() if _is(m, name, peer_url)), None)
+            if member is None:
+                return asked  # gone: by an earlier try of this call, whose answer was an error or none
+            asked = True
+            try:
+                self._post("/v3/cluster/member/remove", {"ID": member.id})
+            except EtcdError:
+                # applied though unanswered, a repeated one answers "member not found"
+                if any(m.id == member.id for m in self.members()):
+                    raise
+            return True
         return bool(self._settled(change))
 
 
