@@ -142,7 +142,12 @@ def make_clone(base: Path, repo: Path, entry: Path, records: Path, target: str) 
     subprocess.run(["git", "add", "-A", "."], cwd=status, check=True, env={**GIT_ENV, **index})
     tree = subprocess.run(["git", "write-tree"], cwd=status, check=True, capture_output=True, text=True,
                           env={**GIT_ENV, **index}).stdout.strip()
-    commit = git(clone, "commit-tree", tree, "-m", "applied")
+    # signed as the controller signs it (issue #42): the plan verifies it against --status-signers
+    key = base / "status-signing-key"
+    if not key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    commit = git(clone, "-c", "gpg.format=ssh", "-c", f"user.signingkey={key}", "commit-tree", "-S", tree, "-m",
+                 "applied")
     git(clone, "update-ref", f"refs/remotes/{REF}", commit)
     return clone
 
@@ -224,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         del validation, model
         clone = make_clone(base, repo, entry, records, target)
         log(f"status branch written ({sum(1 for _ in (entry / CLUSTERS_DIR).iterdir())} cluster snapshots); timing")
-        plan = [GITOPS, "plan", str(clone), "--against-status", REF, "--detailed-exitcode"]
+        plan = [GITOPS, "plan", str(clone), "--against-status", REF, "--detailed-exitcode", "--status-signers",
+                str(base / "status-signing-key.pub")]
         figures: dict[str, tuple[float, int, list[float]]] = {}
         figures["floor"] = best("bare floor (process)", [sys.executable, "-c", FLOOR_CODE, str(clone)], args.repeat,
                                 lambda code, out: None if code == 0 else sys.exit(out))

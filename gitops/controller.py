@@ -40,7 +40,8 @@ from gitops.observe.types import ObservedState
 from gitops.plan.actions import Action, Plan
 from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
 from gitops.status.backups import BACKUPS_DIR, take_due
-from gitops.status.branch import Note, StatusBranch, in_force_branch, record_in_force_branch
+from gitops.status.branch import (Note, StatusBranch, in_force_branch, in_force_signers, record_in_force_branch,
+                                  record_in_force_signers)
 from gitops.status.commit import commit_documents, converged_files, kubeconfig_files, placements_of
 from gitops.status.lease import ApplyLease, holder_id, lock_workdir
 from gitops.status.poll import NodeFilesCache, live_fingerprint
@@ -48,6 +49,7 @@ from gitops.status.reader import MANAGED, PUBLIC, SOURCE
 from gitops.status.replica import Replica, WriteAhead
 from gitops.status.report import Outcome, Result, apply_document, source_document
 from gitops.status.sealed_state import ControllerStateStore, Sealer
+from gitops.status.trust import SIGNING_KEY, BranchTrust, Signers, SigningKey, TrustError, Verifier, ensure_key
 
 log = logging.getLogger("gitops.controller")
 
@@ -86,6 +88,10 @@ class ControllerConfig:
     interval: float = 30.0
     lock_ttl: dt.timedelta = field(default_factory=lambda: dt.timedelta(minutes=10))
     status_branch: str | None = None  # overrides gitops.yaml's statusBranch
+    #: the SSH key status commits are signed with (default: `status-signing-key` in the workdir, made if missing)
+    status_signing_key: Path | None = None
+    #: read the status branch without verifying its signatures (loudly; labs only)
+    insecure_unverified_status: bool = False
     coordination: CoordinationFlags = field(default_factory=CoordinationFlags)
 
 
@@ -168,7 +174,16 @@ class Commits:
         return [str(d) for d in validation.diagnostics], validation
 
     def last_good(self, sha: str) -> Validation:
-        """The validation of the commit in force, checked out again (a refused commit keeps it applied)."""
+        """The validation of the commit in force, checked out again (a refused commit keeps it applied). It
+        is verified as the tip is: signed as the policy asks, and on the followed branch; otherwise nothing
+        is applied (`GitopsError` says why)."""
+        try:
+            self.source.verify(sha)
+        except SignatureError as err:
+            raise GitopsError(f"the commit in force {sha[:12]} is not applied: {err}") from None
+        if not self.source.on_branch(sha):
+            raise GitopsError(f"the commit in force {sha[:12]} is not applied: it is not on the followed branch "
+                              f"{self.source.branch}")
         validation = validate_repo(self.source.checkout(sha).path, self.identity)
         if validation.model is None:
             raise GitopsError(f"the last good commit {sha[:12]} no longer validates")
@@ -190,6 +205,13 @@ class Controller:
         self.store = ControllerStateStore(self.sealer, config.workdir / "state-cache")
         self._workdir_lock = lock_workdir(config.workdir)
         self.holder = holder_id(config.workdir)
+        if config.status_signing_key is not None and not config.status_signing_key.is_file():
+            raise TrustError(f"--status-signing-key {config.status_signing_key}: no such file")
+        self.signing_key: SigningKey = (SigningKey(config.status_signing_key) if config.status_signing_key
+                                        else ensure_key(config.workdir / SIGNING_KEY, f"gitops-status@{self.holder}"))
+        if config.insecure_unverified_status:
+            log.warning("--insecure-unverified-status: the status branch is read WITHOUT verifying who signed "
+                        "it; anyone who can push there can change what this controller does")
         self.stop = threading.Event()
         self.metrics = metrics or Metrics()
         self.notifier = Notifier(spool=config.workdir / NOTIFICATIONS_SPOOL)
@@ -214,11 +236,18 @@ class Controller:
         """This replica's Leases (None: no spec.coordination, the git lock serializes controllers)."""
         return self.replica.member
 
-    def status_branch(self, name: str) -> StatusBranch:
+    def status_branch(self, name: str, signers: tuple[str, ...] = ()) -> StatusBranch:
+        """The status branch `name`, signing with this controller's key and reading only commits signed by
+        `signers` (spec.status.signers of the commit in force) or by this controller's own key."""
         name = self.config.status_branch or name
         if name not in self._status:
             self._status[name] = StatusBranch(self.config.repo, self.config.workdir, name)
-        return self._status[name]
+        branch = self._status[name]
+        pinned = Signers.parse(signers, "spec.status.signers").plus([self.signing_key.signer])
+        if branch.trust is None or branch.trust.verifier.signers != pinned:
+            branch.trust = BranchTrust(Verifier(pinned, insecure=self.config.insecure_unverified_status),
+                                       self.signing_key)
+        return branch
 
     # ------------------------------------------------------------------ one reconcile
 
@@ -267,6 +296,7 @@ class Controller:
         refusal, validation = self.commits.check(revision)
         ok = validation is not None and validation.ok
         branch_name = validation.repo.config.status_branch if ok else in_force_branch(self.config.workdir)
+        signers = validation.repo.config.status_signers if ok else in_force_signers(self.config.workdir)
         self.replica.coordinate(validation.repo.config if ok else None)
         scope = self.replica.scope(validation.model if ok else None)
         if scope is not None and not scope.held:
@@ -274,18 +304,24 @@ class Controller:
                 self.notifier.resume(validation.repo.config.notifications)  # what it queued before a restart
             log.info("standing by: this replica holds no Lease", extra={"sha": sha, "identity": self.identity})
             return Outcome(sha=sha, result=Result.STANDING_BY, message="standing by: this replica holds no Lease")
-        status = self.status_branch(branch_name)
+        status = self.status_branch(branch_name, signers)
         status.sync()
+        untrusted = self._untrusted(status, now, validation.repo.config.notifications if ok else ())
         origin = self.store.restore(status.read, use_cache=scope is None)
         log.info("state restored", extra={"from": origin, "generation": self.store.generation})
         applied_before = status.reader.applied_sha()
         refused: Outcome | None = None
         if refusal:
-            good = self.commits.last_good(applied_before) if applied_before else None
+            in_force_ok = True
+            try:
+                good = self.commits.last_good(applied_before) if applied_before else None
+            except GitopsError as err:  # the commit in force fails the policy now: nothing is applied
+                refusal, good, in_force_ok = [*refusal, str(err)], None, False
             if good is not None:
                 self.notifier.resume(good.repo.config.notifications)  # what a killed process left unsent first
             refused = self._refuse(revision.sha, refusal, applied_before, status, now, scope,
-                                   good.repo.config.notifications if good is not None else ())
+                                   good.repo.config.notifications if good is not None else (), untrusted,
+                                   in_force_ok)
             if good is None:
                 return refused
             target = Target(applied_before, good)  # keeps healing drift
@@ -296,7 +332,7 @@ class Controller:
             self.notifier.resume(validation.repo.config.notifications)  # what a killed process left unsent
         applied = self._apply(target, status, live if live is not None and target.sha == sha else None, scope)
         self._in_force = (target, scope)
-        outcome = self._report(target, applied, refused, applied_before, status, now, scope)
+        outcome = self._report(target, applied, refused, applied_before, status, now, scope, untrusted)
         self._remember(target, applied, outcome, refused, scope)
         return outcome
 
@@ -344,14 +380,31 @@ class Controller:
 
     # ------------------------------------------------------------------ stages
 
+    def _untrusted(self, status: StatusBranch, now: dt.datetime,
+                   notify: tuple[NotificationTarget, ...]) -> tuple[str, str] | None:
+        """The status branch's tip set aside by the last sync (unsigned, signed by a key not pinned, or
+        rolled back), reported: logged (by the branch), counted, and notified; None when it was trusted."""
+        untrusted = status.untrusted
+        if untrusted is None:
+            return None
+        self.metrics.untrusted_status.inc()
+        self.notifier.send(notify, Event(untrusted[0], "UntrustedStatus",
+                                         f"status commit {untrusted[0][:12]} on {status.branch} set aside: "
+                                         f"{untrusted[1]}", errors=(untrusted[1],),
+                                         time=now.isoformat(timespec="seconds")))
+        return untrusted
+
     def _refuse(self, sha: str, refusal: list[str], applied_before: str, status: StatusBranch,
                 now: dt.datetime, scope: Scope | None = None,
-                notify: tuple[NotificationTarget, ...] = ()) -> Outcome:
+                notify: tuple[NotificationTarget, ...] = (), untrusted: tuple[str, str] | None = None,
+                in_force_ok: bool = True) -> Outcome:
         log.warning("commit refused", extra={"sha": sha, "errors": len(refusal)})
+        kept = applied_before and in_force_ok
         outcome = Outcome(sha=sha, result=Result.REFUSED, errors=tuple(refusal), applied_sha=applied_before,
                           message=f"commit {sha[:12]} refused: {refusal[0]}" + (
                               f" (and {len(refusal) - 1} more)" if len(refusal) > 1 else "")
-                          + (f"; {applied_before[:12]} stays in force" if applied_before else ""))
+                          + (f"; {applied_before[:12]} stays in force" if kept else ""),
+                          untrusted_status=untrusted)
         if scope is None or scope.owns_global:  # one replica reports the commit itself
             committed = status.publish(
                 lambda s: s.write_tree({SOURCE: source_document(outcome, s.read, now)}, (SOURCE,)),
@@ -411,7 +464,8 @@ class Controller:
                                    duration=round(time.monotonic() - began, 1))
 
     def _report(self, target: Target, applied: Applied, refused: Outcome | None, applied_before: str,
-                status: StatusBranch, now: dt.datetime, scope: Scope | None = None) -> Outcome:
+                status: StatusBranch, now: dt.datetime, scope: Scope | None = None,
+                untrusted: tuple[str, str] | None = None) -> Outcome:
         """One status commit: source, the executed plan, resources, SIPClusters, kubeconfigs, state. One of
         several replicas writes only its shards' files (and the global ones if it holds shard 0), the
         state merged with the branch's, and a `status/Shard/<lease>.yaml` per Lease it holds."""
@@ -419,7 +473,8 @@ class Controller:
         in_force = sha if applied.result == Result.APPLIED else applied_before
         if in_force == sha:
             record_in_force_branch(self.config.workdir, config.status_branch)
-        report = _reported(sha, applied, refused, in_force)
+            record_in_force_signers(self.config.workdir, config.status_signers)
+        report = dataclasses.replace(_reported(sha, applied, refused, in_force), untrusted_status=untrusted)
         record = None
         if applied.plan is not None and (applied.actions or applied.error or applied.follow_up is not None):
             record = apply_document(sha, applied.plan, applied.actions, applied.error, applied.stopped,

@@ -29,6 +29,9 @@ class Metrics:
                                 registry=self.registry)
         self.backup_ok = Gauge("gitops_etcd_backup_ok", "1 when the cluster's last etcd snapshot attempt worked.",
                                ["cluster"], registry=self.registry)
+        self.untrusted_status = Counter("gitops_status_untrusted_commits_total",
+                                        "Status-branch tips set aside: unsigned, signed by a key not pinned, or not "
+                                        "descending from the last status commit verified.", registry=self.registry)
         self.last_loop = time.time()
         self.last_result = ""
 

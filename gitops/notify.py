@@ -2,7 +2,11 @@
 Slack-compatible payload), from a background thread with retries and backoff, so that a receiver that is
 slow or down never blocks a reconcile (I/O). With a spool directory (the controller's workdir), each queued
 event is a file until it is sent or given up, so a controller killed meanwhile sends it after its restart:
-delivery is at least once (a receiver may see an event twice, same `commit` and `statusCommit`)."""
+delivery is at least once (a receiver may see an event twice, same `commit` and `statusCommit`).
+
+What an event says comes from the repo (a commit's file names, its errors): untrusted text. Slack's `text`
+escapes it (`&`, `<`, `>`) so it never becomes a mention or a link; the webhook JSON carries it raw. The
+spool is read without following a link or opening anything but a regular file (`safeio.read_regular`)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +14,7 @@ import logging
 import os
 import queue
 import random
+import stat
 import threading
 import time
 import urllib.error
@@ -18,12 +23,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from gitops.model.config import NotificationTarget
-from gitops.safeio import write_atomic
+from gitops.printable import printable
+from gitops.safeio import FileRefused, read_regular, write_atomic
 
 log = logging.getLogger(__name__)
 
 #: the outcomes a target may ask for (`events`)
-EVENTS = ("Applied", "Failed", "Refused", "Incomplete")
+EVENTS = ("Applied", "Failed", "Refused", "Incomplete", "UntrustedStatus")
 #: events waiting at most (beyond: dropped with a log line), and the size read of one spooled event
 MAX_QUEUED = 1000
 MAX_SPOOLED_BYTES = 1 << 20
@@ -55,15 +61,25 @@ def webhook_payload(event: Event) -> dict:
             "time": event.time}
 
 
-_ICON = {"Applied": ":white_check_mark:", "Failed": ":x:", "Refused": ":no_entry:", "Incomplete": ":warning:"}
+_ICON = {"Applied": ":white_check_mark:", "Failed": ":x:", "Refused": ":no_entry:", "Incomplete": ":warning:",
+         "UntrustedStatus": ":rotating_light:"}
+
+
+def slack_escape(text: str) -> str:
+    """`text` as Slack reads it literally: its control characters `&`, `<` and `>` as `&amp;`, `&lt;` and
+    `&gt;`, so `<!channel>` or `<https://evil.example|log in>` from a commit is shown, never acted on."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def slack_payload(event: Event) -> dict:
-    """A Slack incoming-webhook message (`text`, Slack's mrkdwn), which Mattermost and others also take."""
-    lines = [f"{_ICON.get(event.result, '')} gitops *{event.result}* `{event.commit[:12]}`: {event.message}".strip(),
+    """A Slack incoming-webhook message (`text`, Slack's mrkdwn), which Mattermost and others also take.
+    Every value of the event is escaped (`slack_escape`); only the icon, `*`s and backquotes are gitops's."""
+    e = slack_escape
+    lines = [f"{_ICON.get(event.result, '')} gitops *{e(event.result)}* `{e(event.commit[:12])}`: "
+             f"{e(event.message)}".strip(),
              f"actions: {event.actions_done} done, {event.actions_failed} failed of {event.actions_planned} planned"]
-    lines += [f"• {e}" for e in event.errors[:10]]
-    lines += [f"• not observed: {s}" for s in event.incomplete[:10]]
+    lines += [f"• {e(error)}" for error in event.errors[:10]]
+    lines += [f"• not observed: {e(source)}" for source in event.incomplete[:10]]
     return {"text": "\n".join(lines)}
 
 
@@ -98,13 +114,14 @@ class Notifier:
     def resume(self, targets: tuple[NotificationTarget, ...]) -> None:
         """Once per process: queue the events an earlier process spooled and did not finish, oldest first,
         for the targets still configured under their names (others are dropped with a log line). Never
-        raises: a spool that cannot be read is logged and left alone."""
+        raises: a spool that cannot be read is logged and left alone, and so is an entry in it that is not a
+        regular file (a link, a FIFO, a directory, a device: never followed nor opened)."""
         if self._resumed or self.spool is None:
             return
         self._resumed = True
         by_name = {t.name: t for t in targets}
         try:
-            names = sorted(os.listdir(self.spool))
+            names = _spool_files(self.spool)
         except FileNotFoundError:
             return
         except OSError as err:
@@ -118,6 +135,10 @@ class Notifier:
                 continue
             try:
                 target, event = _spooled(path, by_name)
+            except FileRefused as err:  # too large for one of gitops's, or put in its place since listed
+                log.warning(f"spooled notification {printable(name)} skipped: {err.reason}; left alone",
+                            extra={"file": str(path), "error": err.reason})
+                continue
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
                 log.warning("spooled notification unreadable: dropped", extra={"file": str(path), "error": str(err)})
                 _remove(path)
@@ -206,13 +227,43 @@ class Notifier:
                 time.sleep(self.backoff * 2 ** (attempt - 1) * random.uniform(0.8, 1.2))
 
 
+def _spool_files(spool: Path) -> list[str]:
+    """The names of the regular files in `spool`, sorted (oldest first); every other entry (a link, a FIFO,
+    a directory, a device) is logged with its name and left alone, never followed nor opened."""
+    names = []
+    with os.scandir(spool) as entries:
+        for entry in entries:
+            try:
+                regular = entry.is_file(follow_symlinks=False)
+            except OSError:
+                regular = False
+            if regular:
+                names.append(entry.name)
+                continue
+            kind = _kind(entry)
+            log.warning(f"notification spool entry {printable(entry.name)} skipped: it is {kind}, not a regular "
+                        "file; left alone", extra={"file": entry.path, "error": f"is {kind}"})
+    return sorted(names)
+
+
+def _kind(entry: os.DirEntry) -> str:
+    """What a spool entry that is no regular file is, as a log line says it (its own, never a link's target)."""
+    try:
+        mode = entry.stat(follow_symlinks=False).st_mode
+    except OSError:
+        return "gone or unreadable"
+    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def _spooled(path: Path, targets: dict[str, NotificationTarget]) -> tuple[NotificationTarget | None, Event]:
-    """A spool file's target (None: not configured) and event; ValueError and the like when it is not one."""
-    with open(path, "rb") as handle:
-        text = handle.read(MAX_SPOOLED_BYTES + 1)
-    if len(text) > MAX_SPOOLED_BYTES:
-        raise ValueError(f"larger than {MAX_SPOOLED_BYTES} bytes")
-    data = json.loads(text)
+    """A spool file's target (None: not configured) and event; `FileRefused` when it is no regular file (or
+    too large), ValueError and the like when it is not one."""
+    data = json.loads(read_regular(path, MAX_SPOOLED_BYTES, name=path.name))
     known = {f.name for f in fields(Event)}
     raw = data["event"]
     if not isinstance(raw, dict) or not isinstance(data["target"], str):

@@ -84,6 +84,13 @@ class GitSource:
             raise SourceError(f"cannot check out {sha[:12]}: {_git_message(err)}") from None
         return Revision(sha=sha, path=self.dir, subject=str(commit.summary))
 
+    def on_branch(self, sha: str) -> bool:
+        """Whether `sha` is the fetched tip of the followed branch or one of its ancestors."""
+        status, _, _ = self.repo.git.execute(
+            ["git", "merge-base", "--is-ancestor", sha, f"refs/remotes/origin/{self.branch}"],
+            with_extended_output=True, with_exceptions=False)
+        return status == 0
+
     def verify(self, sha: str) -> str:
         """Check the commit's signature against the policy; returns git's description of the signer."""
         policy = self.signatures

@@ -138,11 +138,17 @@ $G lab check-host --dir "$LAB"
 echo "== handing the lab to a controller: the repo in git, the state pushed to its status branch, gitops watch --ui"
 ORIGIN=$WORK/origin.git
 git init -q --bare -b main "$ORIGIN"
+# the controller signs its status commits with a key in its workdir; the repo pins it, so every reader
+# of the status branch (gitops status, plan --against-status, the UI) trusts only what it signed
+SIGNER=$($G status-key --workdir "$WORK/controller" --principal demo-controller)
+printf '  status:\n    signers:\n      - %s\n' "$SIGNER" >> "$REPO/gitops.yaml"
+$G validate "$REPO"
 git -C "$REPO" init -q -b main
 git -C "$REPO" add -A
 git -C "$REPO" -c user.name="gitops demo" -c user.email=demo@example.invalid commit -qm "the demo's repo"
 git -C "$REPO" push -q "$ORIGIN" HEAD:main
-$G state push --repo "$ORIGIN" --state-dir "$STATE" --identity "$WORK/controller.key"
+$G state push --repo "$REPO" --state-dir "$STATE" --identity "$WORK/controller.key" \
+    --signing-key "$WORK/controller/status-signing-key"
 PORT=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 nohup $G watch --repo "$ORIGIN" --workdir "$WORK/controller" --identity "$WORK/controller.key" --interval 30s \
     --metrics-address "127.0.0.1:$PORT" --ui > "$WORK/controller.log" 2>&1 &

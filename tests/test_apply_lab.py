@@ -411,8 +411,12 @@ def test_the_controller_refuses_a_lab_applied_by_hand_until_its_state_is_pushed(
         assert "does not match what runs on the hypervisors" in refused.stdout + refused.stderr
         assert "cluster team-a: no certificate authority recorded for it" in refused.stdout + refused.stderr
         assert {c: running(world, c) for c in ("team-a", "team-b")} == before
+        # signed with the controller's own status key (made by `status-key`), which it trusts
+        world.gitops("status-key", "--workdir", str(world.dir / "handover-work"))
+        signing = world.dir / "handover-work" / "status-signing-key"
         pushed = world.gitops("state", "push", "--repo", str(origin), "--state-dir", str(world.state),
-                              "--identity", str(key))
+                              "--identity", str(key), "--signing-key", str(signing), "--status-signers",
+                              f"{signing}.pub")
         assert "as generation 1" in pushed.stdout
         done = subprocess.run(reconcile, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr

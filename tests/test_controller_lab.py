@@ -314,7 +314,8 @@ def test_pull_request_plan_against_the_status_branch(loop):
     for path in (pr / "hypervisors").iterdir():
         text = path.read_text()
         path.write_text(text.replace("containerd.sock", "nowhere.sock").replace(":10250", ":1"))
-    unchanged = subprocess.run([GITOPS, "plan", str(pr), "--against-status", "origin/gitops/status",
+    pinned = ["--status-signers", str(loop.workdir / "status-signing-key.pub")]  # the controller's own key
+    unchanged = subprocess.run([GITOPS, "plan", str(pr), "--against-status", "origin/gitops/status", *pinned,
                                 "--detailed-exitcode"], capture_output=True, text=True)
     assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr
     # the controller recorded each converged cluster: the cold plan compiles none of them (issue #31)
@@ -326,12 +327,13 @@ def test_pull_request_plan_against_the_status_branch(loop):
     docs = [d for d in yaml.safe_load_all((pr / "clusters/team-c/nodes.yaml").read_text())
             if d and d["metadata"]["name"] != "team-c-cp-1"]
     (pr / "clusters/team-c/nodes.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    changed = subprocess.run([GITOPS, "plan", str(pr), "--against-status", "origin/gitops/status",
+    changed = subprocess.run([GITOPS, "plan", str(pr), "--against-status", "origin/gitops/status", *pinned,
                               "--format", "markdown", "--detailed-exitcode"], capture_output=True, text=True)
     assert changed.returncode == 2, changed.stdout + changed.stderr
     assert "- team-c-cp-1 on " in changed.stdout and "remove pod: Node team-c-cp-1 left the repo" in changed.stdout
     assert f"{len(clusters) - 1} cluster(s) not planned again" in changed.stdout, changed.stdout
-    status = subprocess.run([GITOPS, "status", "--repo", str(pr), "-o", "json"], capture_output=True, text=True)
+    status = subprocess.run([GITOPS, "status", "--repo", str(pr), "-o", "json", *pinned], capture_output=True,
+                            text=True)
     data = json.loads(status.stdout)
     assert data["clusters"]["team-c"]["phase"] == "Ready"
 
@@ -499,14 +501,15 @@ def test_the_controller_backs_up_etcd_on_schedule_and_reports_it(loop):
     assert loop.status_log()[0] == "backup: 1 snapshot(s)"
     loop.reconcile()  # inside the interval: no snapshot, no commit
     assert yaml.safe_load(loop.status_file("backups/team-a.yaml"))["status"]["lastSnapshot"] == last
-    status = subprocess.run([GITOPS, "status", "--repo", str(loop.origin), "--ref", "gitops/status"],
+    pinned = ["--status-signers", str(loop.workdir / "status-signing-key.pub")]  # the controller's own key
+    status = subprocess.run([GITOPS, "status", "--repo", str(loop.origin), "--ref", "gitops/status", *pinned],
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr
     assert "LAST BACKUP" in status.stdout and last["id"][:8] in status.stdout, status.stdout
     state_dir = loop.base / "pulled-state"
     try:
         subprocess.run([GITOPS, "state", "pull", "--repo", str(loop.origin), "--state-dir", str(state_dir),
-                        "--identity", str(loop.controller_key)], check=True, capture_output=True, timeout=120)
+                        "--identity", str(loop.controller_key), *pinned], check=True, capture_output=True, timeout=120)
         made = subprocess.run([GITOPS, "backup", "create", str(loop.work), "--cluster", "team-a",
                                "--state-dir", str(state_dir), "--identity", str(loop.controller_key)],
                               capture_output=True, text=True, timeout=300)

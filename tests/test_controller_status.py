@@ -86,12 +86,14 @@ def test_a_refused_commit_is_reported_on_the_status_branch_in_force(tmp_path: Pa
     # the CLI finds the same branch from the clone's gitops.yaml and reads it
     clone = tmp_path / "clone"
     git(tmp_path, "clone", "-q", str(origin), str(clone))
-    shown = subprocess.run([GITOPS, "status", "--repo", str(clone), "-o", "json"], capture_output=True, text=True)
+    pinned = ["--status-signers", str(workdir / "status-signing-key.pub")]  # (the controller's own key)
+    shown = subprocess.run([GITOPS, "status", "--repo", str(clone), "-o", "json", *pinned], capture_output=True,
+                           text=True)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     data = json.loads(shown.stdout)
     assert data["ref"] == "origin/something-else" and data["source"]["result"] == "Refused"
     assert data["source"]["appliedSHA"] == good and data["clusters"] == {}
     git(clone, "checkout", "-q", good)
-    planned = subprocess.run([GITOPS, "plan", str(clone), "--against-status", "origin/something-else",
+    planned = subprocess.run([GITOPS, "plan", str(clone), "--against-status", "origin/something-else", *pinned,
                               "--detailed-exitcode"], capture_output=True, text=True)
     assert planned.returncode == 0, planned.stdout + planned.stderr

@@ -1,16 +1,22 @@
 """restic, run against one backup target: init on first use, back up, list, forget, dump.
 
-The password reaches restic in its environment (RESTIC_PASSWORD), never on a command line or
-disk. Snapshots of a cluster carry the tags `gitops`, `cluster=NAME`, `revision=N`, `bytes=N`
-and `member=NODE`, so listing them needs no repository walk (restic 0.14 keeps no size).
+restic gets an environment of its own (`environment`), never the controller's whole one: only that
+reaches restic and the ssh it runs for an sftp target. The password reaches restic through
+`--password-file /proc/self/fd/N`, a pipe restic reads to its end before it opens the repository:
+never in an environment (restic hands its own to ssh), on a command line or on disk.
+
+Snapshots of a cluster carry the tags `gitops`, `cluster=NAME`, `revision=N`, `bytes=N` and
+`member=NODE`, so listing them needs no repository walk (restic 0.14 keeps no size).
 """
 from __future__ import annotations
 
 import datetime as dt
+import fnmatch
 import json
 import os
 import re
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
@@ -24,6 +30,12 @@ RESTIC = "restic"
 NOT_INITIALISED = ("Is there a repository at the following location?", "unable to open config file")
 #: a restic call longer than this is stuck (a snapshot of a full 8 GiB etcd takes minutes, not hours)
 TIMEOUT = 3600.0
+#: the controller's environment variables every restic run gets (`PREFIX*`: each that starts so); a target's
+#: kind adds its own (`targets.TargetKind.env`). restic's tuning knobs only: no RESTIC_PASSWORD*, no repository.
+ENVIRONMENT = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "RESTIC_PACK_SIZE", "RESTIC_COMPRESSION",
+               "RESTIC_READ_CONCURRENCY")
+#: the longest password: what any pipe holds before restic reads it (one page, PIPE_BUF)
+MAX_PASSWORD = 4096
 
 
 class BackupError(GitopsError):
@@ -35,6 +47,39 @@ def stored_name(cluster: str) -> str:
     return f"{cluster}-etcd.db"
 
 
+def environment(target: BackupTarget, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """restic's whole environment for `target`: of `environ` (default: the controller's), only the variables
+    of ENVIRONMENT and of the target's kind; PATH at least the system default. Never a password."""
+    environ = os.environ if environ is None else environ
+    wanted = (*ENVIRONMENT, *kind_of(target).env)
+    env = {name: value for name, value in environ.items()
+           if any(fnmatch.fnmatchcase(name, pattern) for pattern in wanted)}
+    env.setdefault("PATH", os.defpath)
+    return env
+
+
+def _password_pipe(target: BackupTarget) -> int:
+    """The read end of a pipe holding the target's password whole (its write end closed), for restic's
+    `--password-file /proc/self/fd/N`: read once, before the repository (and an sftp target's ssh) opens."""
+    password = target.password.encode()
+    if target.password != target.password.strip():  # restic trims a password file's whitespace
+        raise BackupError(f"backup target {target.name}: its password begins or ends with whitespace, which "
+                          "restic cuts off a password file; use one without (`restic key passwd` changes it)")
+    if len(password) > MAX_PASSWORD:
+        raise BackupError(f"backup target {target.name}: its password is longer than {MAX_PASSWORD} bytes")
+    read, write = os.pipe()
+    try:
+        os.set_blocking(write, False)  # (it fits a pipe's buffer: a pipe that is smaller fails, never waits)
+        if os.write(write, password) != len(password):
+            raise BlockingIOError
+    except OSError:
+        os.close(read)
+        raise BackupError(f"backup target {target.name}: its password does not fit a pipe to restic") from None
+    finally:
+        os.close(write)
+    return read
+
+
 class Restic:
     def __init__(self, target: BackupTarget, binary: str = RESTIC):
         self.target = target
@@ -42,17 +87,18 @@ class Restic:
 
     def _run(self, *args: str, stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
              check: bool = True) -> subprocess.CompletedProcess:
-        env = {**os.environ, "RESTIC_PASSWORD": self.target.password}
-        env.pop("RESTIC_PASSWORD_FILE", None)
-        env.pop("RESTIC_PASSWORD_COMMAND", None)
+        password = _password_pipe(self.target)
         try:
-            done = subprocess.run([*self._argv, *args], stdin=stdin if stdin is not None else subprocess.DEVNULL,
+            done = subprocess.run([*self._argv, "--password-file", f"/proc/self/fd/{password}", *args],
+                                  stdin=stdin if stdin is not None else subprocess.DEVNULL,
                                   stdout=stdout if stdout is not None else subprocess.PIPE, stderr=subprocess.PIPE,
-                                  env=env, timeout=TIMEOUT, check=False)
+                                  env=environment(self.target), pass_fds=(password,), timeout=TIMEOUT, check=False)
         except FileNotFoundError:
             raise BackupError("restic is not installed (Debian: apt install restic)") from None
         except subprocess.TimeoutExpired:
             raise BackupError(f"backup target {self.target.name}: restic {args[0]} took over {TIMEOUT:.0f}s") from None
+        finally:
+            os.close(password)
         if check and done.returncode != 0:
             raise BackupError(f"backup target {self.target.name}: restic {args[0]} failed: {self._why(done)}")
         return done

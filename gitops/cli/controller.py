@@ -23,7 +23,8 @@ from gitops.gitclone import as_url
 from gitops.metrics import serve
 from gitops.source import SignaturePolicy
 from gitops.status.backups import BACKUPS_DIR
-from gitops.status.reader import StatusReader, branch_of_checkout
+from gitops.cli.trust import reader_options, reader_verifier
+from gitops.status.reader import StatusReader, branch_of_checkout, signers_of_checkout
 from gitops.status.report import Result
 
 log = logging.getLogger("gitops.controller")
@@ -55,6 +56,11 @@ def controller_options(f):
         click.option("--gpg-home", type=click.Path(file_okay=False, exists=True, path_type=Path),
                      help="Require commits signed by a key in this GnuPG home."),
         click.option("--status-branch", help="Override gitops.yaml's statusBranch."),
+        click.option("--status-signing-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+                     help="SSH private key that signs status commits (default: WORKDIR/status-signing-key, made "
+                          "if missing); list its public key in spec.status.signers."),
+        click.option("--insecure-unverified-status", is_flag=True,
+                     help="Read the status branch without verifying its signatures (labs only; loud)."),
         click.option("--allow-mass-delete", is_flag=True, help="Allow removing more pods than prune.maxDeletes."),
         click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True),
         click.option("--coordination", "coordination_mode", type=click.Choice(["leader", "shards"]),
@@ -79,7 +85,8 @@ def build(repo: str, branch: str, workdir: Path, identity: Path | None, insecure
           allow_mass_delete: bool, log_format: str, interval: float = 30.0, coordination_mode: str | None = None,
           coordination_kubeconfig: str | None = None, coordination_namespace: str | None = None,
           shards: int | None = None, replica_id: str | None = None, lease_duration: int | None = None,
-          renew_deadline: int | None = None, retry_period: int | None = None) -> Controller:
+          renew_deadline: int | None = None, retry_period: int | None = None,
+          status_signing_key: Path | None = None, insecure_unverified_status: bool = False) -> Controller:
     logs.setup(log_format)
     if insecure_plaintext_secrets:
         log.warning("INSECURE: --insecure-plaintext-secrets writes private keys to git in plaintext; labs only")
@@ -90,6 +97,8 @@ def build(repo: str, branch: str, workdir: Path, identity: Path | None, insecure
         identity=read_identity(identity) if identity else None,
         insecure_plaintext_secrets=insecure_plaintext_secrets, signatures=signatures,
         allow_mass_delete=allow_mass_delete, interval=interval, status_branch=status_branch,
+        status_signing_key=status_signing_key.absolute() if status_signing_key else None,
+        insecure_unverified_status=insecure_unverified_status,
         coordination=CoordinationFlags(
             mode=coordination_mode, namespace=coordination_namespace, shards=shards, replica_id=replica_id,
             kubeconfig=str(Path(coordination_kubeconfig).absolute()) if coordination_kubeconfig else None,
@@ -121,26 +130,33 @@ def reconcile(once: bool, **options) -> None:
 @click.option("--watch-local/--no-watch-local", default=True, show_default=True,
               help="When --repo is a local working copy, reconcile as soon as a commit lands (debounced).")
 @click.option("--ui", "with_ui", is_flag=True,
-              help="Also serve the read-only web UI (as `gitops ui`) on --metrics-address, beside /metrics.")
-def watch(interval: str, metrics_address: str, watch_local: bool, with_ui: bool, **options) -> None:
+              help="Also serve the read-only web UI (as `gitops ui`): beside /metrics when --metrics-address is on "
+                   "loopback, else on --ui-address.")
+@click.option("--ui-address", default="", envvar="GITOPS_UI_ADDRESS",
+              help="host:port of the UI ($GITOPS_UI_ADDRESS; default: beside /metrics on a loopback "
+                   "--metrics-address, else 127.0.0.1:8080). The UI leaves loopback only when this says so.")
+@click.option("--ui-allowed-host", "ui_allowed_hosts", multiple=True, metavar="NAME[:PORT]",
+              envvar="GITOPS_UI_ALLOWED_HOSTS",
+              help="Host header names the UI also answers (as `gitops ui --ui-allowed-host`); repeatable.")
+def watch(interval: str, metrics_address: str, watch_local: bool, with_ui: bool, ui_address: str,
+          ui_allowed_hosts: tuple[str, ...], **options) -> None:
     """Run the controller: reconcile every --interval until SIGTERM (which finishes the current action)."""
     seconds = parse_duration(interval)
     controller = build(**options, interval=seconds)
-    if with_ui and not metrics_address:
-        raise click.UsageError("--ui is served on --metrics-address: give one")
-    if metrics_address:
-        fallback = None
-        if with_ui:
-            from gitops.cli.ui import ui_app  # here: the web framework loads only when asked for
+    fallback = ui_server = server = None
+    if with_ui:
+        from gitops.cli.ui import watch_ui  # here: the web framework loads only when asked for
 
-            config = controller.config
-            fallback = ui_app(config.repo, config.branch, config.status_branch or "",
-                              config.workdir / "ui-mirror", refresh=5.0, strict=False)
+        config = controller.config
+        fallback, ui_server = watch_ui(config.repo, config.branch, config.status_branch or "",
+                                       config.workdir / "ui-mirror", metrics_address, ui_address, ui_allowed_hosts)
+    if metrics_address:
         server = serve(controller.metrics, metrics_address, stale_after=max(3 * seconds, 300), fallback=fallback)
-        log.info("serving /metrics and /healthz" + (" and the UI" if with_ui else ""),
+        log.info("serving /metrics and /healthz" + (" and the UI" if fallback else ""),
                  extra={"address": server.address})
-        if with_ui:
-            click.echo(f"gitops ui: http://{server.address}/", err=True)
+    if with_ui:
+        log.info("serving the UI", extra={"address": (ui_server or server).address})  # type: ignore[union-attr]
+        click.echo(f"gitops ui: http://{(ui_server or server).address}/", err=True)  # type: ignore[union-attr]
     trigger = controller.trigger
 
     def stop(signum, _frame) -> None:
@@ -216,9 +232,13 @@ def last_backup(doc: dict | None, now: dt.datetime) -> str:
 @click.option("--ref", default=None, help="Status ref (default: origin/<statusBranch>, else <statusBranch>).")
 @click.option("--cluster", help="Show one cluster and its nodes.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def status(repo: Path, ref: str | None, cluster: str | None, output: str) -> None:
-    """Show the controller's status branch: clusters, or one cluster's nodes."""
-    reader = StatusReader.for_clone(repo, ref)
+@reader_options
+def status(repo: Path, ref: str | None, cluster: str | None, output: str, status_signers: Path | None,
+           insecure_unverified_status: bool) -> None:
+    """Show the controller's status branch: clusters, or one cluster's nodes (its tip verified against
+    spec.status.signers of the clone's gitops.yaml and --status-signers)."""
+    verifier = reader_verifier(signers_of_checkout(repo), status_signers, insecure_unverified_status)
+    reader = StatusReader.for_clone(repo, ref, verifier)
     ref = reader.ref
     src = reader.source()
     docs = {kind: reader.documents(kind) for kind in ("Cluster", "Node", "Hypervisor", "SIPCluster", "Shard")}

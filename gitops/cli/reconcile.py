@@ -26,6 +26,7 @@ from gitops.printable import printable
 from gitops.secrets import load_identities, public_recipient
 from gitops.state import LocalDirStore
 from gitops.state.records import ClusterRecord
+from gitops.cli.trust import reader_options, reader_verifier
 from gitops.status.against import plan_against_status
 from gitops.status.commit import converged_records
 from gitops.status.snapshot import live_fingerprints
@@ -91,8 +92,10 @@ state_option = click.option("--state-dir", type=click.Path(file_okay=False), cal
               help="Save the plan to FILE (JSON, mode 0600): `gitops apply FILE` executes exactly it, or refuses "
                    "if the repo, the state or the live state moved since.")
 @identity_option
+@reader_options
 def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exitcode: bool,
-         status_ref: str | None, out: Path | None, identity: Path | None) -> None:
+         status_ref: str | None, out: Path | None, identity: Path | None, status_signers: Path | None,
+         insecure_unverified_status: bool) -> None:
     """Show what `gitops apply` would change on the hypervisors."""
     # against a snapshot no hypervisor is contacted: encrypted client keys may stay encrypted
     result = load(repo, identity, sealed_ok=bool(status_ref))
@@ -100,7 +103,8 @@ def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exi
     if status_ref and out:
         raise click.UsageError("--out needs the live state: it cannot be used with --against-status")
     if status_ref:
-        planned = plan_against_status(model, result.repo.config, repo, status_ref)
+        verifier = reader_verifier(result.repo.config.status_signers, status_signers, insecure_unverified_status)
+        planned = plan_against_status(model, result.repo.config, repo, status_ref, verifier=verifier)
     else:
         store = state_store(repo, state_dir)
         state = store.load()

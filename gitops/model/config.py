@@ -65,13 +65,15 @@ class NotificationTarget:
     kind: str  # webhook | slack
     #: decrypted in memory when the repo was loaded with an identity (a secret field)
     url: str = field(repr=False)
-    events: tuple[str, ...] = ("Applied", "Failed", "Refused", "Incomplete")
+    events: tuple[str, ...] = ("Applied", "Failed", "Refused", "Incomplete", "UntrustedStatus")
 
 
 @dataclass(frozen=True)
 class RepoConfig:
     paths: tuple[str, ...] = (".",)
     status_branch: str = DEFAULT_STATUS_BRANCH
+    #: spec.status.signers: allowed-signers lines of the keys status commits must be signed with
+    status_signers: tuple[str, ...] = ()
     kubeconfig_recipients: tuple[str, ...] = ()
     prune: PrunePolicy = field(default_factory=PrunePolicy)
     renew_before_days: int = 30
@@ -103,6 +105,7 @@ class RepoConfig:
         return cls(
             paths=tuple(spec.get("paths", defaults.paths)),
             status_branch=spec.get("statusBranch", defaults.status_branch),
+            status_signers=tuple(spec.get("status", {}).get("signers", ())),
             kubeconfig_recipients=tuple(spec.get("kubeconfigRecipients", ())),
             prune=PrunePolicy(
                 enabled=prune.get("enabled", PrunePolicy.enabled),

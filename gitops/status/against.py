@@ -16,6 +16,7 @@ from gitops.state.records import State
 from gitops.state.sealing import merge
 from gitops.status.reader import PUBLIC, SOURCE, SourceStatus, StatusReader
 from gitops.status.snapshot import HYPERVISORS
+from gitops.status.trust import Verifier
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,10 @@ class Against:
 
 
 def against_status(repo: Path, ref: str, model: RepoModel, config: RepoConfig,
-                   now: dt.datetime | None = None) -> Against:
+                   now: dt.datetime | None = None, verifier: Verifier | None = None) -> Against:
     """The state and snapshot at `ref` of `repo`'s git, without the clusters whose converged record matches
     `model` and `config` (only the others' observed files are read)."""
-    reader = StatusReader.at_ref(repo, ref)
+    reader = StatusReader.at_ref(repo, ref, verifier)
     reader.prefetch([PUBLIC, SOURCE, HYPERVISORS])
     state = merge(reader.public_state(), None)
     applied = SourceStatus.parse(reader.require(SOURCE)).applied_sha
@@ -51,9 +52,9 @@ def against_status(repo: Path, ref: str, model: RepoModel, config: RepoConfig,
 
 
 def plan_against_status(model: RepoModel, config: RepoConfig, repo: Path, ref: str,
-                        now: dt.datetime | None = None) -> Planned:
+                        now: dt.datetime | None = None, verifier: Verifier | None = None) -> Planned:
     """The plan of `model` against `ref`, leaving out the clusters that plan nothing again."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    found = against_status(repo, ref, model, config, now)
+    found = against_status(repo, ref, model, config, now, verifier)
     return make_plan(model, config, found.state, found.observed, now=now, source=found.source,
                      unchanged=found.unchanged)

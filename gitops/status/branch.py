@@ -27,8 +27,9 @@ import git
 
 from gitops.errors import GitopsError
 from gitops.gitclone import open_clone
+from gitops.safeio import FileRefused, read_text, remove_under, write_atomic, write_under
 from gitops.status.reader import DEFAULT_BRANCH, StatusReader
-from gitops.safeio import write_atomic
+from gitops.status.trust import BranchTrust, is_ancestor, newest_trusted
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ RACES = ("non-fast-forward", "fetch first", "stale info", "cannot lock ref", "fa
 NOTES_REF = "refs/notes/gitops"
 #: In a controller's workdir: the statusBranch of the commit in force, for reporting a refused commit there.
 IN_FORCE_BRANCH = "status-branch"
+#: in the worktree's clone: the last status commit verified there, per branch (history must descend from it)
+TRUSTED_REFS = "refs/gitops/trusted"
 
 
 class StatusError(GitopsError):
@@ -58,10 +61,14 @@ class Note:
 
 
 class StatusBranch:
-    def __init__(self, url: str, workdir: Path, branch: str = DEFAULT_BRANCH):
+    def __init__(self, url: str, workdir: Path, branch: str = DEFAULT_BRANCH, trust: BranchTrust | None = None):
         self.url = url
         self.branch = branch
         self.dir = workdir / "status"
+        #: signs every commit and reads only commits signed by a pinned key (None: neither, for tests and tools)
+        self.trust = trust
+        #: the last `sync` found the tip not trusted: (tip, why); its tree was set aside for the last trusted one
+        self.untrusted: tuple[str, str] | None = None
         self._repo: git.Repo | None = None
         self._pushed: str | None = None  # the commit this worktree holds exactly, as last pushed by it
 
@@ -75,7 +82,14 @@ class StatusBranch:
                 with self._repo.config_writer() as config:
                     config.set_value("user", "name", AUTHOR.name)
                     config.set_value("user", "email", AUTHOR.email)
-                    config.set_value("commit", "gpgsign", "false")
+                    key = self.trust.key if self.trust is not None else None
+                    config.set_value("commit", "gpgsign", "true" if key is not None else "false")
+                    if key is not None:  # git's own SSH signing (ssh-keygen -Y sign, namespace "git")
+                        config.set_value("gpg", "format", "ssh")
+                        config.set_value("user", "signingkey", str(key.path.absolute()))
+                    # a link pushed to the branch is checked out as a plain file holding its text, never as a
+                    # link: nothing written into the worktree can land outside it
+                    config.set_value("core", "symlinks", "false")
                     config.set_value("core", "untrackedCache", "true")  # `add -A` over thousands of files
             except (git.GitCommandError, ValueError) as err:
                 raise StatusError(f"cannot clone {self.url} for the status branch: {git_message(err)}") from None
@@ -91,20 +105,57 @@ class StatusBranch:
         return self.repo.commit(f"refs/remotes/origin/{self.branch}").hexsha
 
     def sync(self) -> str | None:
-        """Reset the worktree to the remote tip (an empty orphan branch if there is none)."""
+        """Reset the worktree to the remote tip (an empty orphan branch if there is none). With `trust`, a
+        tip not signed by a pinned key (or one whose history does not descend from the last commit verified
+        here) is recorded in `untrusted`, and the worktree holds the tree of the newest trusted commit on
+        top of it: what is read is only ever what a pinned key signed, and the next commit puts it back."""
         tip = self._remote_tip()
         repo = self.repo
+        self.untrusted = None
         if tip is None:
             repo.git.checkout("--force", "--orphan", f"gitops-local-{uuid.uuid4().hex[:6]}")
             repo.git.rm("-rfq", "--cached", "--ignore-unmatch", ".")
             for entry in self.dir.iterdir():
                 if entry.name != ".git":
-                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         elif tip != self._pushed:  # else the worktree already is the tip
-            repo.git.checkout("--force", "-B", self.branch, tip)
+            base = self._trusted_base(tip) if self.trust is not None else tip
+            if base == tip:
+                repo.git.checkout("--force", "-B", self.branch, tip)
+            else:  # the tip's tree is never checked out: the branch points at it, the worktree is the base's
+                repo.git.update_ref(f"refs/heads/{self.branch}", tip)
+                repo.git.symbolic_ref("HEAD", f"refs/heads/{self.branch}")
+                if base:
+                    repo.git.read_tree("--reset", "-u", base)
+                else:
+                    repo.git.read_tree("--empty")
             repo.git.clean("-ffdxq")
         self._pushed = None  # the caller writes now
         return tip
+
+    def _trusted_base(self, tip: str) -> str:
+        """`tip` when a pinned key signed it and it descends from the last commit verified here, else the
+        newest trusted commit to read instead ("" when there is none), the tip noted in `untrusted`."""
+        assert self.trust is not None
+        repo, ref = Path(self.repo.working_tree_dir or self.dir), f"{TRUSTED_REFS}/{self.branch}"
+        known = self.repo.git.rev_parse("--verify", "--quiet", ref, with_exceptions=False).strip()
+        if known and not is_ancestor(repo, known, tip):
+            self.untrusted = (tip, f"its history does not descend from {known[:12]}, the last status commit "
+                                   "verified here (rewritten or rolled back)")
+            base = known
+        else:
+            problem = self.trust.verifier.problem(repo, tip)
+            if problem is None:
+                base = tip
+            else:
+                self.untrusted = (tip, problem)
+                base = newest_trusted(repo, tip, self.trust.verifier, since=known)
+        if base:
+            self.repo.git.update_ref(ref, base)
+        if self.untrusted is not None:
+            log.warning("status branch tip not trusted: it is set aside", extra={
+                "sha": tip, "reason": self.untrusted[1], "reading": base or "(nothing)", "branch": self.branch})
+        return base
 
     def read(self, rel: str) -> bytes | None:
         return self.reader.read(rel)
@@ -118,20 +169,25 @@ class StatusBranch:
         """Make the files under the `managed` prefixes exactly `files` (others are left alone).
 
         Called after `sync`, when the worktree is the tip: the index's blob ids say which files already
-        hold their content, so only what changed is written (or removed) and nothing is read back."""
+        hold their content, so only what changed is written (or removed) and nothing is read back. Nothing
+        is written or removed through a link: a link or a non-regular entry on the way is a `StatusError`
+        naming it."""
         tracked = self._tracked()
-        gone = [rel for rel in tracked if rel not in files and under(rel, managed)]
-        for rel in gone:
-            (self.dir / rel).unlink(missing_ok=True)
-        for folder in sorted({str(Path(rel).parent) for rel in gone}, key=len, reverse=True):
-            _remove_empty(self.dir, folder)
-        for rel, data in sorted(files.items()):
-            if tracked.get(rel) != blob_id(data):
-                path = self.dir / rel
-                if path.is_dir():
-                    shutil.rmtree(path)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data)
+        try:
+            gone = [rel for rel in tracked if rel not in files and under(rel, managed)]
+            for rel in gone:
+                remove_under(self.dir, rel)
+            for folder in sorted({str(Path(rel).parent) for rel in gone}, key=len, reverse=True):
+                _remove_empty(self.dir, folder)
+            for rel, data in sorted(files.items()):
+                if tracked.get(rel) != blob_id(data):
+                    path = self.dir / rel
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path)
+                    write_under(self.dir, rel, data)
+        except FileRefused as err:
+            raise StatusError(f"the status branch's worktree {self.dir}: {err}; nothing was written through it")\
+                from None
 
     def tracked(self) -> list[str]:
         """Every file of the worktree's index (as of the last `sync`), sorted."""
@@ -168,7 +224,10 @@ class StatusBranch:
                 return None
             if tip is None and not repo.git.status("--porcelain"):
                 return None
-            repo.git.commit("-q", "-m", message, "--no-verify")
+            try:
+                repo.git.commit("-q", "-m", message, "--no-verify")
+            except git.GitCommandError as err:  # (signing with the status key among the causes)
+                raise StatusError(f"cannot commit to {self.branch}: {git_message(err)}") from None
             sha = repo.head.commit.hexsha
             refspecs = [f"HEAD:refs/heads/{self.branch}"]
             if with_note is not None and self._add_note(with_note, sha):
@@ -193,6 +252,8 @@ class StatusBranch:
                     continue
                 raise StatusError(f"cannot push {self.branch}: {git_message(err)}") from None
             self._pushed = sha
+            if self.trust is not None and self.trust.key is not None:  # signed here: what the next sync reads
+                repo.git.update_ref(f"{TRUSTED_REFS}/{self.branch}", sha)
             log.info("status committed", extra={"sha": sha, "branch": self.branch})
             if note is not None and with_note is None:
                 log.warning("commit note refused by the remote", extra={"sha": note.commit})
@@ -247,6 +308,26 @@ def record_in_force_branch(workdir: Path, name: str) -> None:
     write_atomic(path, name + "\n", mode=0o644)
 
 
+#: In a controller's workdir: spec.status.signers of the commit in force (a refused commit's are not used).
+IN_FORCE_SIGNERS = "status-signers"
+
+
+def in_force_signers(workdir: Path) -> tuple[str, ...]:
+    """spec.status.signers of the commit in force, as recorded in the workdir (none when not recorded)."""
+    try:
+        text = read_text(workdir / IN_FORCE_SIGNERS, 1 << 20)
+    except FileRefused:
+        return ()
+    return tuple(line for line in text.splitlines() if line.strip())
+
+
+def record_in_force_signers(workdir: Path, signers: tuple[str, ...]) -> None:
+    """Record `signers` as spec.status.signers of the commit in force (untouched when they already are)."""
+    if in_force_signers(workdir) == signers and (workdir / IN_FORCE_SIGNERS).exists():
+        return
+    write_atomic(workdir / IN_FORCE_SIGNERS, "".join(line + "\n" for line in signers), mode=0o644)
+
+
 def blob_id(data: bytes) -> str:
     """The id git gives a blob of `data`."""
     digest = hashlib.sha1(b"blob %d\0" % len(data), usedforsecurity=False)
@@ -262,7 +343,7 @@ def under(rel: str, prefixes: tuple[str, ...]) -> bool:
 def _remove_empty(root: Path, folder: str) -> None:
     """Remove `folder` (relative to `root`) and its parents while they are empty."""
     path = root / folder
-    while path != root and path.is_dir() and not any(path.iterdir()):
+    while path != root and path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
         path.rmdir()
         path = path.parent
 

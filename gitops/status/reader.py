@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -23,8 +23,11 @@ from gitops.model.config import CONFIG_FILE, DEFAULT_STATUS_BRANCH
 from gitops.model.yamlload import MAX_FILE_BYTES, YamlError, load_yaml_documents
 from gitops.observe.types import ObservedState
 from gitops.plan.converged import Converged, blob_id
-from gitops.safeio import FileRefused, read_bytes
+from gitops.safeio import FileRefused, files_under, read_bytes, read_under
 from gitops.status.snapshot import CLUSTERS_DIR, HYPERVISORS, OBSERVED_DIR, load_snapshot
+
+if TYPE_CHECKING:
+    from gitops.status.trust import Verifier
 
 DEFAULT_BRANCH = DEFAULT_STATUS_BRANCH
 
@@ -45,6 +48,10 @@ SNAPSHOT_CHUNK = 256
 CONVERGED_DIR = f"{OBSERVED_DIR}/converged"
 #: What the controller owns on the branch: every publish makes these exactly what it writes.
 MANAGED = (STATUS_DIR, OBSERVED_DIR, OBSERVED, KUBECONFIG_DIR, STATE_DIR)
+#: the largest status-branch file read (the public state of a large fleet is the largest)
+MAX_STATUS_FILE = 512 << 20
+#: git tree-entry modes of the files a status tree may hold (a link, a submodule or a tree is refused)
+_FILE_MODES = ("100644", "100755")
 
 
 def resource_path(kind: str, name: str) -> str:
@@ -106,30 +113,39 @@ class StatusReader:
 
     @classmethod
     def in_dir(cls, root: Path) -> "StatusReader":
+        """A worktree of the branch, read through safe I/O: a link or a non-regular entry anywhere in a path
+        read is `FileRefused` (naming it), never followed."""
         def get(rel: str) -> bytes:
-            path = root / rel
-            if not path.is_file():
+            data = read_under(root, rel, MAX_STATUS_FILE)
+            if data is None:
                 raise FileNotFoundError(f"no {rel}")
-            return path.read_bytes()
+            return data
 
         def names(folder: str) -> list[str]:
-            path = root / folder
-            return sorted(p.name for p in path.iterdir() if p.is_file()) if path.is_dir() else []
+            return files_under(root, folder)
 
         return cls(str(root), get, names)
 
     @classmethod
-    def at_ref(cls, repo: Path, ref: str) -> "StatusReader":
+    def at_ref(cls, repo: Path, ref: str, verifier: "Verifier | None" = None) -> "StatusReader":
         """The tree at `ref` of the clone `repo`, read with git itself: `git cat-file --batch` given every
         path of a read at once, `git ls-tree` for a folder. No GitPython: its import alone is a tenth of a
         cold `gitops plan`, and one process per read is safe from any thread (the UI serves with several).
         A ref that names a commit is resolved once: every read of the reader sees the same commit, however
-        the ref moves meanwhile (a fetch by another request of the UI)."""
+        the ref moves meanwhile (a fetch by another request of the UI). `verifier`: that commit must be
+        signed by a pinned status signer (`TrustError` otherwise). Only regular files are read: a link (or
+        a submodule) where a file or a folder is read is `FileRefused`, naming it."""
         label, ref = ref, _commit_of(repo, ref) or ref
+        if verifier is not None:
+            verifier.require(repo, ref, f"status commit of {label}")
 
         def get(rel: str) -> bytes:
+            folder, _, name = rel.rpartition("/")
+            found_id = blobs(folder).get(name)
+            if found_id is None:
+                raise FileNotFoundError(f"no {rel} at {ref}")
             try:
-                found = batch_read(repo, ref, [rel])
+                found = batch_read(repo, ref, [rel], {rel: found_id})
             except GitopsError as err:
                 raise FileNotFoundError(str(err)) from None
             if rel not in found:
@@ -145,20 +161,25 @@ class StatusReader:
             return listed[folder]
 
         def _listing(folder: str) -> list[tuple[str, str, str]]:
-            done = subprocess.run(["git", "-C", str(repo), "ls-tree", "-z", f"{ref}:{folder}"], capture_output=True,
-                                  check=False)
+            done = subprocess.run(["git", "-C", str(repo), "ls-tree", "-z", f"{ref}:{folder}" if folder else ref],
+                                  capture_output=True, check=False)
             if done.returncode != 0:
+                if folder and _object_type(repo, f"{ref}:{folder}") not in ("", "tree"):
+                    raise FileRefused(folder, "is not a folder in the status tree (a link or a file); refusing it")
                 return []
             out = []
             for entry in done.stdout.decode(errors="surrogateescape").split("\0"):
                 meta, _, name = entry.partition("\t")
                 fields = meta.split()
                 if len(fields) == 3 and name:
+                    if fields[1] == "blob" and fields[0] not in _FILE_MODES or fields[1] == "commit":
+                        raise FileRefused(f"{folder}/{name}" if folder else name,
+                                          "is a link (or a submodule) in the status tree; refusing it")
                     out.append((fields[1], fields[2], name))
             return out
 
         def names(folder: str) -> list[str]:
-            return sorted(name for _, _, name in listing(folder))
+            return sorted(name for kind, _, name in listing(folder) if kind == "blob")
 
         by_name: dict[str, dict[str, str]] = {}
 
@@ -168,27 +189,28 @@ class StatusReader:
             return by_name[folder]
 
         def many(paths: list[str]) -> dict[str, bytes]:
-            # a file of a folder listed already is asked for by its object id: git then looks up no path
+            # every file is asked for by its object id from its folder's listing (one per folder): git then
+            # looks up no path, and only regular files are read
             ids = {}
             for path in paths:
                 folder, _, name = path.rpartition("/")
-                if folder in listed:
-                    found = blobs(folder).get(name)
-                    if found is not None:
-                        ids[path] = found
-            return batch_read(repo, ref, paths, ids)  # (git failing is an error, not files missing)
+                found = blobs(folder).get(name)
+                if found is not None:
+                    ids[path] = found
+            wanted = [p for p in paths if p in ids]
+            return batch_read(repo, ref, wanted, ids)  # (git failing is an error, not files missing)
 
         return cls(f"{label} in {repo}", get, names, label, blobs, many)
 
     @classmethod
-    def for_clone(cls, repo: Path, ref: str | None = None) -> "StatusReader":
+    def for_clone(cls, repo: Path, ref: str | None = None, verifier: "Verifier | None" = None) -> "StatusReader":
         """`ref`, else the clone's status branch: origin/<statusBranch>, else <statusBranch>."""
         if ref is None:
             branch = branch_of_checkout(repo)
             ref = next((c for c in (f"origin/{branch}", branch) if _commit_of(repo, c)), None)
             if ref is None:
                 raise GitopsError(f"no status branch {branch!r} in {repo} (fetch it, or pass --ref)")
-        return cls.at_ref(repo, ref)
+        return cls.at_ref(repo, ref, verifier)
 
     # ------------------------------------------------------------------ files
 
@@ -293,15 +315,28 @@ class StatusReader:
         return out
 
 
-def branch_of_checkout(repo: Path) -> str:
-    """The status branch named by a checkout's gitops.yaml (read as is, not validated), else the default."""
+def _spec_of_checkout(repo: Path) -> dict[str, Any]:
+    """The spec of a checkout's gitops.yaml, read as is, not validated ({} when none or unreadable)."""
     try:
         docs = load_yaml_documents(read_bytes(repo / CONFIG_FILE, MAX_FILE_BYTES, inside=repo, name=CONFIG_FILE))
     except (FileRefused, YamlError):
-        return DEFAULT_BRANCH  # none, or unreadable: validate says why
+        return {}  # none, or unreadable: validate says why
     spec = docs[0].data.get("spec") if docs and isinstance(docs[0].data, dict) else None
-    branch = spec.get("statusBranch") if isinstance(spec, dict) else None
+    return spec if isinstance(spec, dict) else {}
+
+
+def branch_of_checkout(repo: Path) -> str:
+    """The status branch named by a checkout's gitops.yaml (read as is, not validated), else the default."""
+    branch = _spec_of_checkout(repo).get("statusBranch")
     return branch if isinstance(branch, str) and branch else DEFAULT_BRANCH
+
+
+def signers_of_checkout(repo: Path) -> tuple[str, ...]:
+    """spec.status.signers of a checkout's gitops.yaml (read as is: a line that is no signer is refused
+    when it is used)."""
+    status = _spec_of_checkout(repo).get("status")
+    signers = status.get("signers") if isinstance(status, dict) else None
+    return tuple(str(s) for s in signers) if isinstance(signers, list) else ()
 
 
 def batch_read(repo: Path, ref: str, paths: list[str], ids: dict[str, str] | None = None) -> dict[str, bytes]:
@@ -330,6 +365,13 @@ def batch_read(repo: Path, ref: str, paths: list[str], ids: dict[str, str] | Non
             out[path] = data[at:at + size]
         at += size + 1
     return out
+
+
+def _object_type(repo: Path, name: str) -> str:
+    """The type of the object `name` names in the clone ("" when none)."""
+    done = subprocess.run(["git", "-C", str(repo), "cat-file", "-t", name], capture_output=True, text=True,
+                          check=False)
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def _commit_of(repo: Path, ref: str) -> str:

@@ -62,6 +62,8 @@ class Outcome:
     errors: tuple[str, ...] = ()
     applied_sha: str = ""  # the commit in force afterwards (the last good one)
     actions: int = 0
+    #: the status branch's tip was set aside as untrusted: its commit and why ("" when it was trusted)
+    untrusted_status: tuple[str, str] | None = None
 
 
 #: LibYAML when PyYAML has it: a large fleet has thousands of status documents per commit
@@ -104,6 +106,11 @@ def source_document(outcome: Outcome, previous: Callable[[str], bytes | None], n
         "result": outcome.result.value,
         "conditions": [condition("Ready", ok, reason, outcome.message, before, now)],
     }
+    untrusted = outcome.untrusted_status
+    status["conditions"].append(condition(
+        "StatusBranchTrusted", untrusted is None, "Untrusted" if untrusted else "Signed",
+        f"status commit {untrusted[0][:12]} set aside: {untrusted[1]}; the last trusted status was read and "
+        "written back over it" if untrusted else "the status branch's tip was signed by a pinned key", before, now))
     if outcome.errors:
         status["errors"] = list(outcome.errors)
     return dump({"apiVersion": API_VERSION, "kind": "SourceStatus", "metadata": {"name": "source"},

@@ -1,0 +1,208 @@
+"""Who may write the status branch: every status commit is signed with an SSH key (git's own signing,
+`gpg.format ssh`) and read back only from a commit signed by a pinned key.
+
+The pinned keys are `spec.status.signers` of gitops.yaml, a list of allowed-signers lines
+(`PRINCIPAL KEYTYPE BASE64 [comment]`), reviewed like any change; a controller also trusts the key in
+its own workdir (`SIGNING_KEY`), so with no list it trusts only itself. Verification is `git verify-commit`
+against that list (`ssh-keygen -Y verify`, namespace "git"), answered once per commit.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gitops.errors import GitopsError
+
+log = logging.getLogger(__name__)
+
+#: the controller's status signing key in its workdir (its public half beside it, `.pub`)
+SIGNING_KEY = "status-signing-key"
+#: key types an allowed-signers line may name
+KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa",
+             "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
+_LINE = re.compile(r"^(?P<principal>[A-Za-z0-9._@+-]{1,128})\s+(?P<type>[a-z0-9@.-]+)\s+(?P<key>[A-Za-z0-9+/]+={0,3})"
+                   r"(?:\s+(?P<comment>\S.*))?$")
+#: where the insecure mode is named in errors and warnings
+INSECURE_FLAG = "--insecure-unverified-status"
+
+
+class TrustError(GitopsError):
+    """A status commit that may not be used, or keys that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Signer:
+    principal: str
+    key_type: str
+    key: str  # base64
+
+    @property
+    def public(self) -> str:
+        return f"{self.key_type} {self.key}"
+
+    def line(self) -> str:
+        return f'{self.principal} namespaces="git" {self.key_type} {self.key}'
+
+
+def parse_signer(text: str, where: str = "") -> Signer:
+    """One allowed-signers line (`PRINCIPAL KEYTYPE BASE64 [comment]`), or a bare public key
+    (`KEYTYPE BASE64 [comment]`, its principal the comment or "gitops")."""
+    text = text.strip()
+    found = _LINE.match(text)
+    if found is None or found["type"] not in KEY_TYPES:
+        bare = text.split()
+        if len(bare) >= 2 and bare[0] in KEY_TYPES and re.fullmatch(r"[A-Za-z0-9+/]+={0,3}", bare[1]):
+            principal = re.sub(r"[^A-Za-z0-9._@+-]", "-", bare[2])[:128] if len(bare) > 2 else "gitops"
+            return Signer(principal, bare[0], bare[1])
+        raise TrustError(f"{where or 'signer'}: not an allowed-signers line (PRINCIPAL KEYTYPE BASE64 [comment], "
+                         f"KEYTYPE one of {', '.join(KEY_TYPES[:2])}, ...): {text[:80]!r}")
+    return Signer(found["principal"], found["type"], found["key"])
+
+
+@dataclass(frozen=True)
+class Signers:
+    """The pinned status signers."""
+
+    signers: tuple[Signer, ...] = ()
+
+    @classmethod
+    def parse(cls, lines: Iterable[str], where: str = "") -> "Signers":
+        return cls(tuple(parse_signer(line, f"{where}[{i}]" if where else "")
+                         for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")))
+
+    @classmethod
+    def from_file(cls, path: Path) -> "Signers":
+        """An allowed-signers file or a public key file (`.pub`)."""
+        from gitops.safeio import FileRefused, read_text
+        try:
+            text = read_text(path, 1 << 20)
+        except FileRefused as err:
+            raise TrustError(f"cannot read status signers: {err}") from None
+        return cls.parse(text.splitlines(), str(path))
+
+    def __bool__(self) -> bool:
+        return bool(self.signers)
+
+    def plus(self, other: Iterable[Signer]) -> "Signers":
+        have = {s.public for s in self.signers}
+        return Signers(self.signers + tuple(s for s in other if s.public not in have))
+
+    def allows(self, signer: Signer) -> bool:
+        return any(s.public == signer.public for s in self.signers)
+
+    def text(self) -> str:
+        """As git's gpg.ssh.allowedSignersFile."""
+        return "".join(s.line() + "\n" for s in self.signers)
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """An SSH private key that signs status commits (its public half at `path`.pub, or derived)."""
+
+    path: Path
+
+    @property
+    def signer(self) -> Signer:
+        pub = Path(f"{self.path}.pub")
+        if pub.is_file():
+            return parse_signer(pub.read_text())
+        done = subprocess.run(["ssh-keygen", "-y", "-f", str(self.path)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise TrustError(f"cannot read the status signing key {self.path}: {done.stderr.strip()[:200]}")
+        return parse_signer(done.stdout)
+
+
+def ensure_key(path: Path, comment: str) -> SigningKey:
+    """The signing key at `path`, made (ed25519, no passphrase, mode 0600) when there is none."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".keygen-") as scratch:
+            made = Path(scratch) / "key"
+            done = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(made)],
+                                  capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise TrustError(f"cannot make a status signing key: {done.stderr.strip()[:200]}")
+            os.replace(f"{made}.pub", f"{path}.pub")
+            os.replace(made, path)  # the private half last: a key without its .pub is derived again
+        log.info("status signing key made", extra={"path": str(path)})
+    return SigningKey(path)
+
+
+@dataclass
+class Verifier:
+    """Answers whether commits of a clone are signed by one of `signers` (each commit asked once)."""
+
+    signers: Signers
+    insecure: bool = False  # `--insecure-unverified-status`: every commit passes, with a warning
+    _answers: dict[str, str | None] = field(default_factory=dict)
+
+    def problem(self, repo: Path, sha: str) -> str | None:
+        """None when `sha` is signed by a pinned key, else why not (one line)."""
+        if self.insecure:
+            return None
+        if sha not in self._answers:
+            self._answers[sha] = self._check(repo, sha)
+        return self._answers[sha]
+
+    def require(self, repo: Path, sha: str, what: str = "status commit") -> None:
+        """Raise `TrustError` unless `sha` is signed by a pinned key."""
+        problem = self.problem(repo, sha)
+        if problem is not None:
+            raise TrustError(f"{what} {sha[:12]} is not trusted: {problem} (the status signers are "
+                             f"spec.status.signers of gitops.yaml, or --status-signers; {INSECURE_FLAG} reads it "
+                             "unverified)")
+
+    def _check(self, repo: Path, sha: str) -> str | None:
+        if not self.signers:
+            return "no status signer is pinned"
+        raw = subprocess.run(["git", "-C", str(repo), "cat-file", "commit", sha], capture_output=True, check=False)
+        if raw.returncode != 0:
+            return f"no commit {sha[:12]} here"
+        head = raw.stdout.split(b"\n\n", 1)[0]
+        if b"\ngpgsig " not in b"\n" + head:
+            return "unsigned"
+        if b"-----BEGIN SSH SIGNATURE-----" not in head:
+            return "signed, but not with an SSH key"
+        with tempfile.NamedTemporaryFile("w", prefix="gitops-signers-", suffix=".txt") as allowed:
+            allowed.write(self.signers.text())
+            allowed.flush()
+            done = subprocess.run(["git", "-C", str(repo), "-c", f"gpg.ssh.allowedSignersFile={allowed.name}",
+                                   "verify-commit", "--raw", sha], capture_output=True, text=True, check=False,
+                                  timeout=60)
+        if done.returncode == 0:
+            return None
+        key = re.search(r"SHA256:[A-Za-z0-9+/=]+", done.stderr)
+        return "signed by a key that is not pinned" + (f" ({key.group(0)})" if key else "")
+
+
+def newest_trusted(repo: Path, tip: str, verifier: Verifier, since: str = "", limit: int = 200) -> str:
+    """The newest first-parent ancestor of `tip` (itself included) signed by a pinned key: after `since`
+    when given (a commit known good: returned when none after it is), else among the `limit` newest; "" when
+    there is none."""
+    span = f"{since}..{tip}" if since else tip
+    done = subprocess.run(["git", "-C", str(repo), "rev-list", "--first-parent", f"--max-count={limit}", span],
+                          capture_output=True, text=True, check=False)
+    for sha in done.stdout.split():
+        if verifier.problem(repo, sha) is None:
+            return sha
+    return since
+
+
+def is_ancestor(repo: Path, older: str, newer: str) -> bool:
+    """Whether `older` is `newer` or one of its ancestors."""
+    return subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", older, newer],
+                          capture_output=True, check=False).returncode == 0
+
+
+@dataclass
+class BranchTrust:
+    """How a worktree of the status branch signs what it writes and which commits it reads."""
+
+    verifier: Verifier
+    key: SigningKey | None = None  # None: commits unsigned (a reader that never writes)
