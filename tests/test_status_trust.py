@@ -393,3 +393,30 @@ def test_a_bad_signers_list_is_refused_at_validation(tmp_path: Path):
     assert "signers" in done.stdout + done.stderr
     with pytest.raises(GitopsError):
         Signers.parse(["not a key"])
+
+
+def test_a_forged_apply_lock_holds_no_longer_than_any_controller_would(origin: str, tmp_path: Path):
+    """The apply lease's ref is on the same remote: a lock claiming the year 3000 is honoured for at most
+    LONGEST_HOLD after it was first seen unrenewed, and one that is not gitops's JSON holds nothing."""
+    import datetime as dt
+
+    from gitops.status.lease import LONGEST_HOLD, ApplyLease, Locked
+
+    clone = tmp_path / "forger"
+    subprocess.run(["git", "init", "-q", str(clone)], check=True)
+
+    def forge(body: str) -> None:
+        (clone / "lock.json").write_text(body)
+        git(clone, "add", "lock.json")
+        git(clone, "commit", "-q", "-m", "lock")
+        git(clone, "push", "-q", "--force", origin, "HEAD:refs/gitops/lock")
+
+    forge(json.dumps({"holder": "intruder", "expires": "3000-01-01T00:00:00+00:00"}))
+    lease = ApplyLease(StatusBranch(origin, tmp_path / "a").repo)
+    ttl, now = dt.timedelta(minutes=10), dt.datetime.now(dt.timezone.utc)
+    with pytest.raises(Locked, match="intruder"):
+        lease.acquire("ctl", ttl, now)
+    taken = lease.acquire("ctl", ttl, now + LONGEST_HOLD + dt.timedelta(seconds=1))
+    assert taken.holder == "ctl"
+    forge("not json at all")
+    assert lease.acquire("ctl", ttl).holder == "ctl"

@@ -30,6 +30,9 @@ from gitops.status.branch import StatusError, git_message
 log = logging.getLogger(__name__)
 
 LOCK_REF = "refs/gitops/lock"
+#: the longest another holder's lease is honoured after this process first saw it unrenewed, whatever expiry
+#: it claims (anyone who can push to the remote can write one claiming the year 3000)
+LONGEST_HOLD = dt.timedelta(hours=1)
 
 
 class Locked(StatusError):
@@ -47,6 +50,8 @@ class ApplyLease:
 
     def __init__(self, repo: git.Repo):
         self.repo = repo
+        #: lease commit -> when this process first saw it (a lease not renewed since ends LONGEST_HOLD after)
+        self._seen: dict[str, dt.datetime] = {}
 
     def _current(self) -> tuple[str | None, Lease | None]:
         try:
@@ -56,13 +61,27 @@ class ApplyLease:
                 return None, None
             raise StatusError(f"cannot fetch the lock: {git_message(err)}") from None
         sha = self.repo.git.rev_parse(LOCK_REF)
-        data = json.loads(self.repo.git.show(f"{sha}:lock.json"))
-        return sha, Lease(data["holder"], dt.datetime.fromisoformat(data["expires"]))
+        try:
+            data = json.loads(self.repo.git.show(f"{sha}:lock.json"))
+            expires = dt.datetime.fromisoformat(data["expires"])
+            if expires.tzinfo is None:
+                raise ValueError("expiry without a time zone")
+            return sha, Lease(str(data["holder"]), expires)
+        except (git.GitCommandError, ValueError, TypeError, KeyError, AttributeError) as err:
+            log.warning("the apply lock holds no lease gitops wrote: taken as free", extra={"sha": sha,
+                                                                                          "error": str(err)[:200]})
+            return sha, None
 
     def acquire(self, holder: str, ttl: dt.timedelta, now: dt.datetime | None = None) -> Lease:
         """Take or renew the apply lease; raises Locked while another holder's lease runs."""
         now = now or dt.datetime.now(dt.timezone.utc)
         old_sha, lease = self._current()
+        if lease is not None and old_sha is not None and lease.holder != holder:
+            first = self._seen.setdefault(old_sha, now)
+            if lease.expires > first + max(ttl, LONGEST_HOLD):
+                log.warning("the apply lock claims a longer hold than any controller takes: honoured for "
+                            f"{max(ttl, LONGEST_HOLD)} after it was first seen", extra={"holder": lease.holder})
+                lease = Lease(lease.holder, first + max(ttl, LONGEST_HOLD))
         if lease is not None and lease.holder != holder and lease.expires > now:
             raise Locked(f"another controller ({lease.holder}) holds the apply lock until "
                          f"{lease.expires.isoformat(timespec='seconds')}")
