@@ -86,24 +86,30 @@ def read_bytes(path: str | os.PathLike[str], limit: int, *, inside: str | os.Pat
     try:
         if resolved and inside is not None and not _opened_under(fd, os.fspath(inside)):
             raise FileRefused(shown, "symlink points outside the repo; refusing to read it")
-        info = os.fstat(fd)  # what is read, whatever the name points at by now
-        if not stat.S_ISREG(info.st_mode):
-            raise FileRefused(shown, f"is {_kind(info.st_mode)}, not a regular file; refusing to read it")
-        chunks: list[bytes] = []
-        total = 0
-        while total <= limit:
-            chunk = os.read(fd, min(_CHUNK, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > limit:
-            raise FileRefused(shown, f"file is larger than {_size(limit)}; refusing to read it")
-        return b"".join(chunks)
+        return _read_open(fd, limit, shown)
     except OSError as err:
         raise FileRefused(shown, _why(path, err)) from None
     finally:
         os.close(fd)
+
+
+def _read_open(fd: int, limit: int, shown: str) -> bytes:
+    """What the open `fd` holds, at most `limit` bytes, checked with `fstat` to be a regular file (what is
+    read, whatever its name points at by now); the read stops at `limit + 1`, so a huge file costs nothing."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise FileRefused(shown, f"is {_kind(info.st_mode)}, not a regular file; refusing to read it")
+    chunks: list[bytes] = []
+    total = 0
+    while total <= limit:
+        chunk = os.read(fd, min(_CHUNK, limit + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    if total > limit:
+        raise FileRefused(shown, f"file is larger than {_size(limit)}; refusing to read it")
+    return b"".join(chunks)
 
 
 def _opened_under(fd: int, base: str) -> bool:
@@ -151,20 +157,7 @@ def read_regular(path: str | os.PathLike[str], limit: int, *, name: str | None =
         reason = "is a symlink; refusing to follow it" if err.errno == errno.ELOOP else _why(path, err)
         raise FileRefused(shown, reason) from None
     try:
-        info = os.fstat(fd)  # what is read, whatever was put in the name's place since the lstat
-        if not stat.S_ISREG(info.st_mode):
-            raise FileRefused(shown, f"is {_kind(info.st_mode)}, not a regular file; refusing to read it")
-        chunks: list[bytes] = []
-        total = 0
-        while total <= limit:
-            chunk = os.read(fd, min(_CHUNK, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > limit:
-            raise FileRefused(shown, f"file is larger than {_size(limit)}; refusing to read it")
-        return b"".join(chunks)
+        return _read_open(fd, limit, shown)  # (fstat: whatever was put in the name's place since the lstat)
     except OSError as err:
         raise FileRefused(shown, _why(path, err)) from None
     finally:
@@ -316,19 +309,9 @@ def read_under(root: str | os.PathLike[str], rel: str, limit: int) -> bytes | No
     finally:
         os.close(dir_fd)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise FileRefused(rel, f"is {_kind(info.st_mode)}, not a regular file; refusing it")
-        chunks, total = [], 0
-        while total <= limit:
-            chunk = os.read(fd, min(_CHUNK, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > limit:
-            raise FileRefused(rel, f"file is larger than {_size(limit)}; refusing to read it")
-        return b"".join(chunks)
+        return _read_open(fd, limit, rel)
+    except OSError as err:
+        raise FileRefused(rel, f"cannot read: {err.strerror or err}") from None
     finally:
         os.close(fd)
 
