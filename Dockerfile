@@ -43,10 +43,14 @@ RUN apt-get update \
 COPY --from=build /opt/gitops /opt/gitops
 USER 10001:10001
 WORKDIR /var/lib/gitops
+# /metrics listens on every address (Prometheus scrapes it from the pod network); the web UI (`--ui`) does
+# not follow it there: it listens on $GITOPS_UI_ADDRESS, loopback (reach it with `kubectl port-forward`, or
+# set it, and GITOPS_UI_ALLOWED_HOSTS, to serve it to a reverse proxy that adds TLS and sign-in).
 ENV PATH=/opt/gitops/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     GITOPS_WORKDIR=/var/lib/gitops/work \
     GITOPS_IDENTITY=/etc/gitops/identity.txt \
-    GITOPS_METRICS_ADDRESS=0.0.0.0:9100
+    GITOPS_METRICS_ADDRESS=0.0.0.0:9100 \
+    GITOPS_UI_ADDRESS=127.0.0.1:8080
 EXPOSE 9100
 # /healthz answers 200 while the reconcile loop turns (gitops/metrics.py), on $GITOPS_METRICS_ADDRESS.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s \

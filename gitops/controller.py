@@ -298,6 +298,11 @@ class Controller:
         branch_name = validation.repo.config.status_branch if ok else in_force_branch(self.config.workdir)
         signers = validation.repo.config.status_signers if ok else in_force_signers(self.config.workdir)
         self.replica.coordinate(validation.repo.config if ok else None)
+        if self.member is not None and not signers and self.config.status_signing_key is None:
+            # each replica would set the others' status commits aside (and their shards' state with them)
+            raise TrustError("several controllers (spec.coordination) each sign the status branch with the key of "
+                             "their workdir: list every replica's key in spec.status.signers (`gitops status-key "
+                             "--workdir DIR` prints one), or give them one shared key with --status-signing-key")
         scope = self.replica.scope(validation.model if ok else None)
         if scope is not None and not scope.held:
             if ok:

@@ -12,6 +12,10 @@ from gitops.errors import GitopsError
 
 WSGIApp = Callable[..., Any]
 
+#: waitress's worker threads: the UI serves at most 12 pages at once (`gitops.ui.app.PAGES_AT_ONCE`, answering
+#: more with 503 at once), so at least 4 stay free for /healthz and /metrics however slow its pages are
+THREADS = 16
+
 
 @dataclass
 class Server:
@@ -19,12 +23,17 @@ class Server:
 
     address: str
     _server: Any
+    _thread: threading.Thread
 
     def close(self) -> None:
-        self._server.close()
+        """Stop listening and close every connection, from the server's own loop (a socket closed under its
+        `select` breaks it), then stop the worker threads (a request under way has 5 seconds to end)."""
+        self._server.trigger.pull_trigger(lambda: [channel.close() for channel in list(self._server._map.values())])
+        self._thread.join(timeout=5)
+        self._server.task_dispatcher.shutdown(timeout=5)
 
 
-def start(app: WSGIApp, address: str, name: str, threads: int = 4) -> Server:
+def start(app: WSGIApp, address: str, name: str, threads: int = THREADS) -> Server:
     """Serve `app` on `host:port` from a daemon thread named `name`."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
@@ -34,5 +43,7 @@ def start(app: WSGIApp, address: str, name: str, threads: int = 4) -> Server:
     except (OSError, ValueError) as err:
         raise GitopsError(f"cannot listen on {address}: {err}") from None
     bound_host, bound_port = server.socket.getsockname()[:2]
-    threading.Thread(target=server.run, name=name, daemon=True).start()
-    return Server(f"{bound_host}:{bound_port}" if ":" not in bound_host else f"[{bound_host}]:{bound_port}", server)
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    return Server(f"{bound_host}:{bound_port}" if ":" not in bound_host else f"[{bound_host}]:{bound_port}", server,
+                  thread)

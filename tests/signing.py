@@ -40,3 +40,8 @@ def commit_unsigned(bare: str, branch: str, files: dict[str, str], message: str 
     subprocess.run([*git, "commit", "-q", "-m", message], check=True)
     subprocess.run([*git, "push", "-q", "origin", f"HEAD:refs/heads/{branch}"], check=True, capture_output=True)
     return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def shared_status_key(directory: Path) -> Path:
+    """One status signing key several replicas are given with --status-signing-key (each trusts its own)."""
+    return ensure_key(directory / "shared-status-key", "replicas@test").path

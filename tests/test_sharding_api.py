@@ -21,6 +21,7 @@ import yaml
 
 from gitops.coordination.shards import shard_leases, shard_of
 from tests.kubeapi import kube_api_server
+from signing import shared_status_key
 
 GITOPS = str(Path(sys.executable).parent / "gitops")
 GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
@@ -98,7 +99,8 @@ def test_replicas_share_the_shards_and_take_over_a_killed_one(server, tmp_path):
                 procs[replica] = subprocess.Popen(
                     [GITOPS, "watch", "--repo", str(origin), "--workdir", str(tmp_path / replica),
                      "--insecure-plaintext-secrets", "--interval", "1s", "--metrics-address", "",
-                     "--coordination-kubeconfig", str(server.admin_kubeconfig), "--replica-id", replica],
+                     "--coordination-kubeconfig", str(server.admin_kubeconfig), "--replica-id", replica,
+                     "--status-signing-key", str(shared_status_key(tmp_path))],
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             time.sleep(2 if replica == "r1" else 0)  # r1 first takes every shard; r2 makes it give half up
 
@@ -130,12 +132,14 @@ def test_replicas_share_the_shards_and_take_over_a_killed_one(server, tmp_path):
         # the Leases once they expire, then reconciles at once (the held set changed), publishing in ~1 s
         assert took < LEASE + RETRY + 1 + 3, took
         git(work, "fetch", "-q", "origin", "gitops/status:refs/remotes/origin/gitops/status")
-        table = subprocess.run([GITOPS, "status", "--repo", str(work)], capture_output=True, text=True, timeout=60)
+        pinned = ["--status-signers", f"{shared_status_key(tmp_path)}.pub"]  # the replicas' shared key
+        table = subprocess.run([GITOPS, "status", "--repo", str(work), *pinned], capture_output=True, text=True,
+                               timeout=60)
         assert table.returncode == 0, table.stderr
         for lease in shard_leases(SHARDS):
             assert any(lease in line and survivor in line for line in table.stdout.splitlines()), table.stdout
         # the web UI's shards page shows the same holders (issue #30)
-        ui = subprocess.Popen([GITOPS, "ui", "--repo", str(origin), "--address", "127.0.0.1:0"],
+        ui = subprocess.Popen([GITOPS, "ui", "--repo", str(origin), "--address", "127.0.0.1:0", *pinned],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
         procs["ui"] = ui
         url = re.search(r"http://127\.0\.0\.1:\d+/", ui.stdout.readline())  # type: ignore[union-attr]

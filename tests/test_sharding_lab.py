@@ -29,6 +29,7 @@ from gitops.plan.render import render_markdown
 from gitops.status.branch import StatusBranch
 from gitops.status.sealed_state import ControllerStateStore, Sealer
 from tests.kubeapi import kube_api_server
+from signing import shared_status_key
 
 GITOPS = str(Path(sys.executable).parent / "gitops")
 GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
@@ -68,7 +69,8 @@ class Replicas:
             self.procs[name] = subprocess.Popen(
                 [GITOPS, "watch", "--repo", str(self.origin), "--workdir", str(self.base / name),
                  "--insecure-plaintext-secrets", "--interval", f"{POLL}s", "--metrics-address", "",
-                 "--coordination-kubeconfig", str(self.kubeconfig), "--replica-id", name],
+                 "--coordination-kubeconfig", str(self.kubeconfig), "--replica-id", name,
+                 "--status-signing-key", str(shared_status_key(self.base))],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def log_path(self, name: str) -> Path:

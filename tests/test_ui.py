@@ -62,7 +62,8 @@ def test_ui_shows_the_fleet_the_applies_a_refusal_and_a_branch_plan(tmp_path: Pa
     sip.write_text(sip.read_text().replace("active: 2", "active: 1", 1))
     branch = push(work, "tenant-1: one worker", "fewer-workers")
 
-    ui = subprocess.Popen([GITOPS, "ui", "--repo", str(origin), "--address", "127.0.0.1:0", "--refresh", "0"],
+    ui = subprocess.Popen([GITOPS, "ui", "--repo", str(origin), "--address", "127.0.0.1:0", "--refresh", "0",
+                           "--status-signers", str(workdir / "status-signing-key.pub")],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = ui.stdout.readline()  # type: ignore[union-attr]
@@ -100,7 +101,8 @@ def test_ui_shows_the_fleet_the_applies_a_refusal_and_a_branch_plan(tmp_path: Pa
         assert f"branch fewer-workers at\n{branch[:12]}" in shown, shown
         assert "~ label host" in shown and "Cluster tenant-1" in shown, shown
         assert 'class="line change"' in plan
-        assert "no branch 'nope'" in text_of(get(base + "plan?ref=nope")[1])
+        code, missing = get(base + "plan?ref=nope")
+        assert code == 404 and "no branch 'nope'" in text_of(missing)
 
         # pages asked at once (the server's threads share the mirror) all answer the same
         with concurrent.futures.ThreadPoolExecutor(8) as pool:

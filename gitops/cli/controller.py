@@ -24,6 +24,7 @@ from gitops.metrics import serve
 from gitops.source import SignaturePolicy
 from gitops.status.backups import BACKUPS_DIR
 from gitops.cli.trust import reader_options, reader_verifier
+from gitops.status.trust import Signers
 from gitops.status.reader import StatusReader, branch_of_checkout, signers_of_checkout
 from gitops.status.report import Result
 
@@ -148,8 +149,10 @@ def watch(interval: str, metrics_address: str, watch_local: bool, with_ui: bool,
         from gitops.cli.ui import watch_ui  # here: the web framework loads only when asked for
 
         config = controller.config
+        # the UI trusts what the controller does: its own key, and spec.status.signers on the main branch
         fallback, ui_server = watch_ui(config.repo, config.branch, config.status_branch or "",
-                                       config.workdir / "ui-mirror", metrics_address, ui_address, ui_allowed_hosts)
+                                       config.workdir / "ui-mirror", metrics_address, ui_address, ui_allowed_hosts,
+                                       Signers((controller.signing_key.signer,)), config.insecure_unverified_status)
     if metrics_address:
         server = serve(controller.metrics, metrics_address, stale_after=max(3 * seconds, 300), fallback=fallback)
         log.info("serving /metrics and /healthz" + (" and the UI" if fallback else ""),

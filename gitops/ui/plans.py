@@ -1,4 +1,4 @@
-"""The plan of a branch's files against a status ref, as `gitops plan CLONE --against-status REF` makes it."""
+"""The plan of a branch's files against a status commit, as `gitops plan CLONE --against-status REF` makes it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,8 +9,9 @@ from gitops.status.against import plan_against_status
 
 
 def branch_plan(files: Path, mirror: Path, status_ref: str) -> Plan:
-    """`files` (a branch's checkout) planned against the snapshot and public state at `status_ref` of `mirror`.
-    Secret fields stay sealed: no hypervisor is contacted. An invalid repo is an error listing why."""
+    """`files` (a branch's checkout) planned against the snapshot and public state at `status_ref` (a ref or a
+    commit) of `mirror`. Secret fields stay sealed: no hypervisor is contacted. An invalid repo is an error
+    listing why."""
     result = validate_repo(files, None, sealed_ok=True)
     if result.model is None:
         raise InvalidRepo(result.diagnostics)

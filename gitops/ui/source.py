@@ -1,9 +1,15 @@
 """Where the UI reads from: a mirror of the repo (its status branch, its other branches) kept in a private
-bare clone, fetched again at most every `refresh` seconds (I/O)."""
+bare clone, fetched again at most every `refresh` seconds (I/O).
+
+The repo and its status branch are untrusted input: a branch is named by a plain branch name only, its size is
+checked (`git ls-tree -r -l`) before any of it is archived, the archive streams to disk, and a link out of its
+files is refused. No message holds the URL's credentials (`gitops.redact`)."""
 from __future__ import annotations
 
 import contextlib
-import io
+import os
+import re
+import subprocess
 import tarfile
 import tempfile
 import threading
@@ -16,34 +22,87 @@ import git
 
 from gitops.errors import GitopsError
 from gitops.model.config import CONFIG_FILE, DEFAULT_STATUS_BRANCH
-from gitops.model.yamlload import YamlError, load_yaml_documents
+from gitops.model.yamlload import MAX_FILE_BYTES, YamlError, load_yaml_documents
+from gitops.printable import printable, shorten
+from gitops.redact import redact
 from gitops.status.reader import APPLY, SOURCE, StatusReader
+from gitops.status.trust import INSECURE_FLAG, Signers, TrustError, Verifier
+from gitops.ui.guard import BadRequest, NotFound, Refused
+from gitops.units import human_size
 
 #: what a fetch brings: the branches (the status branch among them), a clone's remote-tracking branches, notes
 _REFSPECS = ("+refs/heads/*:refs/heads/*", "+refs/remotes/origin/*:refs/remotes/origin/*",
              "+refs/notes/*:refs/notes/*")
+#: git never asks on a terminal (a page would hang on it); credentials come with the URL or a helper
+_GIT_ENV = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+
+#: a branch /plan checks out: at most this many bytes of files (the sum of its blobs' sizes) ...
+MAX_BRANCH_BYTES = 64 * 2**20
+#: ... and this many files
+MAX_BRANCH_FILES = 50_000
+#: the largest status record (status/apply.yaml, status/source.yaml) the applies pages read (as the repo's files)
+MAX_RECORD_BYTES = MAX_FILE_BYTES
+#: `git check-ref-format`'s forbidden characters (controls, space, ~ ^ : ? * [ \), and DEL
+_BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+_COMMIT_LIKE = re.compile(r"[0-9a-fA-F]{7,64}")
 
 
 @dataclass(frozen=True)
-class StatusCommit:
-    """One commit of the status branch: its id, time (unix), subject, and its two records as they were."""
+class LogEntry:
+    """One commit of the status branch: its id, time (unix), subject, and whether it wrote status/apply.yaml
+    (an apply's record), not only carried it along."""
 
     sha: str
     time: int
     subject: str
-    source: bytes | None
-    apply: bytes | None
-    #: whether this commit wrote status/apply.yaml (an apply's record), not only carried it along
     applied_here: bool
+
+
+def branch_name_problem(name: str) -> str:
+    """Why `name` is not a plain branch name ("" when it is one): `git check-ref-format --branch`'s rules, and
+    no `refs/...`, no `HEAD`, nothing a commit id could be taken for, at most 255 bytes."""
+    if not name:
+        return "it is empty"
+    if len(name.encode("utf-8", "surrogatepass")) > 255:
+        return "it is longer than 255 bytes"
+    if _BAD_CHARS.search(name):
+        return "it holds a space, a control character or one of ~ ^ : ? * [ \\"
+    if name.startswith(("-", "/")) or name.endswith(("/", ".")) or "//" in name or ".." in name:
+        return "it starts with - or /, ends with / or ., or holds // or .."
+    if "@{" in name or name == "@" or name == "HEAD":
+        return "@, @{ and HEAD name revisions, not branches"
+    if any(part.startswith(".") or part.endswith(".lock") for part in name.split("/")):
+        return "a part of it starts with . or ends with .lock"
+    if name.startswith("refs/"):
+        return "give the branch's name, not a ref (refs/...)"
+    if _COMMIT_LIKE.fullmatch(name):
+        return "it looks like a commit id; give a branch name"
+    return ""
+
+
+def check_branch_name(name: str) -> None:
+    """`BadRequest` unless `name` is a plain branch name."""
+    problem = branch_name_problem(name)
+    if problem:
+        raise BadRequest(f"'{printable(shorten(name, 80))}' is not a branch name: {problem}")
 
 
 class StatusSource:
     """A private bare mirror of `url` (a URL or a local clone), fetched when a page asks and the last fetch is
     older than `refresh` seconds. `branch`: the repo's main branch (its gitops.yaml names the status
-    branch, unless `status_branch` is given)."""
+    branch, unless `status_branch` is given). `max_branch_bytes`, `max_branch_files`: what a branch checked
+    out for a plan may hold."""
 
-    def __init__(self, url: str, cache: Path, branch: str = "main", status_branch: str = "", refresh: float = 5.0):
+    def __init__(self, url: str, cache: Path, branch: str = "main", status_branch: str = "", refresh: float = 5.0,
+                 max_branch_bytes: int = MAX_BRANCH_BYTES, max_branch_files: int = MAX_BRANCH_FILES,
+                 signers: Signers = Signers(), insecure: bool = False):
         self.url, self.cache, self.branch, self.refresh = url, cache, branch, refresh
+        #: status commits are read only when signed by one of these or of spec.status.signers on `branch`
+        self.signers, self.insecure = signers, insecure
+        self._verifiers: dict[tuple[str, ...], Verifier] = {}
+        #: the URL as messages show it: without its credentials
+        self.shown = redact(url)
+        self.max_branch_bytes, self.max_branch_files = max_branch_bytes, max_branch_files
         self._status_branch = status_branch
         self._fetched = -1e9
         #: one page at a time talks to the mirror: GitPython's `cat-file --batch` process is not thread-safe
@@ -59,10 +118,12 @@ class StatusSource:
         with self._lock:
             if not force and time.monotonic() - self._fetched < self.refresh:
                 return
-            try:
-                self.repo.git.fetch("--quiet", "--prune", "--no-tags", self.url, *_REFSPECS)
-            except git.GitCommandError as err:
-                raise GitopsError(f"cannot fetch {self.url}: {(err.stderr or str(err)).strip()}") from None
+            done = subprocess.run(["git", "-C", str(self.cache), "fetch", "--quiet", "--prune", "--no-tags", self.url,
+                                   *_REFSPECS], capture_output=True, text=True, errors="replace", env=_GIT_ENV,
+                                  check=False)
+            if done.returncode != 0:
+                why = done.stderr.strip() or f"git fetch exited {done.returncode}"
+                raise GitopsError(f"cannot fetch {self.shown}: {redact(why)}")
             self._fetched = time.monotonic()
 
     def resolve(self, name: str) -> str | None:
@@ -78,7 +139,16 @@ class StatusSource:
 
     def commit_of(self, ref: str) -> str:
         with self._lock:
-            return self.repo.git.rev_parse(ref)
+            return self.repo.git.rev_parse("--verify", "--quiet", f"{ref}^{{commit}}")
+
+    def branch_commit(self, name: str) -> str:
+        """The commit branch `name` is at (`BadRequest` for a name that is no plain branch name, `NotFound`
+        when there is no such branch)."""
+        check_branch_name(name)
+        ref = self.resolve(name)
+        if ref is None:
+            raise NotFound(f"no branch {printable(name)!r} in {self.shown}")
+        return self.commit_of(ref)
 
     def branches(self) -> list[str]:
         """The repo's branch names (the status branch left out)."""
@@ -91,51 +161,87 @@ class StatusSource:
                 out.add(name)
         return sorted(out)
 
+    def _spec(self) -> dict:
+        """The spec of gitops.yaml on the main branch, as is ({} when none or unreadable)."""
+        ref = self.resolve(self.branch)
+        if ref is None:
+            return {}
+        try:
+            with self._lock:
+                _sha, _kind, _size, data = self.repo.git.get_object_data(f"{ref}:{CONFIG_FILE}")
+            docs = load_yaml_documents(data)
+        except (ValueError, YamlError):
+            return {}
+        spec = docs[0].data.get("spec") if docs and isinstance(docs[0].data, dict) else None
+        return spec if isinstance(spec, dict) else {}
+
     @property
     def status_branch(self) -> str:
         if self._status_branch:
             return self._status_branch
-        ref = self.resolve(self.branch)
-        name = DEFAULT_STATUS_BRANCH
-        if ref is not None:
+        found = self._spec().get("statusBranch")
+        return found if isinstance(found, str) and found and not branch_name_problem(found) else DEFAULT_STATUS_BRANCH
+
+    def verifier(self) -> Verifier:
+        """Who may have signed a status commit the UI reads: spec.status.signers on the main branch (as it is
+        now) and the signers the UI was given; `TrustError` when there are none (unless insecure)."""
+        if self.insecure:
+            return Verifier(Signers(), insecure=True)
+        status = self._spec().get("status")
+        listed = status.get("signers") if isinstance(status, dict) else None
+        lines = tuple(str(s) for s in listed) if isinstance(listed, list) else ()
+        if lines not in self._verifiers:
             try:
-                with self._lock:
-                    _sha, _kind, _size, data = self.repo.git.get_object_data(f"{ref}:{CONFIG_FILE}")
-                docs = load_yaml_documents(data)
-                spec = docs[0].data.get("spec") if docs and isinstance(docs[0].data, dict) else None
-                found = spec.get("statusBranch") if isinstance(spec, dict) else None
-                name = found if isinstance(found, str) and found else name
-            except (ValueError, YamlError):
-                pass
-        return name
+                pinned = Signers.parse(lines, f"spec.status.signers of {self.branch}")
+            except TrustError:
+                pinned = Signers()  # (validation says why; the UI's own signers still hold)
+            self._verifiers = {lines: Verifier(pinned.plus(self.signers.signers))}
+        verifier = self._verifiers[lines]
+        if not verifier.signers:
+            raise TrustError("no status signer is pinned: list the controllers' keys in spec.status.signers of "
+                             f"gitops.yaml on {self.branch}, or start the UI with --status-signers FILE "
+                             f"({INSECURE_FLAG} shows the branch unverified)")
+        return verifier
+
+    def verify(self, commit: str) -> None:
+        """`TrustError` unless the status commit `commit` is signed by a pinned key."""
+        self.verifier().require(self.cache, commit)
 
     # ------------------------------------------------------------------ reading
 
     def status_ref(self) -> str:
         ref = self.resolve(self.status_branch)
         if ref is None:
-            raise GitopsError(f"no status branch {self.status_branch!r} in {self.url} yet: has a controller "
+            raise GitopsError(f"no status branch {self.status_branch!r} in {self.shown} yet: has a controller "
                               "(or `gitops state push`) written it?")
         return ref
 
     def reader(self, at: str = "") -> StatusReader:
-        """The status tree at the status branch's tip (or at commit `at` of it)."""
+        """The status tree at the status branch's tip (or at commit `at` of it). Every read of the status
+        branch's documents goes through here (the one place a reader is made)."""
         self.fetch()
-        return StatusReader.at_ref(self.cache, at or self.status_ref())
+        return StatusReader.at_ref(self.cache, at or self.status_ref(), self.verifier())
 
-    def history(self, limit: int = 50) -> list[StatusCommit]:
-        """The status branch's newest `limit` commits, newest first, each with its records as they were."""
+    def log(self, limit: int = 50) -> list[LogEntry]:
+        """The status branch's newest `limit` commits, newest first (two `git log`s, no record read)."""
         self.fetch()
         ref = self.status_ref()
-        out = []
         with self._lock:
             lines = self.repo.git.log("--first-parent", f"-n{limit}", "--format=%H%x00%ct%x00%s", ref).splitlines()
             changed = set(self.repo.git.log("--first-parent", f"-n{limit}", "--format=%H", ref, "--", APPLY).split())
-            for line in lines:
-                sha, stamp, subject = line.split("\x00", 2)
-                out.append(StatusCommit(sha, int(stamp), subject, self._blob(sha, SOURCE), self._blob(sha, APPLY),
-                                        sha in changed))
+        out = []
+        verifier = self.verifier()
+        for line in lines:
+            sha, stamp, subject = line.split("\x00", 2)
+            if verifier.problem(self.cache, sha) is None:  # a commit nobody pinned signed is not shown
+                out.append(LogEntry(sha, int(stamp), subject, sha in changed))
         return out
+
+    def records(self, commit: str, with_apply: bool = True) -> tuple[bytes | None, bytes | None]:
+        """status/source.yaml and (when `with_apply`) status/apply.yaml as they were at `commit`; None where
+        there is none. `Refused` for one over `MAX_RECORD_BYTES`."""
+        with self._lock:
+            return self._blob(commit, SOURCE), self._blob(commit, APPLY) if with_apply else None
 
     def last_apply_time(self) -> int | None:
         """When the newest status commit that wrote an apply's record was made (unix time), if any."""
@@ -147,24 +253,94 @@ class StatusSource:
 
     def _blob(self, commit: str, rel: str) -> bytes | None:
         try:
-            _sha, kind, _size, data = self.repo.git.get_object_data(f"{commit}:{rel}")
+            _sha, kind, size = self.repo.git.get_object_header(f"{commit}:{rel}")
         except ValueError:
             return None
-        return data if kind == b"blob" else None
+        if kind != b"blob":
+            return None
+        if size > MAX_RECORD_BYTES:
+            raise Refused(f"{rel} of status commit {commit[:12]} is {human_size(size)}, over the "
+                          f"{human_size(MAX_RECORD_BYTES)} the UI reads of a record; not shown")
+        return self.repo.git.get_object_data(f"{commit}:{rel}")[3]
+
+    # ------------------------------------------------------------------ a branch's files
+
+    def check_size(self, commit: str, name: str) -> None:
+        """`Refused` when the tree of `commit` holds more than `max_branch_files` files or
+        `max_branch_bytes` bytes of them (`git ls-tree -r -l`, read as it streams: stops at the limit)."""
+        files = total = 0
+        args = ["git", "-C", str(self.cache), "ls-tree", "-r", "-l", "-z", "--full-tree", commit]
+        with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+            out = proc.stdout
+            assert out is not None
+            try:
+                rest = b""
+                for chunk in iter(lambda: out.read(1 << 16), b""):
+                    *entries, rest = (rest + chunk).split(b"\0")
+                    for entry in entries:
+                        fields = entry.partition(b"\t")[0].split()
+                        files += 1
+                        total += int(fields[3]) if len(fields) == 4 and fields[3].isdigit() else 0
+                        if files > self.max_branch_files or total > self.max_branch_bytes:
+                            raise Refused(self._too_large(name, files > self.max_branch_files))
+            except BaseException:
+                proc.kill()
+                raise
+        if proc.returncode != 0:
+            raise GitopsError(f"cannot list branch {printable(name)!r} (commit {commit[:12]}) of {self.shown}")
+
+    def _too_large(self, name: str, files: bool) -> str:
+        what = f"more than {self.max_branch_files:,} files" if files else \
+            f"more than {human_size(self.max_branch_bytes)} of files"
+        return (f"branch {printable(name)!r} holds {what}, over the UI's limit for a plan "
+                f"({human_size(self.max_branch_bytes)} in {self.max_branch_files:,} files at most; "
+                "`gitops ui --plan-max-mib`): plan it with `gitops plan CLONE --against-status` instead")
 
     @contextlib.contextmanager
-    def checkout(self, branch: str) -> Iterator[tuple[Path, str]]:
-        """The files of `branch` in a temporary directory (removed after), with the commit they are of."""
-        self.fetch()
-        ref = self.resolve(branch)
-        if ref is None:
-            raise GitopsError(f"no branch {branch!r} in {self.url}")
-        sha = self.commit_of(ref)
+    def checkout(self, commit: str, name: str) -> Iterator[Path]:
+        """The files of `commit` (branch `name`) in a temporary directory, removed after: its size checked
+        first, then `git archive` streamed into it (never held in memory). A link out of the files is
+        `Refused`."""
+        self.check_size(commit, name)
         with tempfile.TemporaryDirectory(prefix="gitops-ui-") as tmp:
-            archive = io.BytesIO()
-            with self._lock:
-                self.repo.archive(archive, sha, format="tar")
-            archive.seek(0)
-            with tarfile.open(fileobj=archive) as tar:
-                tar.extractall(tmp, filter="data")
-            yield Path(tmp), sha
+            self._extract(commit, name, Path(tmp))
+            yield Path(tmp)
+
+    def _extract(self, commit: str, name: str, into: Path) -> None:
+        spent = 0
+
+        def admit(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+            nonlocal spent
+            try:
+                member = tarfile.data_filter(member, dest)
+            except tarfile.FilterError as err:
+                link = f" (a link to {printable(member.linkname)!r})" if member.issym() or member.islnk() else ""
+                raise Refused(f"branch {printable(name)!r}: {printable(member.name)!r}{link} leads out of the "
+                              f"branch's files ({err.__class__.__name__}); refusing to plan it: a link must stay "
+                              "inside the repo") from None
+            spent += member.size  # (the sizes were checked already: this holds if the archive differs)
+            if spent > self.max_branch_bytes:
+                raise Refused(self._too_large(name, False))
+            return member
+
+        args = ["git", "-C", str(self.cache), "archive", "--format=tar", commit]
+        problem = ""
+        with tempfile.TemporaryFile() as errors:
+            with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors) as proc:
+                try:
+                    with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+                        tar.extractall(into, filter=admit)
+                    assert proc.stdout is not None
+                    while proc.stdout.read(1 << 16):  # the archive's padding after its last member
+                        pass
+                except tarfile.TarError as err:
+                    problem = str(err)
+                    proc.kill()
+                except BaseException:
+                    proc.kill()
+                    raise
+            errors.seek(0)
+            failed = errors.read().decode(errors="replace").strip()
+        if problem or proc.returncode != 0:
+            raise GitopsError(f"cannot archive branch {printable(name)!r} (commit {commit[:12]}) of {self.shown}: "
+                              f"{redact(failed) or problem or f'git archive exited {proc.returncode}'}")

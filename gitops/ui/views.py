@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
 
 from gitops.plan.actions import KINDS, Kind, Plan
 from gitops.plan.render import Section, describe, headline, sections
+from gitops.printable import shorten
 from gitops.status.reader import SourceStatus
 from gitops.units import human_age, human_size
 
@@ -248,30 +249,86 @@ def _symbol(kind: str) -> str:
         return "~"
 
 
+#: libyaml's parser (the applies page reads up to 100 records, each up to hundreds of KiB)
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: the longest text of a record shown (a reason, an error): the status branch is untrusted input
+TEXT_LIMIT = 4000
+
+
+def load_record(data: bytes | None) -> dict[str, Any]:
+    """The `status` mapping of a status record (`{}` when there is none, or it is not YAML of that shape)."""
+    if not data:
+        return {}
+    try:
+        return _status(yaml.load(data, Loader=_LOADER))
+    except (yaml.YAMLError, RecursionError, ValueError, TypeError):
+        return {}
+
+
+def _text(value: Any) -> str:
+    """A scalar of a record as text ("" for a mapping or a list: an alias of a huge one is never expanded)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float, dt.date)):
+        return ""
+    return shorten(str(value), TEXT_LIMIT)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _map(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _seconds(value: Any) -> str:
+    return f"{value:.1f} s" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+
+
+def aged(row: ApplyRow, now: dt.datetime) -> ApplyRow:
+    """`row` with its age at `now` (rows are kept by status commit, without one)."""
+    return replace(row, when=_ago(dt.datetime.fromtimestamp(row.at, dt.timezone.utc), now))
+
+
 def apply_row(sha: str, at: int, subject: str, source: bytes | None, apply: bytes | None, applied_here: bool,
-              now: dt.datetime) -> ApplyRow:
-    src = SourceStatus.parse(source) if source else SourceStatus()
-    record = _status(yaml.safe_load(apply)) if apply and applied_here else {}
+              now: dt.datetime | None = None) -> ApplyRow:
+    """One status commit's row, from its records as they were (its age at `now`, "" without one)."""
+    src = load_record(source)
+    record = load_record(apply) if applied_here else {}
     kind = "Other"
     if subject.startswith("refuse "):
         kind = "Refused"
     elif subject.startswith("backup:"):
         kind = "Backup"
     elif record:
-        kind = str(record.get("result", "Applied"))
+        kind = _text(record.get("result")) or "Applied"
     elif subject.split(" ", 1)[0] in ("applied", "failed", "stopped", "incomplete"):
         kind = subject.split(" ", 1)[0].capitalize()
-    summary = record.get("summary") or {}
-    actions = record.get("actions") or ()
-    seconds = record.get("durationSeconds")
-    return ApplyRow(
-        status_sha=sha, when=_ago(dt.datetime.fromtimestamp(at, dt.timezone.utc), now), at=at, kind=kind,
-        source_sha=str(record.get("sha") or src.last_seen_sha) if kind != "Backup" else "", subject=subject,
-        done=int(summary.get("executed", 0)), failed=1 if record.get("error") else 0,
-        planned=int(summary.get("planned", 0)),
-        duration=f"{seconds:.1f} s" if isinstance(seconds, (int, float)) else "",
-        errors=tuple(src.errors) if kind == "Refused" else ((str(record["error"]),) if record.get("error") else ()),
-        clusters=tuple(sorted({str(a.get("subject", "")).split("/")[0] for a in actions if a.get("subject")})))
+    summary = _map(record.get("summary"))
+    error = _text(record.get("error"))
+    subjects = {_text(_map(a).get("subject")).split("/")[0] for a in _list(record.get("actions"))}
+    row = ApplyRow(
+        status_sha=sha, when="", at=at, kind=kind,
+        source_sha=(_text(record.get("sha")) or _text(src.get("lastSeenSHA"))) if kind != "Backup" else "",
+        subject=shorten(subject, TEXT_LIMIT), done=_int(summary.get("executed")), failed=1 if error else 0,
+        planned=_int(summary.get("planned")), duration=_seconds(record.get("durationSeconds")),
+        errors=tuple(_text(e) for e in _list(src.get("errors"))[:50]) if kind == "Refused" else
+        ((error,) if error else ()),
+        clusters=tuple(sorted(subjects - {""})))
+    return aged(row, now) if now is not None else row
+
+
+def apply_rows(items: Iterable[tuple[str, int, str, bytes | None, bytes | None, bool]]) -> list[ApplyRow]:
+    """`apply_row` of each (sha, time, subject, source, apply, applied here), without their ages."""
+    return [apply_row(*item) for item in items]
+
+
+def unreadable_row(sha: str, at: int, subject: str, why: str) -> ApplyRow:
+    """The row of a status commit whose records are not read (`why`)."""
+    return ApplyRow(sha, "", at, "Other", "", shorten(subject, TEXT_LIMIT), 0, 0, 0, "", (why,), ())
 
 
 @dataclass(frozen=True)
@@ -283,22 +340,22 @@ class ApplyPage:
     follow_up_why: tuple[str, ...]
 
 
-def _action_rows(rows: Iterable[Mapping[str, Any]]) -> tuple[ActionRow, ...]:
+def _action_rows(rows: Iterable[Any]) -> tuple[ActionRow, ...]:
     out = []
-    for a in rows:
-        seconds = a.get("seconds")
-        out.append(ActionRow(int(a.get("index", 0)), _symbol(str(a.get("kind", ""))), str(a.get("kind", "")),
-                             str(a.get("subject", "")), str(a.get("hypervisor", "")), str(a.get("reason", "")),
-                             tuple(map(str, a.get("details") or ())), str(a.get("result", "")),
-                             f"{seconds:.1f} s" if isinstance(seconds, (int, float)) else ""))
+    for a in map(_map, rows):
+        kind = _text(a.get("kind"))
+        out.append(ActionRow(_int(a.get("index")), _symbol(kind), kind, _text(a.get("subject")),
+                             _text(a.get("hypervisor")), _text(a.get("reason")),
+                             tuple(_text(d) for d in _list(a.get("details"))), _text(a.get("result")),
+                             _seconds(a.get("seconds"))))
     return tuple(out)
 
 
 def apply_page(row: ApplyRow, apply: bytes | None) -> ApplyPage:
-    record = _status(yaml.safe_load(apply)) if apply else {}
-    follow = record.get("followUp") or {}
-    return ApplyPage(row, str(record.get("time", "")), _action_rows(record.get("actions") or ()),
-                     _action_rows(follow.get("actions") or ()), tuple(map(str, follow.get("why") or ())))
+    record = load_record(apply)
+    follow = _map(record.get("followUp"))
+    return ApplyPage(row, _text(record.get("time")), _action_rows(_list(record.get("actions"))),
+                     _action_rows(_list(follow.get("actions"))), tuple(_text(w) for w in _list(follow.get("why"))))
 
 
 # ------------------------------------------------------------------------------ a timeline picture
@@ -394,5 +451,6 @@ def plan_error(ref: str, error: str, branches: tuple[str, ...]) -> PlanPage:
     return PlanPage(ref, "", "", "", (), (), (), (), error=error, branches=branches)
 
 
-__all__ = ["ApplyPage", "ApplyRow", "ClusterPage", "Fleet", "PlanPage", "Timeline", "apply_page",
-           "apply_row", "cluster_page", "fleet", "plan_error", "plan_page", "timeline"]
+__all__ = ["ApplyPage", "ApplyRow", "ClusterPage", "Fleet", "PlanPage", "Timeline", "aged", "apply_page",
+           "apply_row", "apply_rows", "cluster_page", "fleet", "load_record", "plan_error", "plan_page", "timeline",
+           "unreadable_row"]
