@@ -243,7 +243,13 @@ class Controller:
         if name not in self._status:
             self._status[name] = StatusBranch(self.config.repo, self.config.workdir, name)
         branch = self._status[name]
-        pinned = Signers.parse(signers, "spec.status.signers").plus([self.signing_key.signer])
+        listed = Signers.parse(signers, "spec.status.signers")
+        pinned = listed.plus([self.signing_key.signer])
+        if listed and not listed.allows(self.signing_key.signer) and (
+                branch.trust is None or branch.trust.verifier.signers != pinned):
+            log.warning("this controller's status signing key is not in spec.status.signers: gitops status, plan "
+                        "--against-status, state pull, the UI and other replicas will not read what it writes",
+                        extra={"key": self.signing_key.signer.public[:40] + "..."})
         if branch.trust is None or branch.trust.verifier.signers != pinned:
             branch.trust = BranchTrust(Verifier(pinned, insecure=self.config.insecure_unverified_status),
                                        self.signing_key)

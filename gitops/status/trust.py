@@ -28,6 +28,8 @@ KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa
              "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
 _LINE = re.compile(r"^(?P<principal>[A-Za-z0-9._@+-]{1,128})\s+(?P<type>[a-z0-9@.-]+)\s+(?P<key>[A-Za-z0-9+/]+={0,3})"
                    r"(?:\s+(?P<comment>\S.*))?$")
+#: the largest commit object verified (headers, signature and message; a status commit's is about 1 KiB)
+MAX_COMMIT_BYTES = 1 << 20
 #: where the insecure mode is named in errors and warnings
 INSECURE_FLAG = "--insecure-unverified-status"
 
@@ -161,6 +163,12 @@ class Verifier:
     def _check(self, repo: Path, sha: str) -> str | None:
         if not self.signers:
             return "no status signer is pinned"
+        size = subprocess.run(["git", "-C", str(repo), "cat-file", "-s", sha], capture_output=True, text=True,
+                              check=False)
+        if size.returncode != 0 or not size.stdout.strip().isdigit():
+            return f"no commit {sha[:12]} here"
+        if int(size.stdout) > MAX_COMMIT_BYTES:
+            return f"its commit object is {int(size.stdout)} bytes, more than a status commit ever holds"
         raw = subprocess.run(["git", "-C", str(repo), "cat-file", "commit", sha], capture_output=True, check=False)
         if raw.returncode != 0:
             return f"no commit {sha[:12]} here"
