@@ -400,7 +400,7 @@ class Controller:
             return None
         self.metrics.untrusted_status.inc()
         self.notifier.send(notify, Event(untrusted[0], "UntrustedStatus",
-                                         f"status commit {untrusted[0][:12]} on {status.branch} set aside: "
+                                         f"status commit {untrusted[0][:12] or '(none)'} on {status.branch} set aside: "
                                          f"{untrusted[1]}", errors=(untrusted[1],),
                                          time=now.isoformat(timespec="seconds")))
         return untrusted

@@ -420,3 +420,18 @@ def test_a_forged_apply_lock_holds_no_longer_than_any_controller_would(origin: s
     assert taken.holder == "ctl"
     forge("not json at all")
     assert lease.acquire("ctl", ttl).holder == "ctl"
+
+
+def test_a_deleted_status_branch_is_written_back_from_the_last_trusted_commit(origin: str, tmp_path: Path):
+    mine = make_key(tmp_path / "keys", "ctl")
+    branch = StatusBranch(origin, tmp_path / "a", BRANCH, trust(mine))
+    branch.publish(files({"status/source.yaml": b"applied: good\n", "state/public.json": b'{"generation": 3}\n'}),
+                   "one")
+    subprocess.run(["git", "--git-dir", origin, "update-ref", "-d", f"refs/heads/{BRANCH}"], check=True)
+    assert branch.sync() is None and branch.untrusted is not None and "the branch is gone" in branch.untrusted[1]
+    assert branch.read("state/public.json") == b'{"generation": 3}\n'
+    branch.publish(files({"status/source.yaml": b"applied: again\n", "state/public.json": b'{"generation": 3}\n'}),
+                   "two")
+    assert git(tmp_path, "--git-dir", origin, "show", f"{BRANCH}:state/public.json") == '{"generation": 3}'
+    branch.sync()
+    assert branch.untrusted is None

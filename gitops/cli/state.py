@@ -71,7 +71,7 @@ def pull_cmd(repo: str, status_branch: str, state_dir: Path, identity: Path | No
         branch = _branch(repo, status_branch, Path(scratch), BranchTrust(verifier))
         generation, found = pull(branch, sealer)
         if branch.untrusted is not None:
-            click.echo(f"WARNING: the tip of {status_branch} ({branch.untrusted[0][:12]}) is not trusted: "
+            click.echo(f"WARNING: the tip of {status_branch} ({branch.untrusted[0][:12] or 'deleted'}) is not trusted: "
                        f"{branch.untrusted[1]}; pulled the newest status commit a pinned key signed", err=True)
     store = LocalDirStore(state_dir)
     here = store.load()

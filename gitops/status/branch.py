@@ -118,6 +118,13 @@ class StatusBranch:
             for entry in self.dir.iterdir():
                 if entry.name != ".git":
                     shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            known = self._known() if self.trust is not None else ""
+            if known:  # deleted by someone: what was last verified here is read, and written back
+                self.untrusted = ("", f"the branch is gone; {known[:12]}, the last status commit verified here, "
+                                      "is read instead")
+                log.warning("status branch deleted: the last trusted status is written back",
+                            extra={"branch": self.branch, "reading": known})
+                repo.git.read_tree("--reset", "-u", known)
         elif tip != self._pushed:  # else the worktree already is the tip
             base = self._trusted_base(tip) if self.trust is not None else tip
             if base == tip:
@@ -138,7 +145,7 @@ class StatusBranch:
         newest trusted commit to read instead ("" when there is none), the tip noted in `untrusted`."""
         assert self.trust is not None
         repo, ref = Path(self.repo.working_tree_dir or self.dir), f"{TRUSTED_REFS}/{self.branch}"
-        known = self.repo.git.rev_parse("--verify", "--quiet", ref, with_exceptions=False).strip()
+        known = self._known()
         if known and not is_ancestor(repo, known, tip):
             self.untrusted = (tip, f"its history does not descend from {known[:12]}, the last status commit "
                                    "verified here (rewritten or rolled back)")
@@ -156,6 +163,11 @@ class StatusBranch:
             log.warning("status branch tip not trusted: it is set aside", extra={
                 "sha": tip, "reason": self.untrusted[1], "reading": base or "(nothing)", "branch": self.branch})
         return base
+
+    def _known(self) -> str:
+        """The last status commit verified in this worktree's clone ("" when none)."""
+        return self.repo.git.rev_parse("--verify", "--quiet", f"{TRUSTED_REFS}/{self.branch}",
+                                       with_exceptions=False).strip()
 
     def read(self, rel: str) -> bytes | None:
         return self.reader.read(rel)

@@ -109,7 +109,7 @@ def source_document(outcome: Outcome, previous: Callable[[str], bytes | None], n
     untrusted = outcome.untrusted_status
     status["conditions"].append(condition(
         "StatusBranchTrusted", untrusted is None, "Untrusted" if untrusted else "Signed",
-        f"status commit {untrusted[0][:12]} set aside: {untrusted[1]}; the last trusted status was read and "
+        f"status commit {untrusted[0][:12] or '(none)'} set aside: {untrusted[1]}; the last trusted status was read and "
         "written back over it" if untrusted else "the status branch's tip was signed by a pinned key", before, now))
     if outcome.errors:
         status["errors"] = list(outcome.errors)
