@@ -217,7 +217,7 @@ def mounts_under(path: Path) -> list[str]:
     points = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         point = _unescape(line.split()[4])
-        if point == root or point.startswith(root + "/"):
+        if point == root or point.startswith(root.rstrip("/") + "/"):
             points.append(point)
     return sorted(set(points), key=lambda p: (-p.count("/"), p))
 

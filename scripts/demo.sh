@@ -12,33 +12,76 @@
 # to a controller (the repo pushed to a local bare repo, the state to its status branch, `gitops watch --ui`),
 # and the demo prints the web UI's URL.
 # The lab stays up afterwards so you can look around; the last lines say how
-# to inspect it and tear it down.
+# to inspect it and tear it down. A run starts by undoing what an earlier one left in
+# $GITOPS_DEMO_DIR, finished, failed or still running, so it can always be run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 
 G=.venv/bin/gitops
 WORK=${GITOPS_DEMO_DIR:-/tmp/gitops-demo}
+mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd -P)  # as the kernel names it: mount points and command lines are compared with it
 LAB=$WORK/lab
 REPO=$WORK/repo
 STATE=$WORK/state
+#: everything a run writes in $WORK but the controller's age identity (controller.key, kept if it reads)
+ARTEFACTS=(repo state demo.plan team-a.kubeconfig web.yaml client.yaml worker backups origin.git controller
+           controller.log controller.pid lab-hypervisors.yaml)
 
-if [ -f "$WORK/controller.pid" ]; then
-    echo "== the previous demo controller stops"
-    kill "$(cat "$WORK/controller.pid")" 2>/dev/null || true
-    for _ in $(seq 1 60); do kill -0 "$(cat "$WORK/controller.pid")" 2>/dev/null || break; sleep 1; done
-    rm -f "$WORK/controller.pid"
+tree() {  # PID and its descendants, deepest first
+    local child
+    for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do tree "$child"; done
+    echo "$1"
+}
+alive() {  # any of the PIDs given still runs (a zombie does not)
+    local pid
+    for pid; do grep -qv '^[0-9]* (.*) Z ' "/proc/$pid/stat" 2>/dev/null && return 0; done
+    return 1
+}
+halt() {  # SIGTERM the PIDs given, SIGKILL what is left after 30 s
+    [ $# -gt 0 ] || return 0
+    kill "$@" 2>/dev/null || true
+    for _ in $(seq 1 30); do alive "$@" || return 0; sleep 1; done
+    kill -9 "$@" 2>/dev/null || true
+}
+stop() {  # stop the process in pid file $1 and its descendants, if its command line still names $2
+    local pid
+    pid=$(cat "$1" 2>/dev/null) || return 0
+    if [[ $pid =~ ^[0-9]+$ ]] && [ "$pid" != $$ ] && [ "$pid" != "$PPID" ] && tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline" | grep -qF -- "$2"; then
+        echo "== $3 (pid $pid) stops"
+        halt $(tree "$pid")
+    fi
+    rm -f "$1"
+}
+orphans() {  # gitops commands still naming $WORK: an earlier run's, its script killed under them
+    local cmd pid
+    for cmd in /proc/[0-9]*/cmdline; do
+        pid=${cmd#/proc/}; pid=${pid%/cmdline}
+        [ "$pid" != $$ ] && [ "$pid" != "$PPID" ] || continue
+        case $(tr '\0' ' ' 2>/dev/null < "$cmd") in *bin/gitops\ *"$WORK/"*) echo "$pid" ;; esac
+    done
+}
+stop "$WORK/demo.pid" scripts/demo.sh "the previous demo, still running,"
+stop "$WORK/controller.pid" "--workdir $WORK/controller" "the previous demo's controller"
+LEFT=$(orphans)
+if [ -n "$LEFT" ]; then
+    echo "== the previous demo's gitops commands still running stop: pid" $LEFT
+    halt $LEFT
 fi
-if [ -f "$WORK/worker/worker.json" ]; then
-    echo "== the previous demo worker leaves"
-    $G lab exec --dir "$LAB" lab-worker-1 -- $G leave --dir "$WORK/worker" || $G leave --dir "$WORK/worker"
-fi
-if [ -f "$LAB/lab.json" ]; then
-    echo "== tearing down the previous demo lab"
+if [ -e "$LAB" ]; then
+    echo "== tearing down the previous demo's lab (a worker still joined on it goes with it)"
     $G lab down --dir "$LAB"
 fi
-rm -rf "$REPO" "$STATE" "$WORK/origin.git" "$WORK/controller"
-mkdir -p "$WORK"
+# a mount an earlier gitops's lab down left (kubelet's, under the worker's directory): lazily, nothing uses it
+for point in $(awk -v d="$WORK/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r); do
+    umount -l "$point"
+done
+for name in "${ARTEFACTS[@]}"; do rm -rf "${WORK:?}/$name"; done
+echo $$ > "$WORK/demo.pid"
+JOINING=
+trap 'rm -f "$WORK/demo.pid"; [ -z "$JOINING" ] || kill "$JOINING" 2>/dev/null || true' EXIT
+trap 'echo "the demo failed (line $LINENO); run it again: it starts by undoing what this run left" >&2' ERR
 
 echo "== gitops lab up: 3 containerd hypervisors (1 public), mTLS fronts"
 $G lab up --dir "$LAB" --hypervisors 3 --public 1 --remote > "$WORK/lab-hypervisors.yaml"
@@ -47,7 +90,7 @@ $G lab status --dir "$LAB"
 echo "== the example repo, wired to the lab: $REPO"
 # the hypervisors' mTLS client keys go to git age-encrypted to the controller's identity;
 # plan and apply decrypt them in memory with it ($GITOPS_IDENTITY)
-[ -f "$WORK/controller.key" ] || age-keygen -o "$WORK/controller.key" 2>/dev/null
+age-keygen -y "$WORK/controller.key" >/dev/null 2>&1 || { rm -f "$WORK/controller.key"; age-keygen -o "$WORK/controller.key" 2>/dev/null; }
 export GITOPS_IDENTITY=$WORK/controller.key
 $G lab example-repo --dir "$LAB" "$REPO" --encrypt-to "$(age-keygen -y "$WORK/controller.key")"
 $G secrets list "$REPO"
@@ -97,6 +140,7 @@ signed() {  # wait for the kubelet's certificate request, show gitops's plan for
 }
 signed "kubelet client certificate"
 wait $JOINING
+JOINING=
 signed "kubelet serving certificate"
 k wait --for=condition=Ready node/lab-worker-1 --timeout=180s
 k get nodes -o wide
@@ -147,17 +191,24 @@ git -C "$REPO" init -q -b main
 git -C "$REPO" add -A
 git -C "$REPO" -c user.name="gitops demo" -c user.email=demo@example.invalid commit -qm "the demo's repo"
 git -C "$REPO" push -q "$ORIGIN" HEAD:main
-$G state push --repo "$REPO" --state-dir "$STATE" --identity "$WORK/controller.key" \
-    --signing-key "$WORK/controller/status-signing-key"
+# to the repo the controller watches (a bare one: it has no gitops.yaml to read the pinned signer from)
+$G state push --repo "$ORIGIN" --state-dir "$STATE" --identity "$WORK/controller.key" \
+    --signing-key "$WORK/controller/status-signing-key" --status-signers "$WORK/controller/status-signing-key.pub"
 PORT=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 nohup $G watch --repo "$ORIGIN" --workdir "$WORK/controller" --identity "$WORK/controller.key" --interval 30s \
     --metrics-address "127.0.0.1:$PORT" --ui > "$WORK/controller.log" 2>&1 &
 echo $! > "$WORK/controller.pid"
+APPLIED=
 for _ in $(seq 1 180); do  # its first reconcile restores the pushed state, finds nothing to change, reports
-    curl -fs "http://127.0.0.1:$PORT/metrics" | grep -q 'gitops_reconcile_total{result="applied"}' && break
+    curl -fs "http://127.0.0.1:$PORT/metrics" | grep -q 'gitops_reconcile_total{result="applied"}' && APPLIED=1 && break
     sleep 1
 done
-curl -fs "http://127.0.0.1:$PORT/metrics" | grep '^gitops_reconcile_total'
+curl -fs "http://127.0.0.1:$PORT/metrics" | grep '^gitops_reconcile_total' || true
+if [ -z "$APPLIED" ]; then
+    tail -5 "$WORK/controller.log" >&2
+    echo "the controller applied nothing in 180 s: see $WORK/controller.log" >&2
+    false
+fi
 git -C "$ORIGIN" log --oneline -3 gitops/status
 
 cat <<MSG
@@ -174,8 +225,7 @@ GITOPS_IDENTITY=$WORK/controller.key: export it first):
   $G backup list $REPO --cluster team-a
   $G status --repo $REPO --ref gitops/status  (after: git -C $REPO fetch $ORIGIN gitops/status:gitops/status)
   $KUBECTL --kubeconfig $WORK/team-a.kubeconfig get --raw /readyz
-Tear it all down with:
+Tear it all down with (the worker leaves with the lab; running the demo again does this first):
   kill \$(cat $WORK/controller.pid)
-  $G lab exec --dir $LAB lab-worker-1 -- $G leave --dir $WORK/worker
   $G lab down --dir $LAB
 MSG

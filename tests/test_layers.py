@@ -24,7 +24,9 @@ RANK = {
     "compile": 5, "observe": 5,
     # learning what only the hypervisors know is not planning: neither imports the other;
     # the lab builds the jump host's image from compile's jump host
-    "learn": 6, "plan": 6, "lab": 6, "worker": 6, "snapshots": 6,
+    # a worker's join and leave stand alone; the lab abandons a worker still joined when it goes down
+    "worker": 5.5,
+    "learn": 6, "plan": 6, "lab": 6, "snapshots": 6,
     "apply": 7,
     "engine": 8,
     "status": 9, "source": 9,

@@ -390,3 +390,34 @@ def test_worker_leaves_and_nothing_is_left(cluster):
     assert cluster.worker_has("cat", "/proc/sys/net/ipv4/ip_forward").strip() == host_forward
     assert not cluster.worker_dir.exists()
     assert not list(Path("/var/log/pods").glob("default_*"))  # kubelet's pod logs, outside its root dir
+
+
+def _mounts_under(path: Path) -> list[str]:
+    """Mount points at or below `path`, from /proc/self/mountinfo."""
+    root = str(path)
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return sorted(p for p in points if p == root or p.startswith(root + "/"))
+
+
+def test_lab_down_with_the_worker_joined_leaves_no_mount_or_process(cluster):
+    """Issue #43.6: `gitops lab down` while the worker is still joined and runs pods: kubelet's mounts (the
+    pods' secret volumes and its rshared root, in the host's mount namespace under the worker's directory)
+    are undone, kubelet, kube-proxy and every process of the worker stopped, its namespace and directory
+    removed. The module's last test: its lab goes down here (the fixture then finds nothing to undo)."""
+    ensure_joined(cluster)
+    cluster.kubectl("apply", "-f", "-", stdin=manifest("web", cluster.busybox))  # back on the worker if it left
+    cluster.kubectl("rollout", "status", "deployment/web", "--timeout=120s")
+    volumes = [m for m in _mounts_under(cluster.worker_dir) if "/kubelet/pods/" in m]
+    assert volumes, _mounts_under(cluster.dir)
+    in_namespace = subprocess.run(["ip", "netns", "pids", NET.netns], capture_output=True, text=True,
+                                  check=True).stdout.split()
+    assert in_namespace
+    down = cluster.gitops("lab", "down", "--dir", str(cluster.dir / "lab"))
+    cluster.joined = False
+    assert f"worker {cluster.worker_dir}: removed {cluster.worker_dir}" in down.stdout, down.stdout
+    assert _mounts_under(cluster.dir) == []  # the lab's (containerd) and the worker's (kubelet)
+    assert not cluster.worker_dir.exists() and not (cluster.dir / "lab").exists()
+    assert [pid for pid in in_namespace if Path(f"/proc/{pid}").exists()] == []
+    assert subprocess.run(["pgrep", "-f", str(cluster.dir)], capture_output=True, text=True).stdout.split() == []
+    assert not Path("/run/netns", NET.netns).exists()
+    assert not list(Path("/var/log/pods").glob("default_*"))  # kubelet's pod logs, outside its root dir

@@ -80,10 +80,13 @@ def status_cmd(lab_dir: Path | None) -> None:
 @lab.command("down")
 @_DIR
 def down_cmd(lab_dir: Path | None) -> None:
-    """Stop everything the lab started, unmount and remove its files."""
+    """Stop everything the lab started, unmount and remove its files; a worker still joined on a lab worker
+    goes with it (its kubelet and kube-proxy stopped, kubelet's mounts undone, its directory removed)."""
     report = labmod.down(lab_dir)
     for what in report.stopped:
         click.echo(f"stopped {what}")
+    for what in report.workers:
+        click.echo(f"worker {what}")
     click.echo(f"unmounted {len(report.unmounted)}, lab directory {'removed' if report.removed else 'kept'}")
 
 

@@ -150,6 +150,8 @@ class DownReport:
     stopped: tuple[str, ...]
     unmounted: tuple[str, ...]
     removed: bool
+    #: what was undone of workers still joined on the lab's runtimes ("<join --dir>: <what>")
+    workers: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------- state
@@ -521,12 +523,23 @@ def down(lab_dir: Path | None = None) -> DownReport:
     Only recorded processes (PID and start time must match), containerd/shim/runc/haproxy
     processes whose command line names the lab directory (containerd shims) and their
     descendants are signalled; never this process or its ancestors (sudo, time, a shell).
+    A worker still joined on a lab worker's runtime goes with it: its kubelet and kube-proxy are
+    stopped first (so they start no pod while the runtime drains), the processes left in its
+    namespace with the namespace, then its mounts (kubelet's, in its `join --dir`) are undone and
+    that directory removed (`gitops.worker.run.abandon`).
     """
+    from gitops.lab.netns import joined
+    from gitops.worker import run as worker_run
+
     lab_dir = (lab_dir or default_dir()).resolve()
     if not lab_dir.exists():
         return DownReport((), (), False)
     state = _load(lab_dir)
     stopped: list[str] = []
+    undone: list[str] = []  # of the workers still joined
+    workers = [directory for record in sorted(lab_dir.glob(f"hv-*/{RECORD}")) for directory in joined(record.parent)]
+    for directory in workers:
+        undone += [f"{directory}: {what}" for what in worker_run.stop(directory)]
     if state is not None:
         alive = {(p.role, p.hypervisor) for p in state.processes if p.alive()}
         for hv in state.hypervisors:
@@ -555,9 +568,14 @@ def down(lab_dir: Path | None = None) -> DownReport:
                 sock.unlink()
         stopped += [f"leftover[{pid}]" for pid in sorted(set(leftovers))]
     _remove_cgroups(lab_dir)
+    unmounted: list[str] = []
+    for directory in workers:  # before the namespaces' records go: a failure here leaves them for the next down
+        unmounted += procs.mounts_under(directory)
+        undone += [f"{directory}: {what}" for what in worker_run.abandon(directory)
+                   if not what.startswith(("unmounted ", "stopped "))]
     for hv_dir in sorted(lab_dir.glob("hv-*")):
         stopped += release(hv_dir)
-    unmounted = procs.unmount_under(lab_dir)
+    unmounted += procs.unmount_under(lab_dir)
     for name in [STATE_FILE, hostcheck.BASELINE, "images", "pki"] + [p.name for p in lab_dir.glob("hv-*")]:
         path = lab_dir / name
         if path.is_dir():
@@ -570,8 +588,9 @@ def down(lab_dir: Path | None = None) -> DownReport:
         removed = True
     except OSError:
         pass  # not empty: something that is not ours lives there
-    event(log, logging.INFO, "lab down", dir=str(lab_dir), stopped=len(stopped), unmounted=len(unmounted))
-    return DownReport(tuple(stopped), tuple(unmounted), removed)
+    event(log, logging.INFO, "lab down", dir=str(lab_dir), stopped=len(stopped), unmounted=len(unmounted),
+          workers=len(workers))
+    return DownReport(tuple(stopped), tuple(unmounted), removed, tuple(undone))
 
 
 def status(lab_dir: Path | None = None) -> LabStatus:

@@ -15,19 +15,27 @@ packets cross it (the kernel drops them on other interfaces otherwise).
 
 Processes enter the namespace with `nsenter --net` (network only: the worker's containerd
 and kubelet must share the host's mount namespace, where kubelet's volume mounts are seen
-by containerd). Each worker's directory holds a record (`worker.json`) naming its
-namespace and link, so `gitops lab down` removes them without knowing anything else of
-workers.
+by containerd). So kubelet's mounts are the host's, under the worker's `gitops join --dir`;
+`gitops lab down` finds that directory and undoes them (`joined`). Each
+worker's runtime directory holds a record (`worker.json`) naming its namespace and link, so
+`gitops lab down` removes them without knowing anything else of workers.
 """
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from gitops import procs
+from gitops.errors import GitopsError
 from gitops.lab.errors import LabError
+from gitops.worker import run as worker_run
+
+#: a mount kubelet made: its root dir (`<join --dir>/kubelet`, made rshared) or a pod's volume under it
+_KUBELET_MOUNT = re.compile(r"^(/.+?)/kubelet(?:/pods/.*)?$")
 
 #: the record a worker's directory holds (its `LabWorker`, as JSON)
 RECORD = "worker.json"
@@ -92,7 +100,7 @@ def remove(net: WorkerNetwork) -> list[str]:
     """Stop every process left in the namespace, then remove the veth and the namespace; what was removed."""
     done = []
     if exists(net.netns):
-        pids = _pids(net.netns)
+        pids = in_namespace(net.netns)
         if pids:
             try:
                 procs.terminate([(pid, procs.start_time(pid)) for pid in pids], timeout=10)
@@ -130,7 +138,8 @@ def release(hv_dir: Path) -> list[str]:
     return done
 
 
-def _pids(netns: str) -> list[int]:
+def in_namespace(netns: str) -> list[int]:
+    """PIDs of the processes in network namespace `netns`."""
     out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
     return sorted(int(p) for p in out.stdout.split() if p.isdigit())
 
@@ -148,3 +157,34 @@ def _ip(*args: str) -> None:
     result = subprocess.run(["ip", *args], capture_output=True, text=True)
     if result.returncode != 0:
         raise LabError(f"ip {' '.join(args)}: {result.stderr.strip()}")
+
+
+def joined(hv_dir: Path) -> list[Path]:
+    """The directories (`gitops join --dir`) of workers joined on the lab runtime in `hv_dir`, wherever they
+    are: named by the processes in its namespace (kubelet's working and root directories) and by kubelet's
+    mounts on the host; a directory counts only if the worker state `join` wrote there names this runtime's
+    CRI socket (a worker of another lab, or of a real machine, is never taken)."""
+    hints: set[Path] = set()
+    net = recorded(hv_dir)
+    if net is not None and exists(net.netns):
+        for pid in in_namespace(net.netns):
+            try:
+                hints.add(Path(os.readlink(f"/proc/{pid}/cwd")))
+            except OSError:
+                pass  # gone, or a kernel thread
+            hints.update(Path(arg.removeprefix("--root-dir=")).parent for arg in procs.cmdline(pid)
+                         if arg.startswith("--root-dir="))
+    for point in procs.mounts_under(Path("/")):
+        found = _KUBELET_MOUNT.match(point)
+        if found:
+            hints.add(Path(found.group(1)))
+    sock = (hv_dir / "containerd.sock").resolve()
+    dirs = []
+    for hint in sorted(hints):
+        try:
+            spec = worker_run.recorded(hint)
+        except GitopsError:
+            continue  # not a worker's state we can read: not ours to touch
+        if spec is not None and Path(spec[0].cri_endpoint.removeprefix("unix://")).resolve() == sock:
+            dirs.append(hint)
+    return dirs

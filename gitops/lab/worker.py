@@ -9,19 +9,25 @@ inside it. Its containerd runs in the namespace, and so must `gitops join` and `
 `ip_forward` and the CNI bridge are then the namespace's, never the host's. Its containerd gets
 Debian's CNI plugins (bridge, host-local, loopback) in its CNI bin directory; `gitops join
 --cni-conf-dir` writes the bridge network. `gitops lab down` stops the containerd and removes
-the namespace and the veth (`gitops.lab.netns.release`).
+the namespace and the veth (`gitops.lab.netns.release`); a worker still joined (`joined`) is
+abandoned with it: its kubelet and kube-proxy stopped, kubelet's mounts (the host's) undone, its
+directory removed (`gitops.worker.run.abandon`).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gitops import procs
+from gitops.errors import GitopsError
 from gitops.lab import netns
 from gitops.lab.errors import LabError
 from gitops.lab.lab import add_runtime, info
 from gitops.lab.netns import RECORD, WorkerNetwork
+from gitops.worker import run as worker_run
 
 CNI_SOURCE = Path("/usr/lib/cni")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
@@ -100,3 +106,4 @@ def run(name: str, argv: list[str], lab_dir: Path | None = None) -> None:
     """Replace this process with `argv` run on lab worker `name`."""
     full = command(name, argv, lab_dir)
     os.execvp(full[0], full)
+

@@ -5,6 +5,8 @@ start kubelet (or write systemd units), wait until the cluster signed its client
 certificate (gitops signs it on its next reconcile), then start kube-proxy.
 `leave`: stop both, remove the Node, the pods kubelet left in the CRI, kube-proxy's
 iptables chains, the CNI bridge, kubelet's mounts and the worker directory.
+`abandon`: what `leave` undoes on the machine's own disk, for a worker whose machine (network,
+runtime, cluster) is already gone: `gitops lab down` with a lab worker still joined.
 """
 from __future__ import annotations
 
@@ -86,44 +88,83 @@ def join(spec: WorkerSpec, token: str, ca_cert_hash: str, *, kubelet: str, kube_
         "is up; its serving certificate is signed by gitops on the next reconcile")
 
 
-def leave(directory: Path, *, say: Callable[[str], None] = print) -> list[str]:
-    """Undo `join` on this machine; returns what was cleaned. Safe to repeat."""
+def recorded(directory: Path) -> tuple[WorkerSpec, dict[str, object]] | None:
+    """The worker `join` recorded in `directory` (its spec and state), None if there is none."""
     path = directory / STATE
     if not path.exists():
-        return []
-    state = json.loads(path.read_text())
-    raw = state["spec"]
-    spec = WorkerSpec(**{**raw, "dir": Path(raw["dir"]),
-                         "cni_conf_dir": Path(raw["cni_conf_dir"]) if raw.get("cni_conf_dir") else None})
-    done: list[str] = []
+        return None
     try:
-        procs.terminate([(p["pid"], p["start_time"]) for p in state.get("processes", [])], timeout=10)
+        state = json.loads(path.read_text())
+        raw = state["spec"]
+        spec = WorkerSpec(**{**raw, "dir": Path(raw["dir"]),
+                             "cni_conf_dir": Path(raw["cni_conf_dir"]) if raw.get("cni_conf_dir") else None})
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise JoinError(f"unreadable worker state {path}: {err}") from None
+    return spec, state
+
+
+def stop(directory: Path) -> list[str]:
+    """Stop the kubelet and kube-proxy `join` started from `directory` (recorded PID and start time)."""
+    found = recorded(directory)
+    if found is None:
+        return []
+    started = found[1].get("processes") or []
+    try:
+        procs.terminate([(p["pid"], p["start_time"]) for p in started], timeout=10)  # type: ignore[union-attr,index]
     except procs.ProcError as err:
         raise JoinError(str(err)) from None
-    done.append("stopped kubelet and kube-proxy")
+    return ["stopped kubelet and kube-proxy"]
+
+
+def leave(directory: Path, *, say: Callable[[str], None] = print) -> list[str]:
+    """Undo `join` on this machine; returns what was cleaned. Safe to repeat."""
+    found = recorded(directory)
+    if found is None:
+        return []
+    spec, state = found
+    done = stop(directory)
     if _delete_node(spec):
         done.append(f"deleted Node {spec.name}")
     done += _remove_pods(spec)
-    done += _clean_iptables(state.get("kube_proxy", "kube-proxy"))
+    done += _clean_iptables(str(state.get("kube_proxy", "kube-proxy")))
     if subprocess.run(["ip", "link", "show", spec.bridge], capture_output=True).returncode == 0:
         subprocess.run(["ip", "link", "delete", spec.bridge], check=False, capture_output=True)
         done.append(f"deleted bridge {spec.bridge}")
+    done += _remove_local(spec, ip_forward=str(state.get("ip_forward", "")))
+    for line in done:
+        say(line)
+    return done
+
+
+def abandon(directory: Path) -> list[str]:
+    """What `leave` undoes on this machine's disk, for a worker whose network, runtime and cluster are gone
+    (a lab worker when its lab goes down): kubelet and kube-proxy stopped, kubelet's mounts undone, its pod
+    logs, CNI addresses and `directory` removed. Nothing over the network, no iptables, bridge or
+    ip_forward (they went with the machine's namespace). Returns what was done; safe to repeat."""
+    found = recorded(directory)
+    if found is None:
+        return []
+    return stop(directory) + _remove_local(found[0])
+
+
+def _remove_local(spec: WorkerSpec, ip_forward: str = "") -> list[str]:
+    """The worker's files on this machine: CNI network and addresses, kubelet's mounts (lazily, kubelet being
+    stopped), pod logs, `spec.dir`; `ip_forward` put back to 0 if `join` found it so."""
+    done = []
     if spec.cni_file is not None and spec.cni_file.exists():
         spec.cni_file.unlink()
     shutil.rmtree(Path("/var/lib/cni/networks") / spec.bridge, ignore_errors=True)
     try:
         done += [f"unmounted {m}" for m in procs.unmount_under(spec.dir)]
     except procs.ProcError as err:
-        raise JoinError(str(err)) from None
+        raise JoinError(f"{err}: stop what still uses them (fuser -vm PATH), then run this again") from None
     for entry in _pod_logs(spec):
         shutil.rmtree(entry, ignore_errors=True)
-    if state.get("ip_forward") == "0" and _ip_forward() == "1":
+    if ip_forward == "0" and _ip_forward() == "1":
         Path("/proc/sys/net/ipv4/ip_forward").write_text("0\n")
         done.append("net.ipv4.ip_forward back to 0")
     shutil.rmtree(spec.dir, ignore_errors=True)
     done.append(f"removed {spec.dir}")
-    for line in done:
-        say(line)
     return done
 
 
