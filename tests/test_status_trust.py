@@ -435,3 +435,23 @@ def test_a_deleted_status_branch_is_written_back_from_the_last_trusted_commit(or
     assert git(tmp_path, "--git-dir", origin, "show", f"{BRANCH}:state/public.json") == '{"generation": 3}'
     branch.sync()
     assert branch.untrusted is None
+
+
+def test_an_older_signed_commit_merged_in_after_a_rollback_is_never_read_as_newer(origin: str, tmp_path: Path):
+    """Review finding: after a rollback is written over, a merge of an older signed commit beside the
+    controller's own must not pass as the newest trusted one (nor move the last verified commit back)."""
+    mine = make_key(tmp_path / "keys", "ctl")
+    branch = StatusBranch(origin, tmp_path / "a", BRANCH, trust(mine))
+    s1 = branch.publish(files({"status/source.yaml": b"applied: a1\n"}), "s1")
+    s2 = branch.publish(files({"status/source.yaml": b"applied: a2\n"}), "s2")
+    branch.publish(files({"status/source.yaml": b"applied: a3\n"}), "s3")
+    subprocess.run(["git", "--git-dir", origin, "update-ref", f"refs/heads/{BRANCH}", s1], check=True)
+    c4 = branch.publish(files({"status/source.yaml": b"applied: a3\n", "status/x.yaml": b"4\n"}), "c4")
+    assert branch.untrusted is not None and "does not descend" in branch.untrusted[1]
+    # the commit after the rollback descends from the last verified one again
+    assert git(tmp_path, "--git-dir", origin, "merge-base", "--is-ancestor", s2, c4) == ""
+    tree = git(tmp_path, "--git-dir", origin, "rev-parse", f"{s2}^{{tree}}")
+    forged = git(tmp_path, "--git-dir", origin, "commit-tree", tree, "-p", s2, "-p", c4, "-m", "merge")
+    subprocess.run(["git", "--git-dir", origin, "update-ref", f"refs/heads/{BRANCH}", forged], check=True)
+    branch.sync()
+    assert branch.untrusted is not None and branch.read("status/source.yaml") == b"applied: a3\n"

@@ -71,6 +71,9 @@ class StatusBranch:
         self.untrusted: tuple[str, str] | None = None
         self._repo: git.Repo | None = None
         self._pushed: str | None = None  # the commit this worktree holds exactly, as last pushed by it
+        #: the last sync found history rolled back: the next commit has this one (verified) as a parent too,
+        #: so the branch descends from it again (and no older commit can pass as newer)
+        self._keep: str = ""
 
     # ------------------------------------------------------------------ worktree
 
@@ -111,20 +114,21 @@ class StatusBranch:
         top of it: what is read is only ever what a pinned key signed, and the next commit puts it back."""
         tip = self._remote_tip()
         repo = self.repo
-        self.untrusted = None
-        if tip is None:
+        self.untrusted, self._keep = None, ""
+        known = self._known() if tip is None and self.trust is not None else ""
+        if tip is None and known:  # deleted by someone: the history last verified here goes on from there
+            self.untrusted = ("", f"the branch is gone; {known[:12]}, the last status commit verified here, "
+                                  "is read instead")
+            log.warning("status branch deleted: the last trusted status is written back",
+                        extra={"branch": self.branch, "reading": known})
+            repo.git.checkout("--force", "-B", self.branch, known)
+            repo.git.clean("-ffdxq")
+        elif tip is None:
             repo.git.checkout("--force", "--orphan", f"gitops-local-{uuid.uuid4().hex[:6]}")
             repo.git.rm("-rfq", "--cached", "--ignore-unmatch", ".")
             for entry in self.dir.iterdir():
                 if entry.name != ".git":
                     shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-            known = self._known() if self.trust is not None else ""
-            if known:  # deleted by someone: what was last verified here is read, and written back
-                self.untrusted = ("", f"the branch is gone; {known[:12]}, the last status commit verified here, "
-                                      "is read instead")
-                log.warning("status branch deleted: the last trusted status is written back",
-                            extra={"branch": self.branch, "reading": known})
-                repo.git.read_tree("--reset", "-u", known)
         elif tip != self._pushed:  # else the worktree already is the tip
             base = self._trusted_base(tip) if self.trust is not None else tip
             if base == tip:
@@ -149,7 +153,7 @@ class StatusBranch:
         if known and not is_ancestor(repo, known, tip):
             self.untrusted = (tip, f"its history does not descend from {known[:12]}, the last status commit "
                                    "verified here (rewritten or rolled back)")
-            base = known
+            base = self._keep = known
         else:
             problem = self.trust.verifier.problem(repo, tip)
             if problem is None:
@@ -238,6 +242,11 @@ class StatusBranch:
                 return None
             try:
                 repo.git.commit("-q", "-m", message, "--no-verify")
+                if self._keep and tip is not None:  # rolled back: the commit descends from what was verified too
+                    signed = ["-S"] if self.trust is not None and self.trust.key is not None else []
+                    merged = repo.git.commit_tree(repo.git.rev_parse("HEAD^{tree}"), "-p", tip, "-p", self._keep,
+                                                  *signed, "-m", message)
+                    repo.git.reset("--soft", merged)
             except git.GitCommandError as err:  # (signing with the status key among the causes)
                 raise StatusError(f"cannot commit to {self.branch}: {git_message(err)}") from None
             sha = repo.head.commit.hexsha

@@ -33,6 +33,8 @@ LOCK_REF = "refs/gitops/lock"
 #: the longest another holder's lease is honoured after this process first saw it unrenewed, whatever expiry
 #: it claims (anyone who can push to the remote can write one claiming the year 3000)
 LONGEST_HOLD = dt.timedelta(hours=1)
+#: the largest lock.json read (gitops writes about 100 bytes)
+MAX_LOCK_BYTES = 4096
 
 
 class Locked(StatusError):
@@ -62,6 +64,9 @@ class ApplyLease:
             raise StatusError(f"cannot fetch the lock: {git_message(err)}") from None
         sha = self.repo.git.rev_parse(LOCK_REF)
         try:
+            kind, size = self._header(f"{sha}:lock.json")
+            if kind != "blob" or size > MAX_LOCK_BYTES:
+                raise ValueError(f"lock.json is a {kind} of {size} bytes")
             data = json.loads(self.repo.git.show(f"{sha}:lock.json"))
             expires = dt.datetime.fromisoformat(data["expires"])
             if expires.tzinfo is None:
@@ -72,11 +77,18 @@ class ApplyLease:
                                                                                           "error": str(err)[:200]})
             return sha, None
 
+    def _header(self, name: str) -> tuple[str, int]:
+        """(type, size) of the object `name` names."""
+        kind = self.repo.git.cat_file("-t", name).strip()
+        return kind, int(self.repo.git.cat_file("-s", name).strip())
+
     def acquire(self, holder: str, ttl: dt.timedelta, now: dt.datetime | None = None) -> Lease:
         """Take or renew the apply lease; raises Locked while another holder's lease runs."""
         now = now or dt.datetime.now(dt.timezone.utc)
         old_sha, lease = self._current()
         if lease is not None and old_sha is not None and lease.holder != holder:
+            if len(self._seen) >= 1000:  # (locks pushed by anyone: kept bounded)
+                self._seen.clear()
             first = self._seen.setdefault(old_sha, now)
             if lease.expires > first + max(ttl, LONGEST_HOLD):
                 log.warning("the apply lock claims a longer hold than any controller takes: honoured for "

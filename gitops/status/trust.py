@@ -149,6 +149,8 @@ class Verifier:
         if self.insecure:
             return None
         if sha not in self._answers:
+            if len(self._answers) >= 10_000:  # (commits pushed by anyone: kept bounded)
+                self._answers.clear()
             self._answers[sha] = self._check(repo, sha)
         return self._answers[sha]
 
@@ -190,14 +192,14 @@ class Verifier:
 
 
 def newest_trusted(repo: Path, tip: str, verifier: Verifier, since: str = "", limit: int = 200) -> str:
-    """The newest first-parent ancestor of `tip` (itself included) signed by a pinned key: after `since`
-    when given (a commit known good: returned when none after it is), else among the `limit` newest; "" when
-    there is none."""
+    """The newest first-parent ancestor of `tip` (itself included) signed by a pinned key: one that descends
+    from `since` when given (a commit known good: returned when none does; an older signed commit merged
+    in beside it is a rollback, never a candidate), else among the `limit` newest; "" when there is none."""
     span = f"{since}..{tip}" if since else tip
     done = subprocess.run(["git", "-C", str(repo), "rev-list", "--first-parent", f"--max-count={limit}", span],
                           capture_output=True, text=True, check=False)
     for sha in done.stdout.split():
-        if verifier.problem(repo, sha) is None:
+        if verifier.problem(repo, sha) is None and (not since or is_ancestor(repo, since, sha)):
             return sha
     return since
 

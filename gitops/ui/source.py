@@ -226,6 +226,7 @@ class StatusSource:
         """The status branch's newest `limit` commits, newest first (two `git log`s, no record read)."""
         self.fetch()
         ref = self.status_ref()
+        self.verify(self.commit_of(ref))  # an untrusted tip: the history it shows is someone else's choice
         with self._lock:
             lines = self.repo.git.log("--first-parent", f"-n{limit}", "--format=%H%x00%ct%x00%s", ref).splitlines()
             changed = set(self.repo.git.log("--first-parent", f"-n{limit}", "--format=%H", ref, "--", APPLY).split())
