@@ -245,14 +245,14 @@ class Controller:
         branch = self._status[name]
         listed = Signers.parse(signers, "spec.status.signers")
         pinned = listed.plus([self.signing_key.signer])
-        if listed and not listed.allows(self.signing_key.signer) and (
-                branch.trust is None or branch.trust.verifier.signers != pinned):
+        if branch.trust is not None and branch.trust.verifier.signers == pinned:
+            return branch
+        if listed and not listed.allows(self.signing_key.signer):  # (said once per change of the list)
             log.warning("this controller's status signing key is not in spec.status.signers: gitops status, plan "
                         "--against-status, state pull, the UI and other replicas will not read what it writes",
                         extra={"key": self.signing_key.signer.public[:40] + "..."})
-        if branch.trust is None or branch.trust.verifier.signers != pinned:
-            branch.trust = BranchTrust(Verifier(pinned, insecure=self.config.insecure_unverified_status),
-                                       self.signing_key)
+        branch.trust = BranchTrust(Verifier(pinned, insecure=self.config.insecure_unverified_status),
+                                   self.signing_key)
         return branch
 
     # ------------------------------------------------------------------ one reconcile

@@ -42,7 +42,19 @@ class Memo(Generic[K, V]):
                 self.hits += 1
                 return value  # type: ignore[return-value]
             self.misses += 1
-        value = compute()
+        return self.put(key, compute())
+
+    def peek(self, key: K) -> V | None:
+        """The value stored under `key` (now the most recently used), None when there is none."""
+        with self._lock:
+            value = self._data.get(key, _MISSING)
+            if value is _MISSING:
+                return None
+            self._data.move_to_end(key)
+            return value  # type: ignore[return-value]
+
+    def put(self, key: K, value: V) -> V:
+        """Store `value` under `key` (the least recently used dropped beyond `maxsize`); returns it."""
         with self._lock:
             self._data[key] = value
             self._data.move_to_end(key)

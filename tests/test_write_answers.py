@@ -7,10 +7,8 @@ refused connection) still goes to the next member. Lost answers are made on the 
 reaches etcd and is answered, then the client raises the timeout a slow answer raises."""
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ from children import stop_all
 from kubeapi import etcd_binary
 from ports import free_ports, wait_listening
 from test_backup import work  # noqa: F401  (the `work` fixture)
+from test_etcd_upkeep import _key, _post
 
 from gitops.apply.etcd import EtcdAdmin
 from gitops.etcdclient import client_context
@@ -96,15 +95,6 @@ class LoseAnswers:
         raise TimeoutError("timed out")
 
 
-def _post(context, url: str, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(), method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=10, context=context) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
-
-
 def _leads(admin: EtcdAdmin, url: str) -> bool:
     status = admin._post("/v3/maintenance/status", {}, [url], replay=True)
     return str(status.get("leader")) == str(status["header"]["member_id"])
@@ -163,7 +153,7 @@ def test_a_nospace_alarm_cleared_without_an_answer_is_asked_again_and_cleared(et
     me = _post(context, url, "/v3/maintenance/status", {})[1]["header"]["member_id"]
     raised = _post(context, url, "/v3/maintenance/alarm", {"action": "ACTIVATE", "memberID": me, "alarm": "NOSPACE"})
     assert raised[0] == 200, raised
-    put = {"key": base64.b64encode(b"k").decode(), "value": base64.b64encode(b"v").decode()}
+    put = {"key": _key("k"), "value": _key("v")}
     code, answer = _post(context, url, "/v3/kv/put", put)
     assert code != 200 and "database space exceeded" in json.dumps(answer), (code, answer)
     lost = LoseAnswers(monkeypatch, "/v3/maintenance/alarm", body=b"DEACTIVATE")

@@ -32,10 +32,11 @@ from flask import Flask, Response, abort, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from gitops.errors import GitopsError
+from gitops.memo import Memo
 from gitops.redact import redact
 from gitops.status.backups import BACKUPS_DIR
 from gitops.ui import views
-from gitops.ui.guard import BadRequest, Busy, Hosts, Memo, NotFound, PageError, Refused, Slots
+from gitops.ui.guard import BadRequest, Busy, Hosts, NotFound, PageError, Refused, Slots
 from gitops.ui.isolate import run_isolated
 from gitops.ui.source import LogEntry, StatusSource
 
@@ -142,7 +143,7 @@ def create_app(source: StatusSource, planner: Planner | None = None, hosts: Host
         found = next((e for e in source.log(HISTORY) if e.sha.startswith(sha)), None)
         if found is None:
             raise NotFound(f"no status commit {sha} among the last {HISTORY}")
-        page = apply_pages.get(found.sha)
+        page = apply_pages.peek(found.sha)
         if page is None:
             row = history_rows([found])[0]
             record = source.records(found.sha)[1] if found.applied_here else None
@@ -183,10 +184,10 @@ def create_app(source: StatusSource, planner: Planner | None = None, hosts: Host
         status_commit = source.commit_of(source.status_ref())
         source.verify(status_commit)  # (the plan reads that commit only: verified here, once)
         key = (commit, status_commit)
-        page = plans.get(key)
+        page = plans.peek(key)
         if page is None:
             with planning.take():
-                page = plans.get(key)  # (made by another request meanwhile)
+                page = plans.peek(key)  # (made by another request meanwhile)
                 if page is None:
                     with source.checkout(commit, ref) as files:
                         try:
@@ -207,10 +208,10 @@ def create_app(source: StatusSource, planner: Planner | None = None, hosts: Host
         """The rows of `entries` (default: the history's), aged now. A status commit never changes: its row
         is parsed once, those not kept yet all at once."""
         entries = source.log(HISTORY) if entries is None else entries
-        if any(rows.get(e.sha) is None for e in entries):
+        if any(rows.peek(e.sha) is None for e in entries):
             with parsing:
                 items: list[tuple[str, int, str, bytes | None, bytes | None, bool]] = []
-                for entry in (e for e in entries if rows.get(e.sha) is None):
+                for entry in (e for e in entries if rows.peek(e.sha) is None):
                     try:
                         src, record = source.records(entry.sha, with_apply=entry.applied_here)
                         items.append((entry.sha, entry.time, entry.subject, src, record, entry.applied_here))
@@ -220,7 +221,7 @@ def create_app(source: StatusSource, planner: Planner | None = None, hosts: Host
                         parse(items)  # (records held at once: at most a chunk's)
                 parse(items)
         at = now()
-        return [views.aged(rows.get(e.sha) or views.unreadable_row(e.sha, e.time, e.subject, "not kept"), at)
+        return [views.aged(rows.peek(e.sha) or views.unreadable_row(e.sha, e.time, e.subject, "not kept"), at)
                 for e in entries]
 
     return app

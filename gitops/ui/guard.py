@@ -1,19 +1,15 @@
 """What keeps the UI answering, and answering only whom it should: the errors a page answers with (each with its
 HTTP status, never a 500), the Host allow-list (DNS rebinding), bounded slots (a page or a plan more than they
-allow is refused at once, never queued on a server thread) and bounded memos."""
+allow is refused at once, never queued on a server thread). (Bounded memos: `gitops.memo.Memo`.)"""
 from __future__ import annotations
 
 import contextlib
 import ipaddress
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from typing import Generic, TypeVar
 
 from gitops.errors import GitopsError
 
-K = TypeVar("K")
-V = TypeVar("V")
 
 #: the names a browser on this machine reaches a loopback listener by
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
@@ -110,30 +106,3 @@ class Slots:
             yield
         finally:
             self._free.release()
-
-
-class Memo(Generic[K, V]):
-    """The last `size` values by key (least recently used dropped first), safe from any thread."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self._items: OrderedDict[K, V] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: K) -> V | None:
-        with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
-
-    def put(self, key: K, value: V) -> V:
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return value
-
-    def __len__(self) -> int:
-        return len(self._items)
