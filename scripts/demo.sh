@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: install gitops (and build the real
 # Kubernetes v1.20.2 binaries once), start a local lab of 3 real containerd
-# hypervisors (one public; one reached over mutual TLS through haproxy), write
+# hypervisors (one public; each a machine of its own, a network namespace on the
+# lab's bridge; one reached over mutual TLS through haproxy), write
 # the example repo wired to it, plan and apply it: two real control planes
 # (3 etcd, 3 kube-apiserver, 3 controller-managers and schedulers each, behind an
 # haproxy ingress), then kubectl through the ingress; then a worker joins team-a
-# (a machine of its own: a network namespace joined to the host by a veth; real
+# (a machine of its own on the same bridge; real
 # kubelet and kube-proxy, gitops signing its certificates) and runs a Deployment
 # of 2 pods behind a ClusterIP Service; an etcd backup of team-a with restic, listed; a check that nothing of the
 # lab is on the host's network (no address outside 127.0.0.0/8 added, no KUBE-* chain). Last, the lab is handed
@@ -123,7 +124,7 @@ k -n kube-system get leases
 k -n default create configmap gitops-demo --from-literal=hello=world
 k -n default get configmap gitops-demo -o jsonpath='{.data.hello}{"\n"}'
 
-echo "== a worker joins team-a: a machine of its own (network namespace, veth to the host), its own containerd"
+echo "== a worker joins team-a: a machine of its own (its network namespace on the lab bridge), its own containerd"
 echo "   (bridge CNI), the real kubelet and kube-proxy; gitops lab exec runs the join on that machine"
 FLAGS=$($G lab worker --dir "$LAB")
 JOIN=$($G join-token create "$REPO" --state-dir "$STATE" --cluster team-a --ttl 1h | tail -1)

@@ -21,14 +21,17 @@ def free_port(ip: str = "127.0.0.1") -> int:
 
 
 def free_port_in(ip: str, low: int, high: int) -> int:
-    """The first port of `low`..`high` free on `ip` now (a hypervisor's port range)."""
+    """The first port of `low`..`high` nothing listens on at `ip` now (a hypervisor's port range: the
+    hypervisor is a machine of its own, so its address is not this host's to bind; a refused connection
+    says the port is free)."""
     for port in range(low, high + 1):
-        with socket.socket() as sock:
-            try:
-                sock.bind((ip, port))
-                return port
-            except OSError:
+        try:
+            with socket.create_connection((ip, port), timeout=2):
                 continue
+        except ConnectionRefusedError:
+            return port
+        except OSError as err:
+            raise AssertionError(f"{ip}:{port} does not answer ({err}): is the machine reachable?") from None
     raise AssertionError(f"no free port on {ip} in {low}-{high}")
 
 

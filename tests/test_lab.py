@@ -60,8 +60,8 @@ def test_yaml_documents_round_trip(lab, tmp_path) -> None:  # type: ignore[no-un
     assert [d["metadata"]["name"] for d in docs] == ["lab-hv-1", "lab-hv-2"]
     assert [d["spec"]["public"] for d in docs] == [True, False]
     assert docs[0]["spec"]["portRange"] == {"low": 30000, "high": 30999}
-    assert docs[1]["spec"]["ipAddress"] == "127.0.20.2"
-    assert docs[0]["spec"]["remoteCRIEndpoint"]["criEndpointURI"] == "tcp://127.0.20.1:10250"
+    assert docs[1]["spec"]["ipAddress"] == "10.249.20.2"  # a machine of its own on the lab network
+    assert docs[0]["spec"]["remoteCRIEndpoint"]["criEndpointURI"] == "tcp://10.249.20.1:10250"
     for doc, hv in zip(docs, lab.hypervisors):
         data_dir = doc["metadata"]["annotations"][DATA_DIR_ANNOTATION]
         assert data_dir == f"{lab.dir}/{hv.dir.rsplit('/', 1)[1]}/data" and os.path.isdir(data_dir)
@@ -89,6 +89,11 @@ def test_status_and_image_import(lab, tmp_path: Path) -> None:  # type: ignore[n
             assert client.image_status(recipe.ref) is not None
 
 
+def _netns() -> list[str]:
+    return [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                       text=True).stdout.splitlines()]
+
+
 def _leftovers(lab_dir: Path) -> tuple[list[int], list[str]]:
     return procs.pids_referencing(lab_dir), procs.mounts_under(lab_dir)
 
@@ -104,7 +109,8 @@ def test_up_and_down_leave_nothing_behind(tmp_path: Path) -> None:
         docs = list(yaml.safe_load_all(up.stdout))
         assert [d["metadata"]["name"] for d in docs] == ["lab-hv-1", "lab-hv-2", "lab-hv-3"]
         assert [d["spec"]["public"] for d in docs] == [True, False, False]
-        assert [d["spec"]["ipAddress"] for d in docs] == ["127.0.21.1", "127.0.21.2", "127.0.21.3"]
+        assert [d["spec"]["ipAddress"] for d in docs] == ["10.249.21.1", "10.249.21.2", "10.249.21.3"]
+        assert {f"gitops-0-21-{n}" for n in ("net", "hv1", "hv2", "hv3")} <= set(_netns())
         state = json.loads((lab_dir / "lab.json").read_text())
         recorded = [procs.Proc.from_json(p) for p in state["processes"]]
         assert sorted(p.role for p in recorded) == ["containerd"] * 3 + ["haproxy"] * 3
@@ -134,6 +140,8 @@ def test_up_and_down_leave_nothing_behind(tmp_path: Path) -> None:
         assert not lab_dir.exists()
         assert _leftovers(lab_dir) == ([], [])
         assert not any(p.alive() for p in recorded)
+        assert not [ns for ns in _netns() if ns.startswith("gitops-0-21-")]
+        assert "glab0-21" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         assert set(shim_dir.iterdir()) == shim_sockets  # even the killed shim's socket is gone
         status = _gitops("lab", "status", "--dir", str(lab_dir), check=False)
         assert status.returncode == 1 and "no lab in" in status.stderr

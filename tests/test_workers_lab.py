@@ -27,12 +27,12 @@ import yaml
 from conftest import lab_tempdir, require_root
 
 from gitops.lab import crashpoints, hostcheck, kubebin
-from gitops.lab.netns import WorkerNetwork
+from gitops.lab.network import LabNetwork
 from gitops.lab.workloads import manifest
 
 GITOPS = str(Path(sys.executable).parent / "gitops")
 SUBNET = "127.0.24"
-NET = WorkerNetwork.for_worker(SUBNET, 1)
+NET = LabNetwork.for_subnet(SUBNET).worker(1, "lab-worker-1")
 
 
 @dataclasses.dataclass
@@ -89,11 +89,11 @@ def _host_leftovers(base: Path) -> dict[str, list[str]]:
                                     text=True).stdout.split(),
         "chains": hostcheck.kube_chains(),
         "links": [line for line in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True)
-                  .stdout.splitlines() if f" {NET.link}@" in line or f"gitops{SUBNET.split('.')[2]}w" in line],
+                  .stdout.splitlines() if f" {NET.lab.host_link}@" in line or f"gitops{SUBNET.split('.')[2]}w" in line],
         # the worker's own namespace, and its pods' (containerd's cni-*): every namespace on the host
         "netns": sorted(line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                                                    text=True).stdout.splitlines()),
-        "routes": subprocess.run(["ip", "route", "show", f"{NET.node_ip}/32"], capture_output=True,
+        "routes": subprocess.run(["ip", "route", "show", "dev", NET.lab.host_link], capture_output=True,
                                  text=True).stdout.split(),
         "ip_forward": [Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()],
         "addresses": hostcheck.addresses(),
@@ -359,17 +359,17 @@ def test_status_shows_the_joined_worker(cluster):
 def test_the_worker_is_a_machine_of_its_own(cluster):
     """Its address, kube-proxy's chains, ip_forward and the pod bridge are in its namespace, not the host's."""
     ensure_joined(cluster)
-    assert f"{NET.node_ip}/32" in cluster.worker_has("ip", "-o", "addr", "show", "dev", "eth0")
+    assert f"{NET.ip}/32" in cluster.worker_has("ip", "-o", "addr", "show", "dev", "eth0")
     assert ":KUBE-SERVICES" in cluster.worker_has("iptables-save", "-t", "nat")
     assert cluster.worker_has("cat", "/proc/sys/net/ipv4/ip_forward").strip() == "1"
     assert f"gitops{SUBNET.split('.')[2]}w1" in cluster.worker_has("ip", "-o", "link")
     # the host holds none of it: no address beyond loopback added, no KUBE-* chain, no bridge
     assert hostcheck.problems(cluster.dir / "lab") == []
-    assert not any(NET.node_ip in a for a in hostcheck.addresses())
+    assert not any(NET.ip in a for a in hostcheck.addresses())
     host_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert f"gitops{SUBNET.split('.')[2]}w1" not in host_links
-    # the host side of the veth has no address at all, IPv6 link-local included
-    assert subprocess.run(["ip", "-o", "addr", "show", "dev", NET.link], capture_output=True,
+    # the host's link to the lab bridge has no address at all, IPv6 link-local included
+    assert subprocess.run(["ip", "-o", "addr", "show", "dev", NET.lab.host_link], capture_output=True,
                           text=True).stdout.strip() == ""
     checked = cluster.gitops("lab", "check-host", "--dir", str(cluster.dir / "lab"))
     assert "no address added outside 127.0.0.0/8" in checked.stdout

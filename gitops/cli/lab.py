@@ -15,7 +15,7 @@ _DIR = click.option("--dir", "lab_dir", type=click.Path(file_okay=False, path_ty
 
 @click.group("lab")
 def lab() -> None:
-    """Real containerd hypervisors on loopback addresses (needs root)."""
+    """Real containerd hypervisors, each a machine of its own on the lab's network (needs root)."""
 
 
 @lab.command("up")
@@ -23,7 +23,8 @@ def lab() -> None:
 @click.option("--public", type=int, default=0, show_default=True, help="How many of them are public.")
 @click.option("--remote", is_flag=True, help="Put an mTLS haproxy front on each CRI socket.")
 @click.option("--subnet", default=labmod.lab.DEFAULT_SUBNET, show_default=True,
-              help="First three octets of the hypervisors' loopback addresses.")
+              help="127.0.T: the host's loopback source towards the lab (127.0.T.254) and the lab network's "
+                   "number (hypervisors 10.249.T.N, workers 10.250.T.N).")
 @click.option("--kubernetes-versions", default=",".join(DEFAULT_KUBERNETES_VERSIONS), show_default=True,
               help="Comma-separated Kubernetes versions to provide control-plane images for (also tagged "
                    "registry.k8s.io/kube-*:v<version>): real binaries for 1.20.2, stand-ins for the others.")
@@ -137,7 +138,7 @@ COMMANDS: list[click.Command] = [lab]
 @click.option("--number", type=int, default=1, show_default=True, help="Which lab worker (lab-worker-N).")
 @_DIR
 def worker_cmd(number: int, lab_dir: Path | None) -> None:
-    """Give lab-worker-N its own network namespace (node address 10.250.X.N, joined to the host by a veth)
+    """Give lab-worker-N its own network namespace (node address 10.250.T.N, on the lab bridge)
     and its own containerd there (bridge CNI); print the `gitops join` flags for it, one per line.
     Run `gitops join` and `gitops leave` on it with `gitops lab exec lab-worker-N -- ...`."""
     from gitops.lab.worker import prepare
@@ -174,3 +175,43 @@ def check_host_cmd(lab_dir: Path | None) -> None:
     if found:
         raise SystemExit(1)
     click.echo("host: no address added outside 127.0.0.0/8 and ::1, no KUBE-* chain in its iptables")
+
+
+@lab.command("poweroff")
+@click.argument("name")
+@_DIR
+def poweroff_cmd(name: str, lab_dir: Path | None) -> None:
+    """Cut the power of lab hypervisor NAME: every process on it SIGKILLed at once, its link down."""
+    killed = labmod.power_off(lab_dir, name)
+    click.echo(f"{name}: powered off ({killed} process(es) killed, link down)")
+
+
+@lab.command("poweron")
+@click.argument("name")
+@_DIR
+def poweron_cmd(name: str, lab_dir: Path | None) -> None:
+    """Boot lab hypervisor NAME as after a power cut: link up, containerd (and its mTLS front) started on its
+    disk; its pods are as a reboot leaves them (known, not running) until an apply brings them back."""
+    started = labmod.power_on(lab_dir, name)
+    click.echo(f"{name}: powered on ({', '.join(f'{p.role}[{p.pid}]' for p in started)})")
+
+
+@lab.command("partition")
+@click.argument("name")
+@click.option("--from", "peers", multiple=True, metavar="OTHER",
+              help="Cut NAME only from this lab machine (repeatable; `host` is the host where gitops runs). "
+                   "Default: from everything.")
+@_DIR
+def partition_cmd(name: str, peers: tuple[str, ...], lab_dir: Path | None) -> None:
+    """Drop lab machine NAME's traffic both ways while its processes keep running (`heal` undoes it)."""
+    cut = labmod.partition(lab_dir, name, peers)
+    click.echo(f"{name}: partitioned from {'everything' if cut == ['*'] else ', '.join(cut)}")
+
+
+@lab.command("heal")
+@click.argument("name")
+@_DIR
+def heal_cmd(name: str, lab_dir: Path | None) -> None:
+    """Undo every partition of lab machine NAME."""
+    healed = labmod.heal(lab_dir, name)
+    click.echo(f"{name}: {'healed' if healed else 'was not partitioned'}")

@@ -18,7 +18,7 @@ from gitops.errors import GitopsError
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.model.validate import InvalidRepo, validate_repo
 from gitops.plan import converged
-from gitops.plan.actions import Action, Plan
+from gitops.plan.actions import Action, Plan, UnknownKind
 from gitops.plan.render import (COLOUR, describe, headline, render_json, render_markdown, render_text, safe,
                                 unknown_lines)
 from gitops.plan.saved import SavedPlan, StalePlan, observed_digest, repo_digest, state_digest
@@ -155,6 +155,11 @@ def show(the_plan: Plan, fmt: str, output: str) -> None:
         render_text(the_plan, Console(highlight=False, soft_wrap=True))
 
 
+#: unknowns that leave a part of the fleet unapplied until it is reachable again: apply exits EXIT_INCOMPLETE
+#: (a files agent that was not running is not one: the apply itself starts it)
+UNSEEN_MACHINES = (UnknownKind.HYPERVISOR,)
+
+
 #: `gitops apply FILE`: the saved plan is stale (the repo, the state or the live state moved); nothing applied
 EXIT_STALE = 4
 
@@ -171,7 +176,10 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
     """Apply REPO (plan, then execute that plan), or execute a saved PLANFILE exactly.
 
     A saved plan is refused (exit 4, nothing changed) when the repo, the recorded
-    state or the live state moved since `gitops plan --out` made it.
+    state or the live state moved since `gitops plan --out` made it. When something
+    could not be observed (a hypervisor partitioned or powered off), what could be
+    checked is applied, nothing on the unobserved part is touched, and apply exits 3
+    naming it: the fleet is not as the repo says until it is back.
     """
     saved = SavedPlan.read(target, read_identity(identity)) if not target.is_dir() else None
     repo = (repo_option or Path(".")) if saved is not None else target
@@ -219,6 +227,12 @@ def apply(target: Path, state_dir: Path | None, repo_option: Path | None, allow_
     except GitopsError as err:  # it only saves the next plan work: the apply itself is done
         click.echo(f"warning: {err}", err=True)
     report_apply(outcome, console)
+    unseen = [u for u in outcome.plan.unknowns if u.kind in UNSEEN_MACHINES]
+    if unseen:
+        names = "; ".join(u.describe() for u in unseen)
+        click.echo(f"error: incomplete apply: {names}. Nothing there was changed; apply again once it is "
+                   "reachable", err=True)
+        sys.exit(EXIT_INCOMPLETE)
 
 
 def record_converged(store: LocalDirStore, outcome: ApplyResult, model, config) -> None:

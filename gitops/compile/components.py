@@ -233,6 +233,12 @@ def _etcd(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, file
             f"--peer-cert-file={FILES}/etcd-peer.crt",
             f"--peer-key-file={FILES}/etcd-peer.key",
             "--snapshot-count=10000",
+            # a member cut off from the others (a partition) campaigns alone; without pre-vote each campaign
+            # raises its term, and when it is back that higher term deposes the healthy leader: a second,
+            # needless election, every API server unready for a second (measured: 10 failed requests through
+            # the ingress 9 s after a heal). With pre-vote it first asks whether it could win. (Default from
+            # etcd 3.5 on; 3.4 has the flag, off.)
+            "--pre-vote=true",
             *((f"--quota-backend-bytes={cluster.etcd_quota}",) if cluster.etcd_quota else ()),
         ),
         mounts=(files_mount, Mount(ETCD_DATA, f"{node_dir(hv, node)}/etcd")),

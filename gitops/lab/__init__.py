@@ -9,19 +9,23 @@ from gitops.lab.lab import (
     alias_image,
     default_dir,
     down,
+    heal,
     hypervisor_document,
     hypervisors_yaml,
     import_image,
     info,
     kill_containerd,
     lose_hypervisor,
+    partition,
+    power_off,
+    power_on,
     start_containerd,
     status,
     up,
 )
 
 __all__ = [
-    "DownReport", "LabError", "LabHypervisor", "LabInfo", "LabStatus", "alias_image", "default_dir", "down",
+    "DownReport", "LabError", "LabHypervisor", "LabInfo", "LabStatus", "alias_image", "default_dir", "down", "heal",
     "hypervisor_document", "hypervisors_yaml", "import_image", "info", "kill_containerd", "lose_hypervisor",
-    "start_containerd", "status", "up",
+    "partition", "power_off", "power_on", "start_containerd", "status", "up",
 ]

@@ -1,7 +1,13 @@
-"""`gitops lab`: real containerd "hypervisors" on loopback addresses, optionally behind mTLS.
+"""`gitops lab`: real containerd "hypervisors", each a machine of its own on the lab's network,
+optionally behind mTLS.
+
+Each hypervisor is a network namespace on the lab bridge (`gitops.lab.network`), address
+10.249.<T>.<N> for the lab of `--subnet 127.0.<T>`: its containerd, its mTLS front and every pod it
+runs (host-network pods share containerd's namespace) live there, so a link can be cut, a machine
+partitioned or powered off (`power_off`, `power_on`, `partition`, `heal`).
 
 Layout of a lab directory:
-    lab.json                 state: hypervisors, started processes (PID + start time), images
+    lab.json                 state: subnet, hypervisors, started processes (PID + start time), images
     images/lab-images.tar    images built from host binaries (one archive, shared layers)
     pki/                     lab CA, client certificate, one server certificate per hypervisor
     hv-N/                    one containerd: config, root, state, sockets, logs (+ haproxy)
@@ -37,8 +43,9 @@ from gitops.logs import event
 from gitops.cri.client import CRIClient
 from gitops.cri.errors import CRIError
 from gitops import procs
-from gitops.lab import configs, hostcheck, images, standins
-from gitops.lab.netns import RECORD, enter, release
+from gitops.lab import configs, hostcheck, images, network, standins
+from gitops.lab.netns import RECORD, release
+from gitops.lab.network import LabNetwork, Machine, enter
 from gitops.lab.errors import LabError
 from gitops.lab.standins import DEFAULT_KUBERNETES_VERSIONS
 from gitops.model.resources import (
@@ -85,10 +92,23 @@ class LabHypervisor:
     ca_pem: str = field(default="", repr=False)
     client_cert_pem: str = field(default="", repr=False)
     client_key_pem: str = field(default="", repr=False)
+    #: its network namespace and its port on the lab bridge (`gitops.lab.network`)
+    netns: str = ""
+    port: str = ""
+    subnet: str = ""
 
     @property
     def node_data_dir(self) -> str:
         return self.data_dir or str(Path(self.dir) / "data")
+
+    def machine(self) -> Machine:
+        if not self.netns:
+            raise LabError(f"lab hypervisor {self.name} has no network namespace (a lab from an older gitops)")
+        return Machine(self.name, self.netns, self.port, self.ip, self.subnet)
+
+    def run(self, argv: list[str]) -> list[str]:
+        """`argv` as it runs on this machine (in its network namespace)."""
+        return enter(self.netns, argv) if self.netns else argv
 
     def local(self) -> Hypervisor:
         """This hypervisor through its unix socket."""
@@ -116,6 +136,8 @@ class LabInfo:
     aliases: dict[str, str] = field(default_factory=dict)  # alias (upstream name) -> lab image ref
     #: Kubernetes version -> "real" (built binaries) or "stand-in"
     kubernetes: dict[str, str] = field(default_factory=dict)
+    #: `--subnet` (127.0.T): names the lab network (`gitops.lab.network.LabNetwork`)
+    subnet: str = ""
 
     def get(self, name: str) -> LabHypervisor:
         for hv in self.hypervisors:
@@ -162,12 +184,14 @@ def _state_path(lab_dir: Path) -> Path:
 
 def _save(lab_dir: Path, hvs: list[LabHypervisor] | tuple[LabHypervisor, ...],
           started: list[procs.Proc] | tuple[procs.Proc, ...], imgs: dict[str, str],
-          aliases: dict[str, str], kubernetes: dict[str, str]) -> None:
+          aliases: dict[str, str], kubernetes: dict[str, str], subnet: str) -> None:
     state = {
         "version": 1,
+        "subnet": subnet,
         "hypervisors": [{"name": h.name, "public": h.public, "ip": h.ip,
                          "portRange": [h.port_range.low, h.port_range.high], "dir": h.dir,
-                         "socket": h.socket, "remoteURI": h.remote_uri, "dataDir": h.node_data_dir}
+                         "socket": h.socket, "remoteURI": h.remote_uri, "dataDir": h.node_data_dir,
+                         "netns": h.netns, "port": h.port, "subnet": h.subnet}
                         for h in hvs],
         "processes": [p.to_json() for p in started],
         "images": imgs,
@@ -197,10 +221,18 @@ def _load(lab_dir: Path) -> LabInfo | None:
     for h in state["hypervisors"]:
         extra = pems if h["remoteURI"] else {}
         hvs.append(LabHypervisor(h["name"], h["public"], h["ip"], PortRange(*h["portRange"]), h["dir"],
-                                 h["socket"], h["remoteURI"], data_dir=h.get("dataDir", ""), **extra))
+                                 h["socket"], h["remoteURI"], data_dir=h.get("dataDir", ""), netns=h.get("netns", ""),
+                                 port=h.get("port", ""), subnet=h.get("subnet", ""), **extra))
     return LabInfo(lab_dir, tuple(hvs), dict(state["images"]),
                    tuple(procs.Proc.from_json(p) for p in state["processes"]),
-                   dict(state.get("aliases") or {}), dict(state.get("kubernetes") or {}))
+                   dict(state.get("aliases") or {}), dict(state.get("kubernetes") or {}), state.get("subnet", ""))
+
+
+def _save_info(lab: LabInfo, hvs: tuple[LabHypervisor, ...] | None = None,
+               started: tuple[procs.Proc, ...] | list[procs.Proc] | None = None,
+               aliases: dict[str, str] | None = None) -> None:
+    _save(lab.dir, lab.hypervisors if hvs is None else hvs, lab.processes if started is None else started,
+          lab.images, lab.aliases if aliases is None else aliases, lab.kubernetes, lab.subnet)
 
 
 def info(lab_dir: Path | None = None) -> LabInfo:
@@ -326,6 +358,7 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
         raise LabError("--hypervisors must be between 1 and 250")
     if not 0 <= public <= hypervisors:
         raise LabError("--public must be between 0 and --hypervisors")
+    LabNetwork.for_subnet(subnet)
     if len(str(lab_dir / "hv-999" / "containerd.sock.ttrpc")) > _SOCKET_MAX:
         raise LabError(f"lab directory path too long for unix sockets: {lab_dir}")
     _check_host(remote)
@@ -344,28 +377,12 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
         raise
 
 
-def listening_in(subnet: str) -> list[str]:
-    """`ip:port` of every TCP socket listening on an address of `subnet` (three octets) in this network
-    namespace, from /proc/net/tcp: another lab on the same subnet would take over its addresses."""
-    prefix = [int(part) for part in subnet.split(".")]
-    found = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 4 or fields[3] != "0A":  # 0A: LISTEN
-            continue
-        address, port = fields[1].split(":")
-        octets = list(socket.inet_ntoa(int(address, 16).to_bytes(4, "little")).split("."))
-        if [int(o) for o in octets[:3]] == prefix:
-            found.add(f"{'.'.join(octets)}:{int(port, 16)}")
-    return sorted(found)
-
-
 def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port: int,
         first_port: int, versions: tuple[str, ...], etcd_version: str) -> LabInfo:
-    busy = listening_in(subnet)
-    if busy:
-        raise LabError(f"subnet {subnet}.0/24 is in use ({', '.join(busy[:3])}{' ...' if len(busy) > 3 else ''} "
-                       "listen there): another lab runs on it; choose another subnet or stop that lab first")
+    net = LabNetwork.for_subnet(subnet)
+    if network.exists(net.netns):
+        raise LabError(f"subnet {subnet} is in use (its lab network {net.netns} exists): another lab runs on it; "
+                       "choose another subnet or stop that lab first")
     recipes = standins.lab_recipes(versions)
     kinds = standins.kinds(versions)
     aliases = standins.upstream_aliases(recipes, versions, etcd_version)
@@ -376,15 +393,18 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
     # One archive, each layer stored once, the aliases as extra repo tags: one import per hypervisor.
     archive = images.build_archive([(r, by_ref.get(r.ref, [])) for r in recipes.values()],
                                    lab_dir / "images" / IMAGES_ARCHIVE)
-    ips = [f"{subnet}.{i}" for i in range(1, n + 1)]
+    machines = [net.hypervisor(i, f"lab-hv-{i}") for i in range(1, n + 1)]
+    ips = [m.ip for m in machines]
     client = ca = None
     servers: dict[str, CertKey] = {}
     if remote:
         ca, client, servers = _lab_pki(lab_dir / "pki", ips)
     hvs: list[LabHypervisor] = []
     started: list[procs.Proc] = []
-    for i, ip in enumerate(ips, start=1):
-        name = f"lab-hv-{i}"
+    _save(lab_dir, hvs, started, image_refs, aliases, kinds, subnet)  # first: `down` removes what follows
+    network.create_lab(net)
+    for i, machine in enumerate(machines, start=1):
+        name, ip = machine.name, machine.ip
         hv_dir = lab_dir / f"hv-{i}"
         for sub in ("cni/bin", "cni/conf", "logs", "data"):
             (hv_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -395,14 +415,16 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
             dir=str(hv_dir), socket=str(sock), remote_uri=f"tcp://{ip}:{cri_port}" if remote else "",
             data_dir=str(hv_dir / "data"),
             ca_pem=ca.cert_pem if ca else "", client_cert_pem=client.cert_pem if client else "",
-            client_key_pem=client.key_pem if client else "")
+            client_key_pem=client.key_pem if client else "", netns=machine.netns, port=machine.port,
+            subnet=machine.subnet)
         hvs.append(hv)
+        _save(lab_dir, hvs, started, image_refs, aliases, kinds, subnet)
+        network.create_machine(machine)
         config = hv_dir / "containerd.toml"
         config.write_text(configs.containerd_config(hv_dir, ip, image_refs["pause"]))
-        ctrd = procs.spawn("containerd", name, ["containerd", "--config", str(config)],
-                           hv_dir / "logs" / "containerd.log", hv_dir)
+        ctrd = _spawn_containerd(hv)
         started.append(ctrd)
-        _save(lab_dir, hvs, started, image_refs, aliases, kinds)
+        _save(lab_dir, hvs, started, image_refs, aliases, kinds, subnet)
         _wait(f"containerd for {name}", _cri_ready(hv.local()), READY_TIMEOUT, ctrd)
     # the images into every hypervisor at once: each import is its own containerd's work (ingest, unpack),
     # most of a lab's start when done one after another
@@ -414,14 +436,32 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
             cfg = hv_dir / "haproxy.cfg"
             cfg.write_text(configs.haproxy_config(hv.ip, cri_port, lab_dir / "pki" / f"server-{hv.ip}.pem",
                                                   lab_dir / "pki" / "ca.crt", sock))
-            front = procs.spawn("haproxy", hv.name, ["haproxy", "-db", "-f", str(cfg)],
-                                hv_dir / "logs" / "haproxy.log", hv_dir)
+            front = _spawn_front(hv)
             started.append(front)
-            _save(lab_dir, hvs, started, image_refs, aliases, kinds)
-            _wait(f"haproxy for {hv.name}", _port_open(hv.ip, cri_port), READY_TIMEOUT, front)
-            _wait(f"CRI over mTLS for {hv.name}", _cri_ready(hv.remote()), READY_TIMEOUT, front)
+            _save(lab_dir, hvs, started, image_refs, aliases, kinds, subnet)
+            _wait_front(hv, front)
         event(log, logging.INFO, "lab hypervisor ready", hypervisor=hv.name, ip=hv.ip, remote=remote)
-    return LabInfo(lab_dir, tuple(hvs), image_refs, tuple(started), aliases, kinds)
+    return LabInfo(lab_dir, tuple(hvs), image_refs, tuple(started), aliases, kinds, subnet)
+
+
+def _spawn_containerd(hv: LabHypervisor) -> procs.Proc:
+    """Hypervisor `hv`'s containerd, on its machine, from its config (`hv.dir/containerd.toml`)."""
+    hv_dir = Path(hv.dir)
+    return procs.spawn("containerd", hv.name, hv.run(["containerd", "--config", str(hv_dir / "containerd.toml")]),
+                       hv_dir / "logs" / "containerd.log", hv_dir)
+
+
+def _spawn_front(hv: LabHypervisor) -> procs.Proc:
+    """Hypervisor `hv`'s mTLS front (haproxy, `hv.dir/haproxy.cfg`), on its machine."""
+    hv_dir = Path(hv.dir)
+    return procs.spawn("haproxy", hv.name, hv.run(["haproxy", "-db", "-f", str(hv_dir / "haproxy.cfg")]),
+                       hv_dir / "logs" / "haproxy.log", hv_dir)
+
+
+def _wait_front(hv: LabHypervisor, front: procs.Proc) -> None:
+    port = int(hv.remote_uri.rsplit(":", 1)[1])
+    _wait(f"haproxy for {hv.name}", _port_open(hv.ip, port), READY_TIMEOUT, front)
+    _wait(f"CRI over mTLS for {hv.name}", _cri_ready(hv.remote()), READY_TIMEOUT, front)
 
 
 def add_runtime(lab_dir: Path, name: str, ip: str, netns: str | None = None) -> tuple[Path, procs.Proc]:
@@ -437,7 +477,7 @@ def add_runtime(lab_dir: Path, name: str, ip: str, netns: str | None = None) -> 
     argv = ["containerd", "--config", str(config)]
     ctrd = procs.spawn("containerd", name, enter(netns, argv) if netns else argv, hv_dir / "logs" / "containerd.log",
                        hv_dir)
-    _save(lab.dir, lab.hypervisors, [*lab.processes, ctrd], lab.images, lab.aliases, lab.kubernetes)
+    _save_info(lab, started=[*lab.processes, ctrd])
     _wait(f"containerd for {name}", _cri_ready(_runtime(name, hv_dir, ip)), READY_TIMEOUT, ctrd)
     _ctr_import(str(hv_dir / "containerd.sock"), lab.dir / "images" / IMAGES_ARCHIVE, name)
     return hv_dir, ctrd
@@ -472,11 +512,8 @@ def start_containerd(lab_dir: Path, name: str) -> procs.Proc:
     [old] = [p for p in lab.processes if p.role == "containerd" and p.hypervisor == name]
     if old.alive():
         raise LabError(f"the containerd of {name} is still running (pid {old.pid})")
-    hv_dir = Path(hv.dir)
-    ctrd = procs.spawn("containerd", name, ["containerd", "--config", str(hv_dir / "containerd.toml")],
-                       hv_dir / "logs" / "containerd.log", hv_dir)
-    _save(lab.dir, lab.hypervisors, [ctrd if p == old else p for p in lab.processes], lab.images, lab.aliases,
-          lab.kubernetes)
+    ctrd = _spawn_containerd(hv)
+    _save_info(lab, started=[ctrd if p == old else p for p in lab.processes])
     _wait(f"containerd for {name}", _cri_ready(hv.local()), READY_TIMEOUT, ctrd)
     return ctrd
 
@@ -487,6 +524,98 @@ def lose_hypervisor(lab_dir: Path, name: str) -> None:
     lab = info(lab_dir)
     _drain(lab.get(name).local())
     kill_containerd(lab_dir, name)
+
+
+# ---------------------------------------------------------------------------- faults
+
+def machine(lab: LabInfo, name: str) -> Machine:
+    """The machine (network) of lab hypervisor or worker `name`."""
+    for hv in lab.hypervisors:
+        if hv.name == name:
+            return hv.machine()
+    from gitops.lab.netns import recorded
+
+    found = recorded(lab.dir / f"hv-{name}")
+    if found is None:
+        names = [hv.name for hv in lab.hypervisors] + sorted(
+            p.parent.name.removeprefix("hv-") for p in lab.dir.glob(f"hv-*/{RECORD}"))
+        raise LabError(f"no lab machine named {name!r} (there are: {', '.join(names)})")
+    return found
+
+
+def power_off(lab_dir: Path | None, name: str) -> int:
+    """Cut hypervisor `name`'s power: every process on it SIGKILLed at once, its link down, and what a power
+    cut takes with the machine's memory gone too (the mounts its containers had). Its disk stays (root,
+    data dir). Returns how many processes were killed."""
+    lab = info(lab_dir)
+    hv = lab.get(name)
+    m = hv.machine()
+    if not network.link_up(m) and not any(p.alive() for p in lab.processes if p.hypervisor == name):
+        raise LabError(f"{name} is already powered off")
+    killed = network.power_off(m)
+    for p in lab.processes:  # started by this process (`up`): reap them, or they linger as zombies
+        if p.hypervisor == name:
+            try:
+                os.waitpid(p.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+    procs.unmount_under(Path(hv.dir) / "state")
+    event(log, logging.WARNING, "lab machine powered off", machine=name, killed=killed)
+    return killed
+
+
+def power_on(lab_dir: Path | None, name: str) -> list[procs.Proc]:
+    """Boot hypervisor `name` as after a power cut: what lived in memory (containerd's state, runc's) is gone,
+    its link comes up, its containerd starts on its disk (and its mTLS front in a --remote lab). Its pods are
+    as a reboot leaves them: known to containerd, not running. Returns the processes started."""
+    lab = info(lab_dir)
+    hv = lab.get(name)
+    m = hv.machine()
+    alive = [p for p in lab.processes if p.hypervisor == name and p.alive()]
+    if alive or network.in_namespace(m.netns):
+        raise LabError(f"{name} is running (gitops lab poweroff {name} first)")
+    hv_dir = Path(hv.dir)
+    procs.unmount_under(hv_dir / "state")
+    _remove_cgroups(lab.dir, hv_dir.name)
+    for volatile in ("state", "runc", "runc-v1"):  # a real machine keeps them in /run
+        shutil.rmtree(hv_dir / volatile, ignore_errors=True)
+    network.set_link(m, up=True)
+    ctrd = _spawn_containerd(hv)
+    started = [ctrd]
+    replaced = {p for p in lab.processes if p.hypervisor == name}
+    _save_info(lab, started=[p for p in lab.processes if p not in replaced] + started)
+    _wait(f"containerd for {name}", _cri_ready(hv.local()), READY_TIMEOUT, ctrd)
+    if hv.remote_uri:
+        front = _spawn_front(hv)
+        started.append(front)
+        _save_info(info(lab.dir), started=[*info(lab.dir).processes, front])
+        _wait_front(hv, front)
+    event(log, logging.INFO, "lab machine powered on", machine=name)
+    return started
+
+
+def partition(lab_dir: Path | None, name: str, peers: Iterable[str] = ()) -> list[str]:
+    """Drop machine `name`'s traffic both ways while it runs on: all of it, or only to and from the machines
+    `peers` (`host` is the host, where gitops and the tests run). Returns what it is now cut from."""
+    lab = info(lab_dir)
+    m = machine(lab, name)
+    addresses = []
+    for peer in peers:
+        if peer == name:
+            raise LabError(f"{name} cannot be partitioned from itself")
+        addresses.append(LabNetwork(m.subnet).host_ip if peer == "host" else machine(lab, peer).ip)
+    network.partition(m, addresses)
+    event(log, logging.WARNING, "lab machine partitioned", machine=name, peers=list(peers) or "all")
+    return network.partitioned_from(m)
+
+
+def heal(lab_dir: Path | None, name: str) -> bool:
+    """Undo every partition of machine `name`; whether there was one."""
+    lab = info(lab_dir)
+    m = machine(lab, name)
+    healed = network.heal(m)
+    event(log, logging.INFO, "lab machine healed", machine=name, was_partitioned=healed)
+    return healed
 
 
 def _drain(hv: Hypervisor) -> list[str]:
@@ -503,9 +632,10 @@ def _drain(hv: Hypervisor) -> list[str]:
     return removed
 
 
-def _remove_cgroups(lab_dir: Path) -> None:
-    """Remove the (now empty) cgroups runc made for the lab's containers, from runc's state."""
-    for state_file in sorted(lab_dir.glob("hv-*/runc/*/*/state.json")):
+def _remove_cgroups(lab_dir: Path, hv_dir: str = "hv-*") -> None:
+    """Remove the (now empty) cgroups runc made for the lab's containers (of every runtime, or of the one in
+    `lab_dir/hv_dir`), from runc's state."""
+    for state_file in sorted(lab_dir.glob(f"{hv_dir}/runc/*/*/state.json")):
         try:
             paths = json.loads(state_file.read_text()).get("cgroup_paths") or {}
         except (OSError, ValueError):
@@ -575,6 +705,12 @@ def down(lab_dir: Path | None = None) -> DownReport:
                    if not what.startswith(("unmounted ", "stopped "))]
     for hv_dir in sorted(lab_dir.glob("hv-*")):
         stopped += release(hv_dir)
+    if state is not None:
+        for hv in state.hypervisors:
+            if hv.netns:
+                stopped += network.remove_machine(hv.machine())
+        if state.subnet:
+            stopped += network.remove_lab(LabNetwork(state.subnet))
     unmounted += procs.unmount_under(lab_dir)
     for name in [STATE_FILE, hostcheck.BASELINE, "images", "pki"] + [p.name for p in lab_dir.glob("hv-*")]:
         path = lab_dir / name
@@ -627,7 +763,7 @@ def alias_image(src: str, dst: str, lab_dir: Path | None = None) -> list[str]:
         done.append(hv.name)
     aliases = dict(lab.aliases)
     aliases[dst] = src
-    _save(lab.dir, lab.hypervisors, lab.processes, lab.images, aliases, lab.kubernetes)
+    _save_info(lab, aliases=aliases)
     event(log, logging.INFO, "image alias", alias=dst, image=src, hypervisors=len(done))
     return done
 

@@ -7,7 +7,8 @@ answers 200 (`/readyz` as `path`: unless `200 ok`; a draining API server answers
 purpose while it still serves every other request, so it measures readiness, not service). A failed
 request is retried once at once on a new connection; when that fails too the API was away (an
 *outage*). `use_kubeconfig` switches credentials mid-run (a CA rotation publishes a new admin
-kubeconfig). Used by the lab tests and `benchmarks/api_probe.py`.
+kubeconfig). `Writer` writes a ConfigMap every 200 ms and remembers the acknowledged ones, which must
+all be there after a fault. Used by the lab tests and the benchmarks (`api_probe.py`, `faults.py`).
 """
 from __future__ import annotations
 
@@ -142,3 +143,81 @@ class Probe(threading.Thread):
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+
+@dataclass(frozen=True)
+class Writes:
+    """What a writer saw: ConfigMaps acknowledged (201) by name, and writes that failed."""
+
+    acknowledged: tuple[str, ...]
+    failures: int
+    errors: tuple[str, ...]
+
+
+class Writer(threading.Thread):
+    """`POST` a new ConfigMap to `namespace` every `interval` seconds until `stop()`, through the kubeconfig's
+    server, each on a fresh connection; remembers every name the API acknowledged (201 Created): after a
+    fault, each of them must still be there (`missing`)."""
+
+    def __init__(self, kubeconfig: str, prefix: str, namespace: str = "default", interval: float = 0.2,
+                 timeout: float = 5.0):
+        super().__init__(daemon=True, name="api-writer")
+        self.prefix, self.namespace, self.interval, self.timeout = prefix, namespace, interval, timeout
+        self._target = target(kubeconfig)
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self.acknowledged: list[str] = []
+        self.failures = 0
+        self.errors: list[str] = []
+
+    def _post(self, name: str) -> str | None:
+        where = self._target
+        body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+                           "data": {"written": name}})
+        conn = http.client.HTTPSConnection(where.host, where.port, context=where.context, timeout=self.timeout)
+        try:
+            conn.request("POST", f"/api/v1/namespaces/{self.namespace}/configmaps", body,
+                         {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            text = response.read()
+            return None if response.status == 201 else f"{response.status} {text[:200]!r}"
+        except (OSError, http.client.HTTPException) as err:
+            return f"{type(err).__name__}: {err}"
+        finally:
+            conn.close()
+
+    def run(self) -> None:
+        n = 0
+        while not self._stopping.wait(self.interval):
+            n += 1
+            name = f"{self.prefix}-{n:05d}"
+            error = self._post(name)
+            with self._lock:
+                if error is None:
+                    self.acknowledged.append(name)
+                else:
+                    self.failures += 1
+                    if len(self.errors) < MAX_ERRORS:
+                        self.errors.append(f"{time.strftime('%H:%M:%S')} {name}: {error}")
+
+    def stop(self) -> Writes:
+        self._stopping.set()
+        if self.is_alive():
+            self.join(timeout=self.timeout * 2 + 5)
+        with self._lock:
+            return Writes(tuple(self.acknowledged), self.failures, tuple(self.errors))
+
+    def missing(self, writes: Writes) -> list[str]:
+        """The acknowledged ConfigMaps the API does not have now (a lost write), read with one list."""
+        where = self._target
+        conn = http.client.HTTPSConnection(where.host, where.port, context=where.context, timeout=30)
+        try:
+            conn.request("GET", f"/api/v1/namespaces/{self.namespace}/configmaps")
+            response = conn.getresponse()
+            listed = json.loads(response.read())
+        finally:
+            conn.close()
+        if response.status != 200:
+            raise RuntimeError(f"listing ConfigMaps answered {response.status}")
+        there = {item["metadata"]["name"] for item in listed.get("items", ())}
+        return [name for name in writes.acknowledged if name not in there]

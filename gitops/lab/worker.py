@@ -2,14 +2,14 @@
 every pod of its runtime and kills pods it did not make, so a worker never shares a hypervisor's),
 with a bridge CNI.
 
-The worker's network is `gitops.lab.netns`: a namespace joined to the host by a veth, its node
-address (10.250.<lab subnet's third octet>.<n>; kubelet 1.20 refuses a loopback node IP) only
-inside it. Its containerd runs in the namespace, and so must `gitops join` and `gitops leave`
+The worker's network is a machine on the lab bridge (`gitops.lab.network`): a namespace of its own,
+its node address (10.250.<lab subnet's third octet>.<n>; kubelet 1.20 refuses a loopback node IP)
+only inside it, the hypervisors its neighbours on the bridge. Its containerd runs in the namespace, and so must `gitops join` and `gitops leave`
 (`gitops lab exec lab-worker-N -- gitops join ...`): kubelet, kube-proxy's iptables chains,
 `ip_forward` and the CNI bridge are then the namespace's, never the host's. Its containerd gets
 Debian's CNI plugins (bridge, host-local, loopback) in its CNI bin directory; `gitops join
 --cni-conf-dir` writes the bridge network. `gitops lab down` stops the containerd and removes
-the namespace and the veth (`gitops.lab.netns.release`); a worker still joined (`joined`) is
+the namespace and its link (`gitops.lab.netns.release`); a worker still joined (`joined`) is
 abandoned with it: its kubelet and kube-proxy stopped, kubelet's mounts (the host's) undone, its
 directory removed (`gitops.worker.run.abandon`).
 """
@@ -23,10 +23,10 @@ from pathlib import Path
 
 from gitops import procs
 from gitops.errors import GitopsError
-from gitops.lab import netns
+from gitops.lab import netns, network
 from gitops.lab.errors import LabError
 from gitops.lab.lab import add_runtime, info
-from gitops.lab.netns import RECORD, WorkerNetwork
+from gitops.lab.netns import RECORD
 from gitops.worker import run as worker_run
 
 CNI_SOURCE = Path("/usr/lib/cni")
@@ -45,8 +45,8 @@ class LabWorker:
     cluster_cidr: str
     bridge: str
     netns: str
-    link: str
-    host_ip: str
+    port: str
+    subnet: str
     kubelet_port: int = 10250
     proxy_port: int = 10256
 
@@ -55,8 +55,8 @@ class LabWorker:
                 f"--cni-conf-dir={self.cni_conf_dir}", f"--pod-cidr={self.pod_cidr}",
                 f"--cluster-cidr={self.cluster_cidr}", f"--bridge={self.bridge}",
                 f"--kubelet-port={self.kubelet_port}", f"--proxy-port={self.proxy_port}",
-                # the worker reaches the ingress at a host loopback address from its routed one, which
-                # kubelet's KUBE-FIREWALL rule ("block incoming localnet connections") would drop
+                # kubelet's KUBE-FIREWALL rule ("block incoming localnet connections") would drop what the
+                # worker gets from a host loopback address (127.0.T.254, the lab's source on the bridge)
                 "--no-kubelet-iptables-util-chains"]
 
 
@@ -69,26 +69,25 @@ def prepare(number: int = 1, lab_dir: Path | None = None) -> LabWorker:
     lab = info(lab_dir)
     if not 1 <= number <= 250:
         raise LabError("--number must be between 1 and 250")
-    subnet = lab.hypervisors[0].ip.rsplit(".", 1)[0]
-    net = WorkerNetwork.for_worker(subnet, number)
-    third = subnet.split(".")[2]
     name = f"lab-worker-{number}"
+    net = network.LabNetwork(lab.subnet).worker(number, name)
+    third = net.lab.third
     hv_dir = lab.dir / f"hv-{name}"
-    worker = LabWorker(name=name, node_ip=net.node_ip, cri_endpoint=f"unix://{hv_dir / 'containerd.sock'}",
+    worker = LabWorker(name=name, node_ip=net.ip, cri_endpoint=f"unix://{hv_dir / 'containerd.sock'}",
                        cni_conf_dir=str(hv_dir / "cni" / "conf"), pod_cidr=f"10.{87 + number}.{third}.0/24",
                        cluster_cidr=f"10.{87 + number}.0.0/16",
-                       bridge=f"gitops{third}w{number}", netns=net.netns, link=net.link, host_ip=net.host_ip)
+                       bridge=f"gitops{third}w{number}", netns=net.netns, port=net.port, subnet=net.subnet)
     if netns.exists(net.netns) and any(p.role == "containerd" and p.hypervisor == name and p.alive()
                                        for p in lab.processes):
         return worker
     (hv_dir / "cni" / "bin").mkdir(parents=True, exist_ok=True)
     (hv_dir / RECORD).write_text(json.dumps(asdict(worker), indent=2, sort_keys=True) + "\n")  # before: down finds it
-    netns.create(net)
+    network.create_machine(net)
     for plugin in CNI_PLUGINS:
         link = hv_dir / "cni" / "bin" / plugin
         if not link.exists():
             link.symlink_to(CNI_SOURCE / plugin)
-    add_runtime(lab.dir, name, net.node_ip, net.netns)
+    add_runtime(lab.dir, name, net.ip, net.netns)
     return worker
 
 
