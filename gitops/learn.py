@@ -13,7 +13,8 @@ def learn(state: State, observed: ObservedState, desired_nodes: dict[str, str]) 
     plan generates a new one; tokens signed with the old one stay valid). Records that learn nothing
     are shared with `state`, not copied (compile copies what it changes).
     """
-    new = State(clusters=dict(state.clusters), nodes=dict(state.nodes), sip_labels=dict(state.sip_labels))
+    new = State(clusters=dict(state.clusters), nodes=dict(state.nodes), sip_labels=dict(state.sip_labels),
+                hypervisor_ca=state.hypervisor_ca)
     copied: set[str] = set()
 
     def record(cluster: str) -> ClusterRecord:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: install gitops (and build the real
-# Kubernetes v1.20.2 binaries once), start a local lab of 3 real containerd
-# hypervisors (one public; each a machine of its own, a network namespace on the
-# lab's bridge; one reached over mutual TLS through haproxy), write
+# Kubernetes v1.20.2 binaries once), start a local lab of 5 real containerd
+# hypervisors (3 private, 2 public; each a machine of its own, a network namespace on the
+# lab's bridge, onboarded with `gitops hypervisor init`), write
 # the example repo wired to it, plan and apply it: two real control planes
 # (3 etcd, 3 kube-apiserver, 3 controller-managers and schedulers each, behind an
 # haproxy ingress), then kubectl through the ingress; then a worker joins team-a
@@ -84,8 +84,9 @@ JOINING=
 trap 'rm -f "$WORK/demo.pid"; [ -z "$JOINING" ] || kill "$JOINING" 2>/dev/null || true' EXIT
 trap 'echo "the demo failed (line $LINENO); run it again: it starts by undoing what this run left" >&2' ERR
 
-echo "== gitops lab up: 3 containerd hypervisors (1 public), mTLS fronts"
-$G lab up --dir "$LAB" --hypervisors 3 --public 1 --remote > "$WORK/lab-hypervisors.yaml"
+echo "== gitops lab up: 5 containerd hypervisors (3 private, 2 public), each a machine of its own, onboarded"
+echo "   with gitops hypervisor init (on the machine) and its fleet side (mTLS fronts)"
+$G lab up --dir "$LAB" --hypervisors 5 --public 2 --remote > "$WORK/lab-hypervisors.yaml"
 $G lab status --dir "$LAB"
 
 echo "== the example repo, wired to the lab: $REPO"

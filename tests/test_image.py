@@ -151,11 +151,14 @@ def run(request):
         subprocess.run(["git", *GIT_ID, "add", "-A"], cwd=work, check=True)
         subprocess.run(["git", *GIT_ID, "commit", "-q", "-m", "infra"], cwd=work, check=True)
         subprocess.run(["git", "clone", "-q", "--bare", str(work), str(origin)], check=True)
-        git_port = free_port()
+        # on a host loopback address the lab's machines reach over the lab bridge (inside a machine, 127.0.0.1
+        # is its own)
+        git_host = f"{SUBNET}.250"
+        git_port = free_port(git_host)
         daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
-                                   f"--base-path={origin.parent}", "--listen=127.0.0.1", f"--port={git_port}",
+                                   f"--base-path={origin.parent}", f"--listen={git_host}", f"--port={git_port}",
                                    str(origin.parent)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_listening("127.0.0.1", git_port, timeout=20)
+        wait_listening(git_host, git_port, timeout=20)
 
         # what the pod gets: the identity (readable by its user only) and the unix sockets of the
         # hypervisors the repo reaches locally, at the same paths; the sockets' group is the image's
@@ -176,11 +179,11 @@ def run(request):
                 mounts.append(Mount(sock, sock))
         assert len(mounts) == 3, mounts  # two hypervisors by socket; the third over mTLS (host network)
 
-        metrics = f"127.0.0.1:{free_port()}"
+        metrics = f"{hv.ip}:{free_port()}"  # the pod lives in the machine's network (host networking there)
         sandbox = SandboxSpec("gitops-controller", namespace="gitops-system", log_directory=str(base / "podlogs"))
         container = ContainerSpec(
             "controller", "ghcr.io/gitops-infra/gitops:0.1.0",
-            args=("--repo", f"git://127.0.0.1:{git_port}/infra.git", "--interval", "10s"),
+            args=("--repo", f"git://{git_host}:{git_port}/infra.git", "--interval", "10s"),
             env={"GITOPS_METRICS_ADDRESS": metrics}, mounts=tuple(mounts), log_path="controller.log")
         progress(f"running the controller image as a CRI pod on {hv.name}; waiting for it to converge the lab")
         start = time.monotonic()

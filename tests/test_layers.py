@@ -26,6 +26,8 @@ RANK = {
     # the lab builds the jump host's image from compile's jump host
     # a worker's join and leave stand alone; the lab abandons a worker still joined when it goes down
     "worker": 5.5,
+    # a machine made a hypervisor (`gitops hypervisor`) stands alone too; the lab makes its machines with it
+    "hypervisor": 5.5,
     "learn": 6, "plan": 6, "lab": 6, "snapshots": 6,
     "apply": 7,
     "engine": 8,

@@ -385,20 +385,37 @@ def test_the_controller_decrypts_with_its_identity_and_writes_no_key_anywhere(re
 
 # --- the lab's example repo (no lab started: the lab's description is made up) -------------
 
-def _fake_lab(tmp_path: Path):
+def _fake_lab(tmp_path: Path, kinds: tuple[bool, ...] = (True, False, False)):
     from gitops.lab.lab import LabHypervisor, LabInfo
     from gitops.model.resources import PortRange
 
     ca, ca_key = make_cert("lab ca", ca=True)
     client, client_key = make_cert("gitops", issuer_key=ca_key, issuer=ca)
     hvs = []
-    for n, public in ((1, True), (2, False), (3, False)):
+    for n, public in enumerate(kinds, start=1):
         remote = f"tcp://127.0.99.{n}:10250" if n == 3 else ""
         hvs.append(LabHypervisor(f"hv-{n}", public, f"127.0.99.{n}", PortRange(30000 + 1000 * n, 30999 + 1000 * n),
                                  str(tmp_path / f"hv-{n}"), str(tmp_path / f"hv-{n}.sock"), remote,
                                  ca_pem=pem_cert(ca), client_cert_pem=pem_cert(client),
                                  client_key_pem=pem_key(client_key) if remote else ""))
     return LabInfo(tmp_path, tuple(hvs), {}, ()), pem_key(client_key)
+
+
+def test_lab_example_repo_takes_every_machine_of_the_lab(tmp_path: Path):
+    """A lab larger than the example (the demo's 3 private and 2 public): the machines left over join the fleet
+    as hv-private-3 and hv-public-2, so the example clusters' members spread over 3 machines."""
+    from gitops.lab.example import write_example_repo
+
+    lab, _key = _fake_lab(tmp_path, (True, True, False, False, False))
+    mapping = write_example_repo(lab, tmp_path / "repo")
+    validation = validate_repo(tmp_path / "repo")
+    assert validation.ok, validation.diagnostics
+    hvs = validation.model.hypervisors
+    assert sorted(hvs) == ["hv-private-1", "hv-private-2", "hv-private-3", "hv-public-1", "hv-public-2"]
+    assert [hvs[n].public for n in sorted(hvs)] == [False, False, False, True, True]
+    assert mapping[-2:] == [f"hv-public-2 -> hv-2 ({lab.hypervisors[1].socket})",
+                            f"hv-private-3 -> hv-5 ({lab.hypervisors[4].socket})"]
+    assert len({hv.ip_address for hv in hvs.values()}) == 5
 
 
 def test_lab_example_repo_keeps_plaintext_keys_allowed_by_default(tmp_path: Path):

@@ -45,6 +45,7 @@ def test_copy_is_deep_and_misses_no_field():
         nodes={"n1": NodeRecord("c1", "hv-1", {"etcd-client": 31000}, "n1=https://x:1", "new", "hv-0", "hv-0",
                                    "https://x:0", {"etcd-client": 30000})},
         sip_labels={"metal3/host-1": {"role": "lb", "gone": None}},
+        hypervisor_ca=CertRecord("HVCA", "HVKEY"),
     )
     for record in (state, *state.clusters.values(), *state.nodes.values(), state.clusters["c1"].admin,
                    state.clusters["c1"].rotation):
@@ -55,6 +56,7 @@ def test_copy_is_deep_and_misses_no_field():
     assert copied == state and copied.to_dict() == state.to_dict()
     copied.clusters["c1"].authorities["etcd"].key_pem = "OTHER"
     copied.clusters["c1"].admin.cert_pem = "B"
+    copied.hypervisor_ca.key_pem = "OTHER"
     copied.clusters["c1"].service_account_keys["n2"] = "PUB2"
     copied.clusters["c1"].etcd_members.append("n2")
     copied.clusters["c1"].etcd_learners.clear()
@@ -73,6 +75,7 @@ def test_copy_is_deep_and_misses_no_field():
                                                      {"etcd": "CROSS"}), restored="latest", recovered="n1", forcing="n1")
     assert state.nodes["n1"].ports == {"etcd-client": 31000} and state.nodes["n1"].leaving_ports == {"etcd-client": 30000}
     assert state.sip_labels == {"metal3/host-1": {"role": "lb", "gone": None}}
+    assert state.hypervisor_ca == CertRecord("HVCA", "HVKEY")
 
 
 def test_every_file_gitops_keeps_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):

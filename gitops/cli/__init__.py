@@ -22,8 +22,10 @@ class _Group(click.Group):
     MODULES = {"validate": "validate", "schema": "validate", "plan": "reconcile", "apply": "reconcile",
                "kubeconfig": "reconcile", "reconcile": "controller", "watch": "controller", "status": "controller",
                "cri": "cri", "lab": "lab", "join-token": "worker", "join": "worker", "leave": "worker",
-               "secrets": "secrets", "state": "state", "backup": "backup", "ui": "ui", "status-key": "trust"}
-    ALL = ("validate", "reconcile", "controller", "cri", "lab", "worker", "secrets", "state", "backup", "ui", "trust")
+               "secrets": "secrets", "state": "state", "backup": "backup", "ui": "ui", "status-key": "trust",
+               "hypervisor": "hypervisor"}
+    ALL = ("validate", "reconcile", "controller", "cri", "lab", "worker", "secrets", "state", "backup", "ui", "trust",
+           "hypervisor")
 
     def _load(self, *names: str) -> None:
         # gRPC's C core logs TLS handshake failures to stderr, where gitops reports them as CRIErrors

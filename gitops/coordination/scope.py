@@ -51,7 +51,7 @@ class Scope:
         (placement counts every recorded port on a hypervisor), the SIP labels if it owns shard 0.
         Compile and plan then never walk the other shards' clusters."""
         return State(clusters={n: r for n, r in state.clusters.items() if self.owns(n)}, nodes=state.nodes,
-                     sip_labels=state.sip_labels if self.owns_global else {})
+                     sip_labels=state.sip_labels if self.owns_global else {}, hypervisor_ca=state.hypervisor_ca)
 
     def merge(self, theirs: State, mine: State) -> State:
         """The state to publish: our records for what we own, the branch's (`theirs`) for the rest."""
@@ -67,6 +67,8 @@ class Scope:
                 out.nodes[name] = source.nodes[name].copy()
         labels = mine.sip_labels if self.owns_global else theirs.sip_labels
         out.sip_labels = {host: dict(values) for host, values in labels.items()}
+        ca = (mine if self.owns_global else theirs).hypervisor_ca or theirs.hypervisor_ca  # (no replica makes one)
+        out.hypervisor_ca = ca.copy() if ca else None
         return out
 
     def clashes(self, theirs: State, mine: State) -> list[str]:

@@ -26,8 +26,8 @@ def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None,
 
     Each example Hypervisor keeps its name (Nodes pin them) and takes the next
     lab hypervisor of the same kind (public/private); a remote example
-    hypervisor uses the lab's mTLS front when the lab has one. The lab's mTLS
-    client keys are written in plaintext (the example's gitops.yaml allows it,
+    hypervisor uses the lab's mTLS front when the lab has one; the lab's hypervisors left over join as
+    hv-private-N / hv-public-N after the example's. The lab's mTLS client keys are written in plaintext (the example's gitops.yaml allows it,
     for labs), or, given age `recipients`, encrypted to them, with gitops.yaml
     listing them and refusing plaintext. Returns the `example name -> lab name`
     lines for the user.
@@ -58,6 +58,25 @@ def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None,
             client["privateKey"] = encrypt(client["privateKey"].encode(), recipients)
         path.write_text(header + yaml.dump(document, Dumper=_Dumper, sort_keys=False))
         mapping.append(f"{doc['metadata']['name']} -> {hv.name} ({'mTLS ' + hv.remote_uri if remote else hv.socket})")
+    # the lab's other machines join the fleet too, named on after the example's (hv-private-3, hv-public-2, ...):
+    # over their mTLS front when the lab has one
+    taken = {p.stem for p in (target / "hypervisors").glob("*.yaml")}
+    for hv in free[True] + free[False]:
+        kind = "public" if hv.public else "private"
+        number = 1
+        while f"hv-{kind}-{number}" in taken:
+            number += 1
+        name = f"hv-{kind}-{number}"
+        taken.add(name)
+        document = hypervisor_document(LabHypervisor(**{**hv.__dict__, "name": name}))
+        if hv.remote_uri and recipients:
+            client = document["spec"]["remoteCRIEndpoint"]["clientCertificate"]  # type: ignore[index]
+            client["privateKey"] = encrypt(client["privateKey"].encode(), recipients)
+        header = (f"# {name} is lab hypervisor {hv.name} ({'mTLS' if hv.remote_uri else 'unix socket'}), beyond the "
+                  "example's own\n")
+        (target / "hypervisors" / f"{name}.yaml").write_text(header + yaml.dump(document, Dumper=_Dumper,
+                                                                                  sort_keys=False))
+        mapping.append(f"{name} -> {hv.name} ({'mTLS ' + hv.remote_uri if hv.remote_uri else hv.socket})")
     if recipients:
         _encrypted_secrets_policy(target / CONFIG_FILE, recipients)
     return mapping

@@ -9,7 +9,8 @@ partitioned or powered off (`power_off`, `power_on`, `partition`, `heal`).
 Layout of a lab directory:
     lab.json                 state: subnet, hypervisors, started processes (PID + start time), images
     images/lab-images.tar    images built from host binaries (one archive, shared layers)
-    pki/                     lab CA, client certificate, one server certificate per hypervisor
+    pki/                     the lab's fleet: its hypervisor CA (fleet/state.json), gitops's client certificate
+    hv-N/front/              what `gitops hypervisor init` made on the machine: its key, certificate, front config
     hv-N/                    one containerd: config, root, state, sockets, logs (+ haproxy)
     hv-N/data/               the hypervisor's data dir (annotation gitops.infra/data-dir):
                              node files gitops mounts into pods
@@ -31,6 +32,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -56,7 +58,10 @@ from gitops.model.resources import (
     PortRange,
     RemoteCRIEndpoint,
 )
-from gitops.pki import CertKey, create_ca, issue_cert
+from gitops.hypervisor.enroll import deliver, fetch_request
+from gitops.hypervisor.fleet import CERT_DAYS, ca_hash as fleet_hash, fleet_ca
+from gitops.pki import CertKey, cert_to_pem, issue_cert, sign_public_key
+from gitops.state.store import LocalDirStore
 
 log = logging.getLogger(__name__)
 
@@ -322,21 +327,6 @@ def _check_host(remote: bool) -> None:
             raise LabError(f"{binary} not found (run scripts/install-deps.sh)")
 
 
-def _lab_pki(pki_dir: Path, ips: Iterable[str]) -> tuple[CertKey, CertKey, dict[str, CertKey]]:
-    pki_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(pki_dir, 0o700)
-    ca = create_ca("gitops-lab-ca", organizations=["gitops lab"])
-    client = issue_cert(ca, "gitops-lab-client", organizations=["gitops"], client=True)
-    servers = {ip: issue_cert(ca, f"cri-{ip}", ip_addresses=[ip], server=True) for ip in ips}
-    (pki_dir / "ca.crt").write_text(ca.cert_pem)
-    (pki_dir / "ca.key").write_text(ca.key_pem)
-    (pki_dir / "client.crt").write_text(client.cert_pem)
-    (pki_dir / "client.key").write_text(client.key_pem)
-    for ip, cert in servers.items():
-        (pki_dir / f"server-{ip}.pem").write_text(cert.cert_pem + cert.key_pem)
-    return ca, client, servers
-
-
 # ---------------------------------------------------------------------------- up / down
 
 def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, remote: bool = False,
@@ -394,11 +384,9 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
     archive = images.build_archive([(r, by_ref.get(r.ref, [])) for r in recipes.values()],
                                    lab_dir / "images" / IMAGES_ARCHIVE)
     machines = [net.hypervisor(i, f"lab-hv-{i}") for i in range(1, n + 1)]
-    ips = [m.ip for m in machines]
     client = ca = None
-    servers: dict[str, CertKey] = {}
     if remote:
-        ca, client, servers = _lab_pki(lab_dir / "pki", ips)
+        ca, client = _lab_fleet(lab_dir / "pki")
     hvs: list[LabHypervisor] = []
     started: list[procs.Proc] = []
     _save(lab_dir, hvs, started, image_refs, aliases, kinds, subnet)  # first: `down` removes what follows
@@ -429,19 +417,66 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
     # the images into every hypervisor at once: each import is its own containerd's work (ingest, unpack),
     # most of a lab's start when done one after another
     _import_everywhere(hvs, archive)
-    for hv in hvs:
-        if remote:
-            assert ca is not None
-            hv_dir, sock = Path(hv.dir), Path(hv.socket)
-            cfg = hv_dir / "haproxy.cfg"
-            cfg.write_text(configs.haproxy_config(hv.ip, cri_port, lab_dir / "pki" / f"server-{hv.ip}.pem",
-                                                  lab_dir / "pki" / "ca.crt", sock))
-            front = _spawn_front(hv)
+    if remote:  # each machine onboarded as a real one is: `gitops hypervisor init` on it, the fleet's side here
+        assert ca is not None
+        fronts = []
+        for hv in hvs:  # all at once: each waits for the fleet
+            front = _spawn_init(hv, fleet_hash(ca), cri_port, image_refs["pause"])
+            fronts.append(front)
             started.append(front)
             _save(lab_dir, hvs, started, image_refs, aliases, kinds, subnet)
+        for hv, front in zip(hvs, fronts):
+            _enroll(hv, front, ca, cri_port)
             _wait_front(hv, front)
+    for hv in hvs:
         event(log, logging.INFO, "lab hypervisor ready", hypervisor=hv.name, ip=hv.ip, remote=remote)
     return LabInfo(lab_dir, tuple(hvs), image_refs, tuple(started), aliases, kinds, subnet)
+
+
+def _lab_fleet(pki_dir: Path) -> tuple[CertKey, CertKey]:
+    """The lab's fleet: its hypervisor CA in a recorded state of its own (`pki/fleet/state.json`), and the
+    client certificate gitops uses for every lab front (`pki/ca.crt`, `client.crt`, `client.key`)."""
+    pki_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(pki_dir, 0o700)
+    (pki_dir / "fleet").mkdir(mode=0o700, exist_ok=True)
+    store = LocalDirStore(pki_dir / "fleet")
+    state, ca = fleet_ca(store.load())
+    store.save(state)
+    client = issue_cert(ca, "gitops-lab-client", organizations=["gitops"], client=True)
+    (pki_dir / "ca.crt").write_text(ca.cert_pem)
+    (pki_dir / "client.crt").write_text(client.cert_pem)
+    (pki_dir / "client.key").write_text(client.key_pem)
+    return ca, client
+
+
+def _spawn_init(hv: LabHypervisor, ca_hash: str, cri_port: int, sandbox_image: str) -> procs.Proc:
+    """`gitops hypervisor init` on lab machine `hv`, as an operator runs it on a new machine (its containerd is
+    already configured and running: the lab is its init system). Once enrolled it becomes the front (haproxy)."""
+    hv_dir = Path(hv.dir)
+    argv = [sys.executable, "-m", "gitops", "hypervisor", "init", "--address", hv.ip, "--ca-hash", ca_hash,
+            "--cri-port", str(cri_port), "--dir", str(hv_dir / "front"), "--containerd-config",
+            str(hv_dir / "containerd.toml"), "--containerd-root", str(hv_dir), "--restart", "",
+            "--data-dir", hv.node_data_dir, "--sandbox-image", sandbox_image, "--timeout", str(READY_TIMEOUT * 4)]
+    return procs.spawn("haproxy", hv.name, hv.run(argv), hv_dir / "logs" / "haproxy.log", hv_dir)
+
+
+def _enroll(hv: LabHypervisor, front: procs.Proc, ca: CertKey, cri_port: int) -> None:
+    """The fleet's side for lab machine `hv` (`gitops hypervisor add` without a repo): its fingerprint read
+    where `init` printed it, its key signed for its address, its certificate handed over."""
+    log_path = Path(front.log)
+    found: list[str] = []
+
+    def printed() -> bool:
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        found[:] = [line.split(": ", 1)[1].strip() for line in text.splitlines()
+                    if line.startswith("this machine's key: ")]
+        return bool(found)
+
+    _wait(f"gitops hypervisor init on {hv.name}", printed, READY_TIMEOUT, front)
+    fingerprint = found[-1]
+    _request, csr = fetch_request(hv.ip, cri_port, fingerprint)
+    cert = sign_public_key(ca, csr.public_key(), f"cri-{hv.name}", ip_addresses=[hv.ip], server=True, days=CERT_DAYS)
+    deliver(hv.ip, cri_port, fingerprint, ca.cert_pem, cert_to_pem(cert))
 
 
 def _spawn_containerd(hv: LabHypervisor) -> procs.Proc:
@@ -452,9 +487,10 @@ def _spawn_containerd(hv: LabHypervisor) -> procs.Proc:
 
 
 def _spawn_front(hv: LabHypervisor) -> procs.Proc:
-    """Hypervisor `hv`'s mTLS front (haproxy, `hv.dir/haproxy.cfg`), on its machine."""
+    """Hypervisor `hv`'s mTLS front (haproxy on the config `gitops hypervisor init` wrote), on its machine: as a
+    real machine's init system starts it again after a reboot."""
     hv_dir = Path(hv.dir)
-    return procs.spawn("haproxy", hv.name, hv.run(["haproxy", "-db", "-f", str(hv_dir / "haproxy.cfg")]),
+    return procs.spawn("haproxy", hv.name, hv.run(["haproxy", "-db", "-f", str(hv_dir / "front" / "front.cfg")]),
                        hv_dir / "logs" / "haproxy.log", hv_dir)
 
 

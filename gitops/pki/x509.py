@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -258,3 +259,30 @@ def is_signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     except (ValueError, TypeError, InvalidSignature):
         return False
     return True
+
+
+def key_hash(public_key: object) -> str:
+    """`sha256:<hex>` of a public key's SubjectPublicKeyInfo (kubeadm's pin format): how a CA or a machine's
+    key is named where only hashes travel (a worker's `--ca-cert-hash`, `gitops hypervisor`)."""
+    der = public_key.public_bytes(serialization.Encoding.DER,  # type: ignore[attr-defined]
+                                  serialization.PublicFormat.SubjectPublicKeyInfo)
+    return "sha256:" + hashlib.sha256(der).hexdigest()
+
+
+def self_signed(key: PrivateKey, common_name: str, ip_addresses: Sequence[str] = (), days: int = 1) -> x509.Certificate:
+    """A certificate of `key` signed by itself (no CA): what a peer pins by the key's hash (`key_hash`)."""
+    name = _name(common_name)
+    builder = _builder(name, name, key.public_key(), days, None)
+    san = _san((), ip_addresses)
+    if san:
+        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    return builder.sign(key, _hash_for(key))
+
+
+def make_csr(key: PrivateKey, common_name: str, ip_addresses: Sequence[str] = ()) -> str:
+    """A PEM certificate request for `key` (it proves the key is held; the signer decides the contents)."""
+    builder = x509.CertificateSigningRequestBuilder().subject_name(_name(common_name))
+    san = _san((), ip_addresses)
+    if san:
+        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    return builder.sign(key, _hash_for(key)).public_bytes(serialization.Encoding.PEM).decode()

@@ -180,6 +180,9 @@ class State:
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     #: labels gitops set on file-provider BareMetalHosts ("namespace/name" -> label -> value, None = removed)
     sip_labels: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    #: the fleet's hypervisor CA (`gitops hypervisor`): signs each onboarded machine's CRI front certificate
+    #: and gitops's client certificate for it; None until the first `gitops hypervisor` command makes it
+    hypervisor_ca: CertRecord | None = None
 
     def copy(self) -> State:
         """A deep copy, field by field (deepcopy's bookkeeping costs seconds for a large fleet)."""
@@ -187,11 +190,14 @@ class State:
             clusters={name: record.copy() for name, record in self.clusters.items()},
             nodes={name: record.copy() for name, record in self.nodes.items()},
             sip_labels={host: dict(labels) for host, labels in self.sip_labels.items()},
+            hypervisor_ca=self.hypervisor_ca.copy() if self.hypervisor_ca else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["version"] = SCHEMA_VERSION
+        if data["hypervisor_ca"] is None:
+            del data["hypervisor_ca"]  # (none made: state files stay as they were before it existed)
         for record in data["clusters"].values():
             for name in ("restored", "recovered", "forcing"):
                 if not record[name]:
@@ -232,7 +238,9 @@ class State:
             )
         nodes = {name: NodeRecord(**raw) for name, raw in data.get("nodes", {}).items()}
         sip_labels = {host: dict(labels) for host, labels in data.get("sip_labels", {}).items()}
-        return cls(clusters=clusters, nodes=nodes, sip_labels=sip_labels)
+        ca = data.get("hypervisor_ca")
+        return cls(clusters=clusters, nodes=nodes, sip_labels=sip_labels,
+                   hypervisor_ca=CertRecord(**ca) if ca else None)
 
 
 def _rotation(raw: dict[str, Any] | None) -> CARotation | None:
@@ -287,6 +295,7 @@ STATE_SCHEMA: dict[str, Any] = {
                                       "moved_from": _STR, "leaving_from": _STR, "leaving_peer": _STR,
                                       "leaving_ports": _map(_INT)}}),
         "sip_labels": _map(_map({"type": ["string", "null"]})),
+        "hypervisor_ca": {"anyOf": [{"type": "null"}, _CERT]},
     },
 }
 _VALIDATOR = Draft202012Validator(STATE_SCHEMA)

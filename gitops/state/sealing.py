@@ -27,6 +27,9 @@ def split(state: State) -> tuple[dict[str, Any], dict[str, Any]]:
             keys.setdefault("rotation", {})[role] = record.pop("key_pem", "")
             record["key_pem"] = ""
         secrets["clusters"][name] = keys
+    if public.get("hypervisor_ca"):
+        secrets["hypervisor_ca"] = public["hypervisor_ca"].pop("key_pem", "")
+        public["hypervisor_ca"]["key_pem"] = ""
     return public, secrets
 
 
@@ -42,6 +45,8 @@ def merge(public: dict[str, Any], secrets: dict[str, Any] | None) -> State:
             cluster["admin"]["key_pem"] = keys.get("admin", "")
         for role, record in ((cluster.get("rotation") or {}).get("other") or {}).items():
             record["key_pem"] = keys.get("rotation", {}).get(role, "")
+    if data.get("hypervisor_ca"):
+        data["hypervisor_ca"]["key_pem"] = (secrets or {}).get("hypervisor_ca", "")
     return State.from_dict(data)
 
 

@@ -7,18 +7,16 @@ against that CA. The bootstrap token is checked before anything is written.
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import secrets
 from dataclasses import dataclass
 
-from cryptography.hazmat.primitives import serialization
 
 from gitops.apipaths import CLUSTER_INFO, CSRS
 from gitops.errors import GitopsError
 from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
 from gitops.kubeconfig import parse_cluster_info
-from gitops.pki import PKIError, cert_to_pem, load_cert_pem, load_certs_pem
+from gitops.pki import PKIError, cert_to_pem, key_hash, load_cert_pem, load_certs_pem
 
 TOKEN = re.compile(r"^([a-z0-9]{6})\.([a-z0-9]{16})$")
 
@@ -38,9 +36,7 @@ class Discovered:
 
 def ca_hash(ca_pem: str) -> str:
     """`sha256:<hex>` of the CA certificate's SubjectPublicKeyInfo (kubeadm's pin format)."""
-    cert = load_cert_pem(ca_pem)
-    der = cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return "sha256:" + hashlib.sha256(der).hexdigest()
+    return key_hash(load_cert_pem(ca_pem).public_key())
 
 
 def new_token() -> tuple[str, str]:

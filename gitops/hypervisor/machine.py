@@ -1,0 +1,168 @@
+"""The machine's side of onboarding (`gitops hypervisor init`), run on the machine that becomes a hypervisor.
+
+In order, and nothing is changed until every check passed: the CA hash and the address are checked
+(the address must be one of this machine's), the machine must not be a hypervisor already (its
+directory holds no `hypervisor.json`), the CRI port must be free. Then containerd's config is written
+as gitops needs it (`gitops.hypervisor.configs`) and containerd restarted when it changed; a key is
+made here (kept in the directory, mode 0600, reused if an earlier run stopped before enrolling, so its
+fingerprint stays the same); the machine serves its request (`gitops.hypervisor.enroll`) until the
+fleet delivers a certificate that checks out; then the front's files are written and `hypervisor.json`
+records it. The caller starts the front (haproxy) on them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gitops.cri.client import CRIClient
+from gitops.cri.endpoint import CRIEndpoint
+from gitops.cri.errors import CRIError
+from gitops.hypervisor import configs
+from gitops.hypervisor.enroll import Enrollment, EnrollError, Request, check_hash, csr_for
+from gitops.pki import generate_key, key_hash, key_to_pem, load_key_pem
+
+RECORD = "hypervisor.json"
+KEY = "server.key"
+SYSTEMD_RESTART = "systemctl restart containerd"
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    """What `gitops hypervisor init` was told."""
+
+    address: str
+    ca_hash: str
+    directory: Path
+    cri_port: int = configs.DEFAULT_CRI_PORT
+    #: containerd's config file to write, and where that containerd keeps everything
+    containerd_config: Path = Path("/etc/containerd/config.toml")
+    paths: configs.ContainerdPaths = configs.ContainerdPaths.system()
+    #: run when the config changed ("" = do not restart: containerd is started by someone else)
+    restart: str = SYSTEMD_RESTART
+    sandbox_image: str = configs.DEFAULT_SANDBOX_IMAGE
+    #: where gitops keeps node files on this machine (the Hypervisor's data dir)
+    data_dir: str = "/var/lib/gitops"
+
+    @property
+    def front_config(self) -> Path:
+        return self.directory / "front.cfg"
+
+
+@dataclass(frozen=True)
+class Enrolled:
+    """A machine made a hypervisor: its front's config (haproxy), and its record."""
+
+    front_config: Path
+    record: Path
+
+
+def check(spec: MachineSpec) -> None:
+    """Everything that can be checked before anything changes (EnrollError names what is wrong)."""
+    check_hash(spec.ca_hash, "--ca-hash")
+    try:
+        probe = socket.socket(socket.AF_INET6 if ":" in spec.address else socket.AF_INET)
+    except OSError as err:
+        raise EnrollError(f"--address {spec.address}: {err}") from None
+    with probe:
+        try:
+            probe.bind((spec.address, 0))
+        except OSError:
+            raise EnrollError(f"--address {spec.address} is not an address of this machine "
+                              "(`ip -br addr` lists them)") from None
+    record = spec.directory / RECORD
+    if record.exists():
+        raise EnrollError(f"this machine is already a hypervisor ({record} exists); to onboard it again into "
+                          f"another fleet, stop its CRI front and remove {spec.directory} first")
+    with socket.socket(socket.AF_INET6 if ":" in spec.address else socket.AF_INET) as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a listener is in the way, not TIME_WAIT
+        try:
+            taken.bind((spec.address, spec.cri_port))
+            taken.listen(1)
+        except OSError as err:
+            raise EnrollError(f"port {spec.cri_port} on {spec.address} is in use ({err.strerror}): another CRI "
+                              "front, or a kubelet? Choose one with --cri-port") from None
+
+
+def configure_containerd(spec: MachineSpec, say: Callable[[str], None]) -> None:
+    """containerd's config as gitops needs it; containerd restarted if it changed; its CRI answering."""
+    text = configs.containerd_config(spec.paths, spec.address, spec.sandbox_image)
+    path = spec.containerd_config
+    before = path.read_text() if path.exists() else None
+    if before != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if before is not None:
+            backup = path.with_name(path.name + ".before-gitops")
+            if not backup.exists():
+                backup.write_text(before)
+                say(f"kept the former containerd config as {backup}")
+        path.write_text(text)
+        say(f"wrote {path} (CRI: host network, restrict_oom_score_adj, streams on {spec.address})")
+        if spec.restart:
+            done = subprocess.run(shlex.split(spec.restart), capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                raise EnrollError(f"restarting containerd ({spec.restart}) failed: "
+                                  f"{(done.stderr or done.stdout).strip()[:500]}")
+            say(f"restarted containerd ({spec.restart})")
+    endpoint = CRIEndpoint.unix("this machine", spec.paths.socket)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with CRIClient(endpoint, timeout=2) as client:
+                if client.status().ready:
+                    return
+        except CRIError:
+            pass
+        if time.monotonic() > deadline:
+            raise EnrollError(f"containerd's CRI does not answer on {spec.paths.socket} (is containerd running? "
+                              "`systemctl status containerd`)")
+        time.sleep(0.5)
+
+
+def machine_key(spec: MachineSpec):  # type: ignore[no-untyped-def]
+    """This machine's front key: made here on the first run, kept (0600) and reused by a later one."""
+    spec.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = spec.directory / KEY
+    if path.exists():
+        return load_key_pem(path.read_bytes())
+    key = generate_key()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(key_to_pem(key))
+    return key
+
+
+def init(spec: MachineSpec, say: Callable[[str], None], timeout: float = 3600) -> Enrolled:
+    """Make this machine a hypervisor of the fleet whose CA hashes to `spec.ca_hash` (see the module)."""
+    check(spec)
+    configure_containerd(spec, say)
+    key = machine_key(spec)
+    fingerprint = key_hash(key.public_key())
+    request = Request(csr_for(key, spec.address), spec.address, spec.cri_port, spec.data_dir)
+    enrollment = Enrollment(key, request, spec.ca_hash)
+    say(f"this machine's key: {fingerprint}")
+    say("waiting for the fleet; where gitops runs:")
+    say(f"  gitops hypervisor add REPO --name NAME --address {spec.address} --cri-port {spec.cri_port} "
+        f"--fingerprint {fingerprint} [--public] [--port-range LOW-HIGH]")
+    delivered = enrollment.wait(timeout)
+    d = spec.directory
+    (d / "ca.crt").write_text(delivered.ca_pem)
+    pem = d / "server.pem"
+    fd = os.open(pem, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(delivered.cert_pem + key_to_pem(key))
+    spec.front_config.write_text(configs.front_config(spec.address, spec.cri_port, pem, d / "ca.crt",
+                                                      spec.paths.socket))
+    record = d / RECORD
+    record.write_text(json.dumps({"address": spec.address, "criPort": spec.cri_port, "caHash": spec.ca_hash,
+                                  "keyHash": fingerprint, "containerdSocket": spec.paths.socket,
+                                  "dataDir": spec.data_dir}, indent=2, sort_keys=True) + "\n")
+    say(f"enrolled: the fleet's certificate is installed ({pem}); the CRI front listens on "
+        f"{spec.address}:{spec.cri_port} (TLS only, client certificates of the fleet's CA)")
+    return Enrolled(spec.front_config, record)
