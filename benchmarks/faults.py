@@ -44,19 +44,8 @@ SUBNET = "127.0.43"
 
 
 def machine_rss_mib(lab: labmod.LabInfo) -> dict[str, float]:
-    """Resident memory of every process in each machine's namespace (containerd, front, pods), MiB."""
-    out = {}
-    for hv in lab.hypervisors:
-        total = 0
-        for pid in network.in_namespace(hv.netns):
-            try:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-            except OSError:
-                pass
-        out[hv.name] = round(total / 1024, 1)
-    return out
+    """Resident memory of every process of each machine (containerd, front, pods), MiB."""
+    return {hv.name: round(network.rss_kib(hv.netns) / 1024, 1) for hv in lab.hypervisors}
 
 
 def main() -> None:

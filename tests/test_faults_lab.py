@@ -66,6 +66,8 @@ def test_the_fault_commands_cut_and_restore_a_machine(world: FaultWorld, tmp_pat
     assert gitops("partition", "lab-hv-4", "--from", "lab-hv-3") == f"lab-hv-4: partitioned from {peer.ip}\n"
     assert not reaches("lab-hv-3", hv.ip, 10250) and not reaches("lab-hv-4", peer.ip, 10250)  # both ways
     assert reaches("host", hv.ip, 10250) and reaches("lab-hv-2", hv.ip, 10250)  # only from that peer
+    status = subprocess.run([GITOPS, "lab", "status", "--dir", str(lab.dir)], capture_output=True, text=True).stdout
+    assert f"netns={hv.netns}  link=up  rss=" in status and f"partitioned-from={peer.ip}" in status, status
     assert gitops("partition", "lab-hv-4") == "lab-hv-4: partitioned from everything\n"
     assert not reaches("host", hv.ip, 10250)
     with pytest.raises(CRIError):
@@ -85,6 +87,8 @@ def test_the_fault_commands_cut_and_restore_a_machine(world: FaultWorld, tmp_pat
     assert len(in_ns) >= 4  # containerd, haproxy, the sandbox's shim and pause
     assert gitops("poweroff", "lab-hv-4").startswith(f"lab-hv-4: powered off ({len(in_ns)} process(es) killed")
     assert labmod.network.in_namespace(hv.netns) == [] and not labmod.network.link_up(hv.machine())
+    status = subprocess.run([GITOPS, "lab", "status", "--dir", str(lab.dir)], capture_output=True, text=True)
+    assert status.returncode == 1 and f"netns={hv.netns}  link=DOWN" in status.stdout  # DEGRADED: it is off
     assert not labmod.lab.procs.mounts_under(labmod.lab.Path(hv.dir) / "state")
     refused = subprocess.run([GITOPS, "lab", "poweroff", "lab-hv-4", "--dir", str(lab.dir)], capture_output=True,
                              text=True)

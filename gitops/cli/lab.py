@@ -55,10 +55,18 @@ def status_cmd(lab_dir: Path | None) -> None:
     """Show the lab's hypervisors and whether its processes run."""
     st = labmod.status(lab_dir)
     click.echo(f"lab {st.dir}: {'up' if st.up else 'DEGRADED'}")
+    from gitops.lab import network
+
     for hv in st.hypervisors:
         endpoint = hv.remote_uri or f"unix://{hv.socket}"
+        machine = ""
+        if hv.netns:
+            cut = network.partitioned_from(hv.machine())
+            machine = (f"  netns={hv.netns}  link={'up' if network.link_up(hv.machine()) else 'DOWN'}"
+                       f"  rss={network.rss_kib(hv.netns) // 1024}MiB"
+                       + (f"  partitioned-from={'everything' if cut == ['*'] else ','.join(cut)}" if cut else ""))
         click.echo(f"  {hv.name}  ip={hv.ip}  ports={hv.port_range.low}-{hv.port_range.high}  "
-                   f"public={str(hv.public).lower()}  cri={endpoint}")
+                   f"public={str(hv.public).lower()}  cri={endpoint}{machine}")
     for p in st.processes:
         click.echo(f"  {p.proc.hypervisor}  {p.proc.role}  pid={p.proc.pid}  "
                    f"{'running' if p.alive else 'GONE'}  log={p.proc.log}")

@@ -136,6 +136,8 @@ class Enrollment:
         enrollment = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            timeout = 10  # a peer that says nothing (nor finishes its TLS handshake) is dropped, not waited for
+
             def log_message(self, *_args: object) -> None:  # the command says what matters itself
                 pass
 
@@ -171,7 +173,8 @@ class Enrollment:
                 self._answer(200, {"installed": True})
                 enrollment._done.set()
 
-        self.server = http.server.HTTPServer((request.address, request.cri_port), Handler)
+        self.server = http.server.ThreadingHTTPServer((request.address, request.cri_port), Handler)
+        self.server.daemon_threads = True  # a silent peer holds only its own thread, for its handler's timeout
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         with tempfile.TemporaryDirectory(prefix="gitops-enroll-") as tmp:  # ssl loads a key only from a file
@@ -179,7 +182,8 @@ class Enrollment:
             pem.touch(mode=0o600)
             pem.write_text(enroll_certificate(key, request.address) + key_to_pem(key))
             context.load_cert_chain(str(pem))
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        # the handshake happens on the handler's first read, under its timeout (not in accept(), unbounded)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True, do_handshake_on_connect=False)
         self.server.timeout = 0.5
 
     def wait(self, timeout: float) -> Delivered:

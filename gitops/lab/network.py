@@ -329,3 +329,17 @@ def partitioned_from(m: Machine) -> list[str]:
         elif "-d" not in fields:
             return ["*"]
     return sorted(set(found))
+
+
+def rss_kib(netns: str) -> int:
+    """Resident memory of every process in network namespace `netns` (a machine's containerd, front and pods),
+    KiB (shared pages counted in each process, as `ps` does)."""
+    total = 0
+    for pid in in_namespace(netns):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass  # gone meanwhile
+    return total
