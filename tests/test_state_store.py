@@ -1,6 +1,7 @@
 """The local-directory state store: round trip, permissions, atomic replace, corrupt file."""
 from __future__ import annotations
 
+import json
 import stat
 import subprocess
 from dataclasses import MISSING, fields
@@ -110,3 +111,20 @@ def test_every_file_gitops_keeps_is_replaced_whole_or_left_as_it_was(tmp_path, m
     safeio.write_atomic(target, "newer\n")
     assert target.read_text() == "newer\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["kept.json", live.name, other.name, longer.name])
+
+
+def test_the_fleets_hypervisor_ca_key_is_sealed_like_the_clusters_ca_keys():
+    """Issue #43.1: the hypervisor CA `gitops hypervisor` keeps in the recorded state goes to the status branch
+    with its certificate in the clear and its key only in the sealed part; merged back, it is whole."""
+    from gitops.pki import create_ca
+    from gitops.state.sealing import merge, split
+
+    ca = create_ca("gitops-hypervisor-ca")
+    state = State(hypervisor_ca=CertRecord(ca.cert_pem, ca.key_pem))
+    public, secrets = split(state)
+    assert public["hypervisor_ca"] == {"cert_pem": ca.cert_pem, "key_pem": ""}
+    assert "PRIVATE KEY" not in json.dumps(public) and secrets["hypervisor_ca"] == ca.key_pem
+    assert merge(public, secrets).hypervisor_ca == CertRecord(ca.cert_pem, ca.key_pem)
+    assert merge(public, None).hypervisor_ca == CertRecord(ca.cert_pem, "")
+    assert "hypervisor_ca" not in State().to_dict()  # a state without one is written as before it existed
+    assert State.parse(state.to_dict()) == state
