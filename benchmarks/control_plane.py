@@ -32,8 +32,10 @@ import yaml
 
 from gitops import lab as labmod
 from gitops.lab.example import write_example_repo
+from gitops.lab.network import LabNetwork
 
 SUBNET = "127.0.27"
+MACHINES = LabNetwork.for_subnet(SUBNET).prefixes[0].removesuffix("0/24")  # "10.249.27."
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "haproxy")
 GITOPS = str(Path(sys.executable).parent / "gitops")
 
@@ -72,7 +74,8 @@ def component_rss() -> dict[str, list[float]]:
             continue
         name = os.path.basename(argv[0].decode(errors="replace"))
         # the ingress haproxy names no address in its arguments (its config does)
-        mark = b"/etc/gitops/haproxy.cfg" if name == "haproxy" else f"{SUBNET}.".encode()
+        # the others name their machine's address (10.249.T.N: each lab hypervisor is a machine of its own)
+        mark = b"/etc/gitops/haproxy.cfg" if name == "haproxy" else MACHINES.encode()
         if name not in found or mark not in b" ".join(argv):
             continue
         rss_kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
