@@ -21,12 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from test_apply_lab import World, etcdctl, kubeconfig_file, wait_ready, world_gitops
+from test_apply_lab import World, etcd_client_files, etcd_leader, etcdctl, kubeconfig_file, wait_ready, world_gitops
 
 from gitops import lab as labmod
-from gitops.compile.authorities import authority
 from gitops.lab.probe import Probe, Writer
-from gitops.pki import issue_cert
 from gitops.state import LocalDirStore
 
 CLUSTER = "team-a"
@@ -52,13 +50,7 @@ class FaultWorld(World):
                 for n in nodes}
 
     def etcd_tls(self) -> ssl.SSLContext:
-        state = LocalDirStore(self.state).load()
-        ca = authority(state.clusters[CLUSTER].authorities, "etcd")
-        cert = issue_cert(ca, "fault-watch", client=True)
-        tls = self.dir / "etcd-watch"
-        tls.mkdir(exist_ok=True)
-        for name, text in (("ca.crt", ca.cert_pem), ("client.crt", cert.cert_pem), ("client.key", cert.key_pem)):
-            (tls / name).write_text(text)
+        tls = etcd_client_files(self, CLUSTER, "fault-watch", "etcd-watch")
         context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
         context.load_cert_chain(str(tls / "client.crt"), str(tls / "client.key"))
         return context
@@ -91,14 +83,6 @@ def member_ids(world: FaultWorld, nodes: tuple[str, ...] | list[str] = MEMBERS) 
     proc = etcdctl(world, CLUSTER, f"--endpoints={endpoints}", "member", "list", "-w", "json")
     assert proc.returncode == 0, proc.stderr
     return {m.get("name", ""): f"{int(m['ID']):x}" for m in json.loads(proc.stdout)["members"]}
-
-
-def leader_of(world: FaultWorld) -> str:
-    proc = etcdctl(world, CLUSTER, "endpoint", "status", "-w", "json")
-    leaders = {s["Status"]["leader"] for s in json.loads(proc.stdout)}
-    [leader] = leaders
-    ids = member_ids(world)
-    return next(name for name, mid in ids.items() if int(mid, 16) == leader)
 
 
 class LeaderWatch(threading.Thread):
@@ -182,7 +166,7 @@ def partition_member(world: FaultWorld, leader: bool) -> dict[str, object]:
     wait_ready(world, CLUSTER)
     wait_members_healthy(world)
     before = member_ids(world)
-    old_leader = leader_of(world)
+    old_leader = etcd_leader(world, CLUSTER)
     node = old_leader if leader else sorted(n for n in MEMBERS if n != old_leader)[0]
     hypervisor = world.placed()[node]
     machine = world.lab_name(hypervisor)
@@ -243,7 +227,7 @@ def power_cycle(world: FaultWorld) -> dict[str, object]:
     wait_ready(world, CLUSTER)
     wait_members_healthy(world)
     before = member_ids(world)
-    old_leader = leader_of(world)
+    old_leader = etcd_leader(world, CLUSTER)
     node = sorted(n for n in MEMBERS if n != old_leader)[-1]
     hypervisor = world.placed()[node]
     machine = world.lab_name(hypervisor)

@@ -159,15 +159,23 @@ def _applied_first(request, world):
         world.applied = True
 
 
-def etcdctl(world: World, cluster: str, *args: str) -> subprocess.CompletedProcess:
-    """The real etcd client, with a client certificate from the cluster's etcd CA."""
+def etcd_client_files(world: World, cluster: str, subject: str, folder: str) -> Path:
+    """`world.dir/folder` holding ca.crt, client.crt and client.key: a client certificate for `subject` from the
+    cluster's etcd CA (recorded state)."""
     state = LocalDirStore(world.state).load()
     ca = authority(state.clusters[cluster].authorities, "etcd")
-    cert = issue_cert(ca, "e2e-test", client=True)
-    tls = world.dir / "etcd-client"
+    cert = issue_cert(ca, subject, client=True)
+    tls = world.dir / folder
     tls.mkdir(exist_ok=True)
     for name, text in (("ca.crt", ca.cert_pem), ("client.crt", cert.cert_pem), ("client.key", cert.key_pem)):
         (tls / name).write_text(text)
+    return tls
+
+
+def etcdctl(world: World, cluster: str, *args: str) -> subprocess.CompletedProcess:
+    """The real etcd client, with a client certificate from the cluster's etcd CA."""
+    state = LocalDirStore(world.state).load()
+    tls = etcd_client_files(world, cluster, "e2e-test", "etcd-client")
     hvs = world.hypervisors()
     endpoints = ",".join(f"https://{hvs[r.hypervisor].ip_address}:{r.ports['etcd-client']}"
                          for name, r in sorted(state.nodes.items()) if r.cluster == cluster and "etcd-client" in r.ports)

@@ -105,12 +105,12 @@ def document(new: NewHypervisor, ca_pem: str, client_cert_pem: str, client_key: 
                                                                  "privateKey": client_key}}}}
 
 
-class _Literal(yaml.SafeDumper):
-    """PEM and age armour as literal blocks."""
+class LiteralDumper(yaml.SafeDumper):
+    """Multi-line strings (PEM, age armour) as literal blocks: Hypervisor documents as people read them."""
 
 
-_Literal.add_representer(str, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", v,
-                                                              style="|" if "\n" in v else None))
+LiteralDumper.add_representer(str, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", v,
+                                                                   style="|" if "\n" in v else None))
 
 
 def add(new: NewHypervisor, hypervisors: dict[str, Hypervisor], repo: Path, recipients: tuple[str, ...],
@@ -144,5 +144,5 @@ def add(new: NewHypervisor, hypervisors: dict[str, Hypervisor], repo: Path, reci
     header = (f"# {new.name}: onboarded with `gitops hypervisor add` (machine key {new.fingerprint});\n"
               f"# its CRI front is reached over mutual TLS with the fleet's hypervisor CA ({ca_hash(ca)}).\n")
     path.write_text(header + yaml.dump(document(new, ca.cert_pem, client.cert_pem, key, request.data_dir),
-                                       Dumper=_Literal, sort_keys=False))
+                                       Dumper=LiteralDumper, sort_keys=False))
     return state, path

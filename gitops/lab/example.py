@@ -9,7 +9,8 @@ from pathlib import Path
 import yaml
 
 from gitops.lab.errors import LabError
-from gitops.lab.lab import LabHypervisor, LabInfo, _Dumper, hypervisor_document
+from gitops.hypervisor.fleet import LiteralDumper
+from gitops.lab.lab import LabHypervisor, LabInfo, hypervisor_document
 from gitops.model.config import CONFIG_FILE
 from gitops.model.yamlload import load_yaml_documents
 from gitops.secrets import encrypt
@@ -56,7 +57,7 @@ def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None,
         if remote and recipients:
             client = document["spec"]["remoteCRIEndpoint"]["clientCertificate"]  # type: ignore[index]
             client["privateKey"] = encrypt(client["privateKey"].encode(), recipients)
-        path.write_text(header + yaml.dump(document, Dumper=_Dumper, sort_keys=False))
+        path.write_text(header + yaml.dump(document, Dumper=LiteralDumper, sort_keys=False))
         mapping.append(f"{doc['metadata']['name']} -> {hv.name} ({'mTLS ' + hv.remote_uri if remote else hv.socket})")
     # the lab's other machines join the fleet too, named on after the example's (hv-private-3, hv-public-2, ...):
     # over their mTLS front when the lab has one
@@ -74,7 +75,7 @@ def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None,
             client["privateKey"] = encrypt(client["privateKey"].encode(), recipients)
         header = (f"# {name} is lab hypervisor {hv.name} ({'mTLS' if hv.remote_uri else 'unix socket'}), beyond the "
                   "example's own\n")
-        (target / "hypervisors" / f"{name}.yaml").write_text(header + yaml.dump(document, Dumper=_Dumper,
+        (target / "hypervisors" / f"{name}.yaml").write_text(header + yaml.dump(document, Dumper=LiteralDumper,
                                                                                   sort_keys=False))
         mapping.append(f"{name} -> {hv.name} ({'mTLS ' + hv.remote_uri if hv.remote_uri else hv.socket})")
     if recipients:

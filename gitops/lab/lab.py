@@ -45,7 +45,7 @@ from gitops.logs import event
 from gitops.cri.client import CRIClient
 from gitops.cri.errors import CRIError
 from gitops import procs
-from gitops.lab import configs, hostcheck, images, network, standins
+from gitops.lab import hostcheck, images, network, standins
 from gitops.lab.netns import RECORD, release
 from gitops.lab.network import LabNetwork, Machine, enter
 from gitops.lab.errors import LabError
@@ -59,7 +59,8 @@ from gitops.model.resources import (
     RemoteCRIEndpoint,
 )
 from gitops.hypervisor.enroll import deliver, fetch_request
-from gitops.hypervisor.fleet import CERT_DAYS, ca_hash as fleet_hash, fleet_ca
+from gitops.hypervisor.configs import DEFAULT_CRI_PORT, ContainerdPaths, containerd_config
+from gitops.hypervisor.fleet import CERT_DAYS, LiteralDumper, ca_hash as fleet_hash, fleet_ca
 from gitops.pki import CertKey, cert_to_pem, issue_cert, sign_public_key
 from gitops.state.store import LocalDirStore
 
@@ -68,7 +69,6 @@ log = logging.getLogger(__name__)
 STATE_FILE = "lab.json"
 IMAGES_ARCHIVE = "lab-images.tar"
 DEFAULT_SUBNET = "127.0.10"
-DEFAULT_CRI_PORT = 10250
 DEFAULT_FIRST_PORT = 30000
 PORTS_PER_HYPERVISOR = 1000
 READY_TIMEOUT = 30.0
@@ -409,7 +409,7 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
         _save(lab_dir, hvs, started, image_refs, aliases, kinds, subnet)
         network.create_machine(machine)
         config = hv_dir / "containerd.toml"
-        config.write_text(configs.containerd_config(hv_dir, ip, image_refs["pause"]))
+        config.write_text(containerd_config(ContainerdPaths.under(hv_dir), ip, image_refs["pause"]))
         ctrd = _spawn_containerd(hv)
         started.append(ctrd)
         _save(lab_dir, hvs, started, image_refs, aliases, kinds, subnet)
@@ -509,7 +509,7 @@ def add_runtime(lab_dir: Path, name: str, ip: str, netns: str | None = None) -> 
     for sub in ("cni/bin", "cni/conf", "logs"):
         (hv_dir / sub).mkdir(parents=True, exist_ok=True)
     config = hv_dir / "containerd.toml"
-    config.write_text(configs.containerd_config(hv_dir, ip, lab.images["pause"]))
+    config.write_text(containerd_config(ContainerdPaths.under(hv_dir), ip, lab.images["pause"]))
     argv = ["containerd", "--config", str(config)]
     ctrd = procs.spawn("containerd", name, enter(netns, argv) if netns else argv, hv_dir / "logs" / "containerd.log",
                        hv_dir)
@@ -806,18 +806,6 @@ def alias_image(src: str, dst: str, lab_dir: Path | None = None) -> list[str]:
 
 # ---------------------------------------------------------------------------- YAML
 
-class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (PEM) as literal blocks."""
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _str)
-
-
 def hypervisor_document(hv: LabHypervisor) -> dict[str, object]:
     """The repo's Hypervisor document for a lab hypervisor (remote endpoint if it has one)."""
     spec: dict[str, object] = {
@@ -839,5 +827,5 @@ def hypervisor_document(hv: LabHypervisor) -> dict[str, object]:
 
 def hypervisors_yaml(lab: LabInfo) -> str:
     """All lab hypervisors as a multi-document YAML stream."""
-    return yaml.dump_all([hypervisor_document(hv) for hv in lab.hypervisors], Dumper=_Dumper,
+    return yaml.dump_all([hypervisor_document(hv) for hv in lab.hypervisors], Dumper=LiteralDumper,
                          sort_keys=False, explicit_start=True)
