@@ -52,7 +52,8 @@ class Box:
             GITOPS, "hypervisor", "init", "--address", address or self.machine.ip, "--ca-hash", ca_hash,
             "--dir", str(self.dir / "front"), "--containerd-config", str(config), "--containerd-root",
             str(self.dir / "containerd"), "--restart", start, "--data-dir", str(self.dir / "data"),
-            "--sandbox-image", self.lab.images["pause"], "--timeout", "120"])
+            "--sandbox-image", self.lab.images["pause"], "--timeout", "120", "--port-range", "31000-31999",
+            "--sysctl-file", str(self.dir / "sysctl.conf")])
 
     def start_init(self, ca_hash: str) -> tuple[subprocess.Popen, str]:
         """`init` running on the machine, and the fingerprint it printed."""
@@ -166,6 +167,9 @@ def test_a_machine_becomes_a_hypervisor_with_one_command_on_it_and_one_where_git
                 ((), "hv-new", box.lab.hypervisors[0].ip, f"address {box.lab.hypervisors[0].ip} is Hypervisor hv-1's"),
                 (("--port-range", "30500-31500"), "hv-new", None, "overlaps Hypervisor hv-1's 30000-30999"),
                 (("--port-range", "10000-10999"), "hv-new", None, "holds the CRI front's port 10250"),
+                (("--port-range", "31000-32999"), "hv-new", None,
+                 "--port-range 31000-32999 is not inside the ports the machine reserved for gitops's pods "
+                 "(31000-31999"),
                 (("--name", "HV_New"), "hv-new", None, "a Hypervisor's name is a DNS label")):
             bad = box.add(fingerprint, *extra, check=False, name=name, address=address)
             assert bad.returncode in (1, 2) and message in bad.stderr, (message, bad.stderr)
@@ -173,6 +177,13 @@ def test_a_machine_becomes_a_hypervisor_with_one_command_on_it_and_one_where_git
         assert wrong.returncode == 1 and f"presents key {fingerprint}, not sha256:111" in wrong.stderr, wrong.stderr
         assert _repo_files(box) == before
 
+        # --- the file a killed `add` for this machine key left (it writes the file before the delivery) is
+        # unfinished work, not a reused name: the run below takes it over
+        unfinished = box.repo / "hypervisors" / "hv-new.yaml"
+        unfinished.write_text(f"# hv-new: onboarded with `gitops hypervisor add` (machine key {fingerprint});\n"
+                              + (box.repo / "hypervisors" / "hv-1.yaml").read_text()
+                              .replace("name: hv-1", "name: hv-new").replace(box.lab.hypervisors[0].ip, box.machine.ip)
+                              .replace("low: 30000, high: 30999", "low: 31000, high: 31999"))
         silent = socket.create_connection((box.machine.ip, 10250))  # a peer that never speaks holds nothing up
         try:
             added = box.add(fingerprint, "--public", "--label", "topology.gitops.infra/zone=edge")
@@ -194,11 +205,21 @@ def test_a_machine_becomes_a_hypervisor_with_one_command_on_it_and_one_where_git
         with CRIClient(hvs["hv-new"].cri_endpoint(), timeout=5) as client:
             assert client.version().runtime_name == "containerd"
         assert box.gitops("validate", str(box.repo), "--identity", str(box.identity)).returncode == 0
+        # --- the same `add` again (as after a kill between the delivery and its check): the front answers a
+        # client certificate of the fleet's CA, the file is kept as it is
+        written = path.read_text()
+        rerun = box.add(fingerprint, "--public", "--label", "topology.gitops.infra/zone=edge")
+        assert "was onboarded by an earlier run" in rerun.stderr and path.read_text() == written, rerun.stderr
         time.sleep(0.5)
         assert proc.poll() is None  # `init` became the front (haproxy in the foreground)
         assert Path(f"/proc/{proc.pid}/exe").resolve().name == "haproxy"
         record = json.loads((box.dir / "front" / "hypervisor.json").read_text())
         assert record["keyHash"] == fingerprint and record["caHash"] == ca_hash
+        # the pods' ports (and the front's) are out of the machine's ephemeral ports, now and after a boot
+        reserved = subprocess.run(network.enter(box.machine.netns, ["cat", "/proc/sys/net/ipv4/ip_local_reserved_ports"]),
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        assert reserved == "10250,31000-31999", reserved
+        assert (box.dir / "sysctl.conf").read_text() == f"net.ipv4.ip_local_reserved_ports = {reserved}\n"
         config = (box.dir / "containerd.toml").read_text()
         assert "restrict_oom_score_adj = true" in config and f'stream_server_address = "{box.machine.ip}"' in config
 

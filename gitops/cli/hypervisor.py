@@ -54,19 +54,26 @@ def ca_hash_cmd(repo: Path, state_dir: Path | None) -> None:
 @click.option("--sandbox-image", default=configs.DEFAULT_SANDBOX_IMAGE, show_default=True)
 @click.option("--timeout", type=float, default=3600, show_default=True,
               help="Seconds to wait for `gitops hypervisor add`.")
+@click.option("--port-range", default="30000-30999", show_default=True, callback=lambda c, p, v: _port_range(c, p, v),
+              help="Ports gitops may give its pods here (the same as `add --port-range`): kept out of the "
+                   "kernel's ephemeral ports.")
+@click.option("--sysctl-file", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("/etc/sysctl.d/60-gitops-hypervisor.conf"), show_default=True,
+              help="Where that reservation is kept for the next boot.")
 @click.option("--no-front", is_flag=True, help="Write the front's config and exit instead of running it "
                                                "(haproxy -db -f DIR/front.cfg, e.g. under systemd).")
 def init_cmd(address: str, ca_hash: str, cri_port: int, directory: Path, containerd_config: Path,
              containerd_root: Path | None, restart: str, data_dir: str, sandbox_image: str, timeout: float,
-             no_front: bool) -> None:
-    """On the new machine: configure containerd as gitops needs it, make the front's key here, wait for the
+             port_range: tuple[int, int], sysctl_file: Path, no_front: bool) -> None:
+    """On the new machine: reserve the pods' ports, configure containerd as gitops needs it, make the front's key here, wait for the
     fleet (`gitops hypervisor add`) to sign it, then run the TLS-only CRI front (haproxy, in the foreground)."""
     from gitops.hypervisor.machine import MachineSpec, init
 
     paths = configs.ContainerdPaths.under(containerd_root) if containerd_root else configs.ContainerdPaths.system()
     spec = MachineSpec(address=address, ca_hash=ca_hash, directory=directory.absolute(), cri_port=cri_port,
                        containerd_config=containerd_config, paths=paths, restart=restart,
-                       sandbox_image=sandbox_image, data_dir=data_dir)
+                       sandbox_image=sandbox_image, data_dir=data_dir, port_range=port_range,
+                       sysctl_file=sysctl_file)
     done = init(spec, lambda line: click.echo(line, err=True), timeout=timeout)
     if no_front:
         click.echo(f"the front's config: {done.front_config} (run: haproxy -db -f {done.front_config})", err=True)
@@ -115,12 +122,13 @@ def add_cmd(repo: Path, name: str, address: str, cri_port: int, fingerprint: str
     config = result.repo.config
     new = NewHypervisor(name, address, cri_port, fingerprint, public, port_range[0], port_range[1], labels)
     store = state_store(repo, state_dir)
-    before = store.load()
-    state, path = add(new, result.model.hypervisors, repo, config.secrets.recipients, before,
-                      plaintext_ok=config.allow_plaintext)
-    if state is not before:
-        store.save(state)
-    click.echo(f"wrote {path}: review it in a pull request; once merged, gitops places nodes on {name}", err=True)
+    _, path, already = add(new, result.model.hypervisors, repo, config.secrets.recipients, store.load(), store.save,
+        plaintext_ok=config.allow_plaintext)
+    if already:
+        click.echo(f"{name} was onboarded by an earlier run (its front answers with the fleet's CA); {path} is "
+                   "its document", err=True)
+    else:
+        click.echo(f"wrote {path}: review it in a pull request; once merged, gitops places nodes on {name}", err=True)
     click.echo(str(path))
 
 

@@ -51,21 +51,27 @@ def check_hash(value: str, what: str) -> str:
 
 @dataclass(frozen=True)
 class Request:
-    """What a machine asks the fleet to sign: its key (in a CSR), its address and CRI port, its data dir."""
+    """What a machine asks the fleet to sign: its key (in a CSR), its address and CRI port, its data dir, and
+    the ports it reserved for gitops's pods (kept out of its ephemeral ports)."""
 
     csr_pem: str
     address: str
     cri_port: int
     data_dir: str
+    port_low: int = 0
+    port_high: int = 0
 
     def to_json(self) -> dict[str, object]:
-        return {"csr": self.csr_pem, "address": self.address, "criPort": self.cri_port, "dataDir": self.data_dir}
+        return {"csr": self.csr_pem, "address": self.address, "criPort": self.cri_port, "dataDir": self.data_dir,
+                "portRange": [self.port_low, self.port_high]}
 
     @classmethod
     def from_json(cls, raw: object) -> Request:
         try:
             assert isinstance(raw, dict)
-            return cls(str(raw["csr"]), str(raw["address"]), int(raw["criPort"]), str(raw.get("dataDir", "")))
+            low, high = raw.get("portRange", (0, 0))
+            return cls(str(raw["csr"]), str(raw["address"]), int(raw["criPort"]), str(raw.get("dataDir", "")),
+                       int(low), int(high))
         except (AssertionError, KeyError, TypeError, ValueError):
             raise EnrollError("the machine's request is not a gitops enrollment request") from None
 

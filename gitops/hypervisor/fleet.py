@@ -3,16 +3,22 @@
 The fleet's hypervisor CA lives in the recorded state (`State.hypervisor_ca`; its key sealed on the status
 branch like the clusters' CA keys). `add` checks the new Hypervisor against the repo first (name, address,
 port range), then fetches the machine's request (pinned by its key's fingerprint), signs the machine's
-key for its address, makes gitops's client certificate, hands the machine its certificate, checks that the
-CRI answers through the new front with that client certificate, and only then writes
-`hypervisors/NAME.yaml` with the client key age-encrypted to the repo's recipients: a file ready for a
-pull request. Nothing is written when any step fails.
+key for its address and makes gitops's client certificate. It writes `hypervisors/NAME.yaml` (the client
+key age-encrypted to the repo's recipients: a file ready for a pull request) before it hands the machine its
+certificate, and removes it again if the machine refuses or cannot be reached. Last it checks that the CRI
+answers through the new front with that client certificate.
+
+A run killed part way is resumed by running the same `add` again: the state holding a new CA is saved
+before anything is signed; a file this command wrote for the same machine key is taken as unfinished work,
+and if the machine already took its certificate (killed after the delivery) the re-run only checks the
+front with a short-lived client certificate of the same CA and keeps the file.
 """
 from __future__ import annotations
 
 import ipaddress
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,12 +70,28 @@ class NewHypervisor:
     labels: tuple[tuple[str, str], ...] = ()
 
 
+def _header(new: NewHypervisor) -> str:
+    return f"# {new.name}: onboarded with `gitops hypervisor add` (machine key {new.fingerprint});\n"
+
+
+def unfinished(new: NewHypervisor, repo: Path) -> bool:
+    """hypervisors/NAME.yaml is one an earlier `add` for this very machine key wrote (it may have been killed)."""
+    path = repo / "hypervisors" / f"{new.name}.yaml"
+    try:
+        return path.read_text().startswith(_header(new))
+    except OSError:
+        return False
+
+
 def check_new(new: NewHypervisor, hypervisors: dict[str, Hypervisor], repo: Path) -> None:
-    """Refuse a name, address or port range the repo's Hypervisors already use (GitopsError naming it)."""
+    """Refuse a name, address or port range the repo's Hypervisors already use (GitopsError naming it); the
+    file of an unfinished `add` for the same machine key does not count."""
     if not _NAME.match(new.name):
         raise GitopsError(f"--name {new.name!r}: a Hypervisor's name is a DNS label (lowercase letters, digits, -)")
     path = repo / "hypervisors" / f"{new.name}.yaml"
-    if new.name in hypervisors or path.exists():
+    if unfinished(new, repo):
+        hypervisors = {name: hv for name, hv in hypervisors.items() if name != new.name}
+    elif new.name in hypervisors or path.exists():
         raise GitopsError(f"a Hypervisor named {new.name} is already in the repo ({path if path.exists() else 'hypervisors/'})")
     try:
         ipaddress.ip_address(new.address)
@@ -113,36 +135,69 @@ LiteralDumper.add_representer(str, lambda d, v: d.represent_scalar("tag:yaml.org
                                                                    style="|" if "\n" in v else None))
 
 
-def add(new: NewHypervisor, hypervisors: dict[str, Hypervisor], repo: Path, recipients: tuple[str, ...],
-        state: State, *, plaintext_ok: bool = False, ready_timeout: float = 30) -> tuple[State, Path]:
-    """Onboard the machine (see the module): returns the state holding the fleet's CA and the file written."""
-    check_new(new, hypervisors, repo)
-    if not recipients and not plaintext_ok:
-        raise GitopsError("gitops.yaml lists no spec.secrets.recipients: the client key gitops uses for the new "
-                          "machine must be encrypted to the controller (add its age recipient there)")
-    state, ca = fleet_ca(state)
-    request, csr = fetch_request(new.address, new.cri_port, new.fingerprint)
-    server = sign_public_key(ca, csr.public_key(), f"cri-{new.name}", ip_addresses=[new.address], server=True,
-                             days=CERT_DAYS)
-    client = issue_cert(ca, "gitops", organizations=["gitops"], client=True, days=CERT_DAYS)
-    deliver(new.address, new.cri_port, new.fingerprint, ca.cert_pem, cert_to_pem(server))
+def _front_answers(new: NewHypervisor, ca: CertKey, client: CertKey, timeout: float) -> str:
+    """'' once the machine's CRI answers `Version` over mutual TLS with `client`, else the last error."""
     endpoint = CRIEndpoint.tls(new.name, f"{new.address}:{new.cri_port}", ca.cert_pem, client.cert_pem, client.key_pem)
-    deadline = time.monotonic() + ready_timeout
+    deadline = time.monotonic() + timeout
     while True:
         try:
             with CRIClient(endpoint, timeout=3) as cri:
                 cri.version()
-            break
+            return ""
         except CRIError as err:
             if time.monotonic() > deadline:
-                raise EnrollError(f"the machine took its certificate but its CRI front does not answer over mutual "
-                                  f"TLS ({err}); see `gitops hypervisor init`'s output there") from None
+                return str(err)
             time.sleep(0.5)
-    key = encrypt(client.key_pem.encode(), recipients) if recipients else client.key_pem
+
+
+def add(new: NewHypervisor, hypervisors: dict[str, Hypervisor], repo: Path, recipients: tuple[str, ...],
+        state: State, save: Callable[[State], None], *, plaintext_ok: bool = False,
+        ready_timeout: float = 30) -> tuple[State, Path, bool]:
+    """Onboard the machine (see the module): returns the state holding the fleet's CA, the file written, and
+    whether an earlier run had already done it all but answer (the file kept as it was).
+    `save` records a state holding a new CA before anything signed by it leaves this process."""
+    check_new(new, hypervisors, repo)
+    if not recipients and not plaintext_ok:
+        raise GitopsError("gitops.yaml lists no spec.secrets.recipients: the client key gitops uses for the new "
+                          "machine must be encrypted to the controller (add its age recipient there)")
+    before = state
+    state, ca = fleet_ca(state)
+    if state is not before:
+        save(state)
     path = repo / "hypervisors" / f"{new.name}.yaml"
+    resuming = unfinished(new, repo)
+    try:
+        request, csr = fetch_request(new.address, new.cri_port, new.fingerprint)
+    except EnrollError:
+        if not resuming:
+            raise
+        # killed after the delivery last time? then the front runs with a certificate of this CA for this key
+        probe = issue_cert(ca, "gitops", organizations=["gitops"], client=True, days=1)
+        if _front_answers(new, ca, probe, timeout=5):
+            raise
+        return state, path, True
+    if request.port_high and not request.port_low <= new.port_low <= new.port_high <= request.port_high:
+        raise EnrollError(f"--port-range {new.port_low}-{new.port_high} is not inside the ports the machine reserved "
+                          f"for gitops's pods ({request.port_low}-{request.port_high}, `init --port-range`)")
+    server = sign_public_key(ca, csr.public_key(), f"cri-{new.name}", ip_addresses=[new.address], server=True,
+                             days=CERT_DAYS)
+    client = issue_cert(ca, "gitops", organizations=["gitops"], client=True, days=CERT_DAYS)
+    key = encrypt(client.key_pem.encode(), recipients) if recipients else client.key_pem
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"# {new.name}: onboarded with `gitops hypervisor add` (machine key {new.fingerprint});\n"
-              f"# its CRI front is reached over mutual TLS with the fleet's hypervisor CA ({ca_hash(ca)}).\n")
-    path.write_text(header + yaml.dump(document(new, ca.cert_pem, client.cert_pem, key, request.data_dir),
-                                       Dumper=LiteralDumper, sort_keys=False))
-    return state, path
+    header = _header(new) + (f"# its CRI front is reached over mutual TLS with the fleet's hypervisor CA "
+                             f"({ca_hash(ca)}).\n")
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(header + yaml.dump(document(new, ca.cert_pem, client.cert_pem, key, request.data_dir),
+                                          Dumper=LiteralDumper, sort_keys=False))
+    partial.replace(path)  # before the delivery: a machine holding a certificate always has its file
+    try:
+        deliver(new.address, new.cri_port, new.fingerprint, ca.cert_pem, cert_to_pem(server))
+    except BaseException:
+        path.unlink(missing_ok=True)  # the machine took nothing: nothing is written
+        raise
+    error = _front_answers(new, ca, client, ready_timeout)
+    if error:
+        raise EnrollError(f"the machine took its certificate but its CRI front does not answer over mutual TLS "
+                          f"({error}); see `gitops hypervisor init`'s output there. {path} is kept: it is the "
+                          f"machine's document; run this `add` again to check the front once more")
+    return state, path, False

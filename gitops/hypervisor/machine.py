@@ -2,7 +2,10 @@
 
 In order, and nothing is changed until every check passed: the CA hash and the address are checked
 (the address must be one of this machine's), the machine must not be a hypervisor already (its
-directory holds no `hypervisor.json`), the CRI port must be free. Then containerd's config is written
+directory holds no `hypervisor.json`), the CRI port must be free and outside the pods' port range. Then the
+pods' port range (and the CRI port) is reserved from the kernel's ephemeral ports
+(`net.ipv4.ip_local_reserved_ports`, now and in a sysctl.d file for boots), so that no outgoing connection
+of the machine holds a port gitops gives a pod; containerd's config is written
 as gitops needs it (`gitops.hypervisor.configs`) and containerd restarted when it changed; a key is
 made here (kept in the directory, mode 0600, reused if an earlier run stopped before enrolling, so its
 fingerprint stays the same); the machine serves its request (`gitops.hypervisor.enroll`) until the
@@ -31,6 +34,9 @@ from gitops.pki import generate_key, key_hash, key_to_pem, load_key_pem
 RECORD = "hypervisor.json"
 KEY = "server.key"
 SYSTEMD_RESTART = "systemctl restart containerd"
+RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")  # this process's network namespace's
+SYSCTL_FILE = Path("/etc/sysctl.d/60-gitops-hypervisor.conf")
+DEFAULT_PORT_RANGE = (30000, 30999)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,10 @@ class MachineSpec:
     sandbox_image: str = configs.DEFAULT_SANDBOX_IMAGE
     #: where gitops keeps node files on this machine (the Hypervisor's data dir)
     data_dir: str = "/var/lib/gitops"
+    #: ports gitops may give its pods here (the Hypervisor's portRange), reserved from ephemeral ports
+    port_range: tuple[int, int] = DEFAULT_PORT_RANGE
+    #: where the reservation is kept for the next boot (None: not kept, e.g. a lab machine)
+    sysctl_file: Path | None = SYSCTL_FILE
 
     @property
     def front_config(self) -> Path:
@@ -76,6 +86,11 @@ def check(spec: MachineSpec) -> None:
         except OSError:
             raise EnrollError(f"--address {spec.address} is not an address of this machine "
                               "(`ip -br addr` lists them)") from None
+    low, high = spec.port_range
+    if not 1024 <= low <= high <= 65535:
+        raise EnrollError(f"--port-range {low}-{high}: LOW-HIGH with 1024 <= LOW <= HIGH <= 65535")
+    if low <= spec.cri_port <= high:
+        raise EnrollError(f"--port-range {low}-{high} holds the CRI front's port {spec.cri_port}")
     record = spec.directory / RECORD
     if record.exists():
         raise EnrollError(f"this machine is already a hypervisor ({record} exists); to onboard it again into "
@@ -88,6 +103,37 @@ def check(spec: MachineSpec) -> None:
         except OSError as err:
             raise EnrollError(f"port {spec.cri_port} on {spec.address} is in use ({err.strerror}): another CRI "
                               "front, or a kubelet? Choose one with --cri-port") from None
+
+
+def _ranges(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.replace("\n", ",").split(","):
+        low, _, high = part.strip().partition("-")
+        if low.strip().isdigit():
+            out.append((int(low), int(high or low)))
+    return out
+
+
+def reserve_ports(spec: MachineSpec, say: Callable[[str], None]) -> None:
+    """Keep the pods' ports and the CRI port out of the kernel's ephemeral ports: an outgoing connection
+    bound to one (an etcd peer's, a CRI stream's) would make a pod's listen fail with EADDRINUSE."""
+    low, high = spec.port_range
+    want = [(low, high), (spec.cri_port, spec.cri_port)]
+    have = _ranges(RESERVED_PORTS.read_text()) if RESERVED_PORTS.exists() else []
+    missing = [r for r in want if not any(a <= r[0] and r[1] <= b for a, b in have)]
+    text = ",".join(f"{a}-{b}" if a != b else str(a) for a, b in sorted(set(have + want)))
+    if missing:
+        try:
+            RESERVED_PORTS.write_text(text)
+        except OSError as err:
+            raise EnrollError(f"reserving ports {low}-{high} ({RESERVED_PORTS}): {err.strerror}") from None
+        say(f"reserved ports {low}-{high} and {spec.cri_port} from ephemeral ports (net.ipv4.ip_local_reserved_ports)")
+    if spec.sysctl_file is not None:
+        line = f"net.ipv4.ip_local_reserved_ports = {text}\n"
+        if not spec.sysctl_file.exists() or spec.sysctl_file.read_text() != line:
+            spec.sysctl_file.parent.mkdir(parents=True, exist_ok=True)
+            spec.sysctl_file.write_text(line)
+            say(f"wrote {spec.sysctl_file} (the reservation after a reboot)")
 
 
 def configure_containerd(spec: MachineSpec, say: Callable[[str], None]) -> None:
@@ -141,15 +187,16 @@ def machine_key(spec: MachineSpec):  # type: ignore[no-untyped-def]
 def init(spec: MachineSpec, say: Callable[[str], None], timeout: float = 3600) -> Enrolled:
     """Make this machine a hypervisor of the fleet whose CA hashes to `spec.ca_hash` (see the module)."""
     check(spec)
+    reserve_ports(spec, say)
     configure_containerd(spec, say)
     key = machine_key(spec)
     fingerprint = key_hash(key.public_key())
-    request = Request(csr_for(key, spec.address), spec.address, spec.cri_port, spec.data_dir)
+    request = Request(csr_for(key, spec.address), spec.address, spec.cri_port, spec.data_dir, *spec.port_range)
     enrollment = Enrollment(key, request, spec.ca_hash)
     say(f"this machine's key: {fingerprint}")
     say("waiting for the fleet; where gitops runs:")
     say(f"  gitops hypervisor add REPO --name NAME --address {spec.address} --cri-port {spec.cri_port} "
-        f"--fingerprint {fingerprint} [--public] [--port-range LOW-HIGH]")
+        f"--fingerprint {fingerprint} --port-range {spec.port_range[0]}-{spec.port_range[1]} [--public]")
     delivered = enrollment.wait(timeout)
     d = spec.directory
     (d / "ca.crt").write_text(delivered.ca_pem)

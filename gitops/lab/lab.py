@@ -408,6 +408,7 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
         hvs.append(hv)
         _save(lab_dir, hvs, started, image_refs, aliases, kinds, subnet)
         network.create_machine(machine)
+        network.reserve_ports(machine, f"{hv.port_range.low}-{hv.port_range.high},{cri_port}")
         config = hv_dir / "containerd.toml"
         config.write_text(containerd_config(ContainerdPaths.under(hv_dir), ip, image_refs["pause"]))
         ctrd = _spawn_containerd(hv)
@@ -456,7 +457,9 @@ def _spawn_init(hv: LabHypervisor, ca_hash: str, cri_port: int, sandbox_image: s
     argv = [sys.executable, "-m", "gitops", "hypervisor", "init", "--address", hv.ip, "--ca-hash", ca_hash,
             "--cri-port", str(cri_port), "--dir", str(hv_dir / "front"), "--containerd-config",
             str(hv_dir / "containerd.toml"), "--containerd-root", str(hv_dir), "--restart", "",
-            "--data-dir", hv.node_data_dir, "--sandbox-image", sandbox_image, "--timeout", str(READY_TIMEOUT * 4)]
+            "--data-dir", hv.node_data_dir, "--sandbox-image", sandbox_image, "--timeout", str(READY_TIMEOUT * 4),
+            "--port-range", f"{hv.port_range.low}-{hv.port_range.high}",
+            "--sysctl-file", str(hv_dir / "front" / "sysctl.conf")]
     return procs.spawn("haproxy", hv.name, hv.run(argv), hv_dir / "logs" / "haproxy.log", hv_dir)
 
 

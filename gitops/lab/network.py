@@ -114,6 +114,12 @@ def _ip(*args: str) -> None:
         raise LabError(f"ip {' '.join(args)}: {result.stderr.strip()}")
 
 
+def reserve_ports(m: Machine, ranges: str) -> None:
+    """Keep `ranges` ("LOW-HIGH,PORT") out of machine `m`'s ephemeral ports, as `gitops hypervisor init`
+    does on a real machine: a pod's listen must never meet an outgoing connection's port."""
+    _sysctl(m.netns, "net.ipv4.ip_local_reserved_ports", ranges)
+
+
 def _sysctl(netns: str | None, key: str, value: str) -> None:
     argv = ["sysctl", "-qw", f"{key}={value}"]
     if netns:
