@@ -131,3 +131,26 @@ def test_a_node_recorded_on_a_hypervisor_that_left_the_repo_is_an_error_never_a_
                 "there, and placing it anew would start it empty under the same name. Put Hypervisor hv-private-2 "
                 "back in the repo: with spec.drain: true its nodes move off it (then it can leave), or, if the "
                 "machine is gone for good, with spec.lost: true") in str(err.value)
+
+
+def test_a_clusters_ingress_nodes_sit_on_distinct_public_hypervisors(model):
+    """issue #44.1: a second ingress node goes to another public hypervisor even where the first one holds
+    fewer nodes overall, and with no other public hypervisor open it is a plan error naming the cluster."""
+    public_2 = dataclasses.replace(model.hypervisors["hv-public-1"], name="hv-public-2", ip_address="127.0.10.9",
+                                   port_range=PortRange(39000, 39999))
+    grown = dataclasses.replace(model, hypervisors={**model.hypervisors, public_2.name: public_2})
+    # team-b's ingress on hv-public-2 first: hv-public-1 then holds fewer nodes overall than hv-public-2
+    grown = with_nodes(grown, Node("team-b-ingress", "team-b", "controlplane-ingress", "hv-public-2"),
+                       Node("team-b-ingress-2", "team-b", "controlplane-ingress"))
+    state = place(grown, State())
+    ingress = {n: r.hypervisor for n, r in state.nodes.items() if r.cluster == "team-b" and "ingress" in n}
+    assert ingress == {"team-b-ingress": "hv-public-2", "team-b-ingress-2": "hv-public-1"}, ingress
+    # a third has nowhere to go apart from the other two
+    third = with_nodes(grown, Node("team-b-ingress-3", "team-b", "controlplane-ingress"))
+    with pytest.raises(PlacementError, match="team-b-ingress-3 .*already holds an ingress node of cluster team-b"):
+        place(third, state)
+    # a cordoned public hypervisor is no way out either; the recorded ones stay where they are
+    cordoned = dataclasses.replace(grown, hypervisors={**grown.hypervisors,
+                                                       "hv-public-1": dataclasses.replace(
+                                                           grown.hypervisors["hv-public-1"], cordoned=True)})
+    assert place(cordoned, state).nodes == state.nodes

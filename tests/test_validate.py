@@ -373,6 +373,10 @@ def test_node_references(repo):
     assert errors(repo) == [
         "nodes.yaml:6: Node/orphan: spec.cluster: Cluster 'c9' does not exist (defined: c1)",
         "nodes.yaml:16: Node/c1-cp-2: spec.hypervisor: Hypervisor 'hv-7' does not exist (defined: edge-1, hv-1)",
+        # a second ingress node needs a second public hypervisor too
+        "nodes.yaml:24: Node/c1-ingress-2: spec.role: Cluster 'c1' has 2 controlplane-ingress Nodes, and they sit on "
+        "distinct public Hypervisors, but the repo has 1 open to new nodes (defined: edge-1): add a public "
+        "Hypervisor or remove an ingress Node",
         "nodes.yaml:25: Node/c1-ingress-2: spec.hypervisor: role controlplane-ingress runs on public hypervisors, "
         "but Hypervisor 'hv-1' is private",
     ]
@@ -604,3 +608,45 @@ def test_the_command_quiets_grpc_when_it_runs_not_when_it_is_imported():
     env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert out.splitlines() == ["None False", "0 NONE"]
+
+
+def test_a_clusters_ingress_nodes_must_fit_on_distinct_public_hypervisors(repo):
+    """issue #44.1: two ingress Nodes with one public Hypervisor, and two pinned to the same one, are refused at
+    the Node's file and line; a second open public Hypervisor makes the same repo valid."""
+    nodes = write(repo, "clusters/c1-ingress-2.yaml", """
+        apiVersion: gitops.infra/v1alpha1
+        kind: Node
+        metadata:
+          name: c1-ingress-2
+        spec:
+          cluster: c1
+          role: controlplane-ingress
+        """)
+    assert errors(repo) == [
+        f"{nodes.relative_to(repo)}:{line_of(nodes, 'role:')}: Node/c1-ingress-2: spec.role: Cluster 'c1' has 2 "
+        "controlplane-ingress Nodes, and they sit on distinct public Hypervisors, but the repo has 1 open to new "
+        "nodes (defined: edge-1): add a public Hypervisor or remove an ingress Node"]
+    edge_2 = """
+        ---
+        apiVersion: gitops.infra/v1alpha1
+        kind: Hypervisor
+        metadata:
+          name: edge-2
+        spec:
+          public: true
+          {cordoned}
+          ipAddress: 127.0.30.3
+          portRange: {{low: 30000, high: 30100}}
+          localCRIEndpoint:
+            criEndpointPath: /run/edge-2.sock
+        """
+    hypervisors = (repo / "hypervisors.yaml").read_text()
+    (repo / "hypervisors.yaml").write_text(hypervisors + edge_2.format(cordoned="cordoned: true").replace("\n        ", "\n"))
+    assert len(errors(repo)) == 1  # a cordoned one takes no new node
+    (repo / "hypervisors.yaml").write_text(hypervisors + edge_2.format(cordoned="").replace("\n        ", "\n"))
+    assert errors(repo) == []
+    nodes.write_text(nodes.read_text() + "  hypervisor: edge-1\n")
+    assert errors(repo) == [
+        f"{nodes.relative_to(repo)}:{line_of(nodes, 'hypervisor:')}: Node/c1-ingress-2: spec.hypervisor: Node "
+        "'c1-ingress' of Cluster 'c1' is an ingress Node pinned to Hypervisor 'edge-1' too: a cluster's ingress "
+        "Nodes sit on distinct public Hypervisors"]

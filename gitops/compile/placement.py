@@ -18,7 +18,9 @@ Rules:
   from the new place; only one member of a cluster moves at a time: the others wait (a note in
   `deferred`) until the one moving has joined again and its old member left;
 * new nodes spread a cluster over hypervisors (fewest nodes of that cluster first,
-  then fewest nodes overall, then name);
+  then fewest nodes overall, then name); a cluster's ingress nodes never share a hypervisor (a
+  virtual IP moves between them): a new one goes where none of that cluster's ingress nodes is, or
+  is not placed (an error naming the cluster; validation refuses such a repo first);
 * ports come from the hypervisor's range, lowest free first, never shared; a
   record whose node left the repo keeps its ports until the apply stage has
   removed its pod and dropped the record.
@@ -30,7 +32,7 @@ from collections.abc import Iterable
 
 from gitops.compile.components import etcd_member
 from gitops.errors import GitopsError
-from gitops.model.components import CONTROLPLANE, ROLES
+from gitops.model.components import CONTROLPLANE, INGRESS, ROLES
 from gitops.model.resources import Hypervisor, Node, RepoModel
 from gitops.state.records import NodeRecord, State
 
@@ -57,7 +59,7 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
     new = state.copy()
     errors: list[str] = []
     nodes = sorted(model.nodes.values(), key=lambda n: n.name)
-    spread = _Spread(new)
+    spread = _Spread(new, model)
     moving = _moving(new)
     for node in nodes:
         record = new.nodes.get(node.name)
@@ -93,7 +95,7 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
         if record is not None and record.hypervisor != placed.hypervisor and node.cluster in new.clusters:
             # its new pod generates a new service-account key: the old one stays trusted, retired
             new.clusters[node.cluster].retire_service_account_key(node.name)
-        spread.move(record, placed)
+        spread.move(node.name, record, placed)
         new.nodes[node.name] = placed
     taken = _ports_by_hypervisor(new)
     for node in nodes:
@@ -112,20 +114,26 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
 class _Spread:
     """How many recorded nodes each hypervisor holds, overall and per cluster (kept up to date)."""
 
-    def __init__(self, state: State):
+    def __init__(self, state: State, model: RepoModel):
         self.overall: Counter[str] = Counter()
         self.by_cluster: dict[str, Counter[str]] = {}
-        for record in state.nodes.values():
-            self._count(record, 1)
+        #: per cluster, how many of its ingress nodes each hypervisor holds
+        self.ingress: dict[str, Counter[str]] = {}
+        self._ingress_nodes = {n.name for n in model.nodes.values() if n.role == INGRESS}
+        for name, record in state.nodes.items():
+            self._count(record, 1, name in self._ingress_nodes)
 
-    def _count(self, record: NodeRecord, n: int) -> None:
+    def _count(self, record: NodeRecord, n: int, ingress: bool) -> None:
         self.overall[record.hypervisor] += n
         self.by_cluster.setdefault(record.cluster, Counter())[record.hypervisor] += n
+        if ingress:
+            self.ingress.setdefault(record.cluster, Counter())[record.hypervisor] += n
 
-    def move(self, old: NodeRecord | None, new: NodeRecord) -> None:
+    def move(self, node: str, old: NodeRecord | None, new: NodeRecord) -> None:
+        ingress = node in self._ingress_nodes
         if old is not None:
-            self._count(old, -1)
-        self._count(new, 1)
+            self._count(old, -1, ingress)
+        self._count(new, 1, ingress)
 
 
 def _ports_by_hypervisor(state: State) -> dict[str, Counter[int]]:
@@ -191,6 +199,14 @@ def _choose(model: RepoModel, spread: _Spread, node: Node, down: frozenset[str])
         closed = any(hv.cordoned or hv.leaving for hv in model.hypervisors.values() if _eligible(hv, node))
         raise PlacementError(f"Node {node.name} (role {node.role}): no {kind} hypervisor in the repo"
                              + (" that is not cordoned, drained or lost" if closed else ""))
+    if node.role == INGRESS:  # never beside another ingress node of its cluster
+        holding = spread.ingress.get(node.cluster, Counter())
+        apart = [hv for hv in eligible if not holding[hv.name]]
+        if not apart:
+            raise PlacementError(f"Node {node.name} (role {node.role}): every open public hypervisor already "
+                                 f"holds an ingress node of cluster {node.cluster}, and a cluster's ingress nodes "
+                                 "sit on distinct public hypervisors: add a public hypervisor")
+        eligible, candidates = apart, [hv for hv in apart if hv.name not in down]
     if not candidates:
         raise Deferred(f"Node {node.name} is not placed yet: every {kind} hypervisor is unreachable")
     same_cluster = spread.by_cluster.get(node.cluster, Counter())

@@ -236,6 +236,35 @@ def node_counts(docs: list[Document], _everything: list[Document]) -> Iterable[D
                              f"(at most {bounds[role]})")
 
 
+def ingress_spread(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
+    """A cluster's controlplane-ingress Nodes sit on distinct public Hypervisors (a virtual IP moves between
+    them): with two or more, the repo must hold as many public Hypervisors open to new nodes (not cordoned,
+    drained or lost), and no two of them may be pinned to the same Hypervisor."""
+    open_public = sorted(hv.name for hv in _of_kind(docs, "Hypervisor")
+                         if hv.spec.get("public") and not any(hv.spec.get(k) for k in ("cordoned", "drain", "lost")))
+    by_cluster: dict[str, list[Document]] = defaultdict(list)
+    for node in _of_kind(docs, "Node"):
+        if node.spec.get("role") == INGRESS:
+            by_cluster[node.spec.get("cluster")].append(node)
+    for cluster, nodes in sorted(by_cluster.items(), key=lambda kv: str(kv[0])):
+        if len(nodes) < 2:
+            continue
+        nodes = sorted(nodes, key=lambda d: d.name)
+        for extra in nodes[len(open_public):]:
+            yield extra.error(("spec", "role"), f"Cluster {cluster!r} has {len(nodes)} {INGRESS} Nodes, and they sit "
+                              f"on distinct public Hypervisors, but the repo has {len(open_public)} open to new "
+                              f"nodes{_known(open_public)}: add a public Hypervisor or remove an ingress Node")
+        pinned: dict[str, str] = {}
+        for node in nodes:
+            hv = node.spec.get("hypervisor")
+            if hv and hv in pinned:
+                yield node.error(("spec", "hypervisor"), f"Node {pinned[hv]!r} of Cluster {cluster!r} is an ingress "
+                                 f"Node pinned to Hypervisor {hv!r} too: a cluster's ingress Nodes sit on distinct "
+                                 "public Hypervisors")
+            elif hv:
+                pinned[hv] = node.name
+
+
 def recovery_survivors(docs: list[Document], everything: list[Document]) -> Iterable[Diagnostic]:
     """spec.recovery.forceNewClusterFrom names a controlplane Node of the same cluster."""
     nodes = {d.name: d for d in _of_kind(everything, "Node")}
@@ -350,6 +379,7 @@ CHECKS: tuple[Check, ...] = (
     hypervisor_tls,
     hypervisor_data_dirs,
     node_counts,
+    ingress_spread,
     recovery_survivors,
     kubernetes_versions,
     cluster_networks,
