@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs everything gitops and its tests need on a fresh Debian machine:
-# the real components (containerd, runc, haproxy, etcd, sshd, age, restic and rclone; buildah and
+# the real components (containerd, runc, haproxy, keepalived, etcd, sshd, age, restic and rclone; buildah and
 # mmdebstrap for the controller image; chromium for the UI's browser tests) from Debian packages, and the Python package with its test extras in ./.venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(containerd runc haproxy etcd-server etcd-client openssh-server openssh-client openssl git age iproute2
+APT_PACKAGES=(containerd runc haproxy keepalived wget etcd-server etcd-client openssh-server openssh-client openssl git age iproute2
     containernetworking-plugins iptables conntrack procps busybox-static  # worker nodes (kubelet CNI, kube-proxy, lab workload image)
     buildah mmdebstrap util-linux  # the controller image (scripts/build-image.sh: a Debian base, buildah, unshare)
     restic rclone  # etcd backups: restic repositories, and `rclone serve restic` as a REST target in tests
@@ -24,7 +24,7 @@ if ((${#missing[@]})); then
 fi
 # Debian starts the packaged daemons; gitops runs its own instances and needs none of them.
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-    systemctl disable --now containerd haproxy etcd ssh >/dev/null 2>&1 || true
+    systemctl disable --now containerd haproxy keepalived etcd ssh >/dev/null 2>&1 || true
 fi
 
 if [ ! -x .venv/bin/python ]; then

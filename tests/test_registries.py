@@ -48,5 +48,6 @@ def test_default_images_and_overrides():
         "kube-controller-manager": "registry.k8s.io/kube-controller-manager:v1.20.2",
         "kube-scheduler": "example/scheduler:1",
         "haproxy": "docker.io/library/haproxy:2.8",
+        "keepalived": "docker.io/osixia/keepalived:2.0.20",
         "jumphost": "ghcr.io/gitops-infra/gitops-jumphost:0.1.0",
     }

@@ -159,7 +159,7 @@ def test_hypervisor_schema_errors(repo):
         "hv.yaml:8: Hypervisor/hv-2: spec.portRange.low: '30000' is not of type 'integer'",
         "hv.yaml:12: Hypervisor/hv-2: spec.remoteCRIEndpoint: missing required field 'caCertificate'",
         "hv.yaml:12: Hypervisor/hv-2: spec.remoteCRIEndpoint: missing required field 'clientCertificate'",
-        "hv.yaml:14: Hypervisor/hv-2: spec.color: unknown field (allowed: cordoned, drain, ipAddress, localCRIEndpoint, lost, "
+        "hv.yaml:14: Hypervisor/hv-2: spec.color: unknown field (allowed: cordoned, drain, interface, ipAddress, localCRIEndpoint, lost, "
         "portRange, public, remoteCRIEndpoint)",
     ]
 
@@ -371,6 +371,8 @@ def test_node_references(repo):
           hypervisor: hv-1
         """)
     assert errors(repo) == [
+        "clusters/c1.yaml:4: Cluster/c1: metadata.name: Cluster 'c1' has 2 ingress Nodes, so it is reached through a "
+        "virtual IP: pin one (spec.apiServer.virtualIP) or give gitops.yaml a pool (spec.ingress.virtualIPs)",
         "nodes.yaml:6: Node/orphan: spec.cluster: Cluster 'c9' does not exist (defined: c1)",
         "nodes.yaml:16: Node/c1-cp-2: spec.hypervisor: Hypervisor 'hv-7' does not exist (defined: edge-1, hv-1)",
         # a second ingress node needs a second public hypervisor too
@@ -613,6 +615,13 @@ def test_the_command_quiets_grpc_when_it_runs_not_when_it_is_imported():
 def test_a_clusters_ingress_nodes_must_fit_on_distinct_public_hypervisors(repo):
     """issue #44.1: two ingress Nodes with one public Hypervisor, and two pinned to the same one, are refused at
     the Node's file and line; a second open public Hypervisor makes the same repo valid."""
+    write(repo, "gitops.yaml", """
+        apiVersion: gitops.infra/v1alpha1
+        kind: GitopsConfig
+        spec:
+          ingress:
+            virtualIPs: [127.0.31.0/29]
+        """)
     nodes = write(repo, "clusters/c1-ingress-2.yaml", """
         apiVersion: gitops.infra/v1alpha1
         kind: Node

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from gitops.compile.authorities import ensure_authorities
 from gitops.compile.bootstrap import bootstrap_objects
 from gitops.compile.components import etcd_member, pod_for
-from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState, KubeObject
+from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState, KubeObject, VirtualIP
+from gitops.compile import vip
 from gitops.compile.placement import PlacementError, place
 from gitops.memo import Memo, key_of
 from gitops.model.components import CONTROLPLANE
@@ -49,6 +50,7 @@ def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None =
     placed_in = {r.cluster for r in new.nodes.values()}
     for name in [n for n in new.clusters if n not in model.clusters and n not in placed_in]:
         del new.clusters[name]  # left the repo and its last pod is gone
+    vip.allocate(model, new)
     pods = {}
     clusters = {}
     hypervisor_text = {name: repr(hv) for name, hv in model.hypervisors.items()}  # each shared by many clusters
@@ -60,9 +62,10 @@ def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None =
         }
         _freeze_etcd_flags(new, name, model, placed)
         record = new.clusters[name]
+        address = vip.of(cluster, model, new)
         cluster_pods, clusters[name] = COMPILED_CLUSTERS.get(
-            _cluster_key(cluster, nodes, placed, record, hypervisor_text),
-            lambda: _compile_cluster(cluster, {n.name: n for n in nodes}, placed, record))
+            _cluster_key(cluster, nodes, placed, record, hypervisor_text, address),
+            lambda: _compile_cluster(cluster, {n.name: n for n in nodes}, placed, record, address))
         pods.update((pod.node, pod) for pod in cluster_pods)
     if services:
         placed = {n: (model.hypervisors[new.nodes[n].hypervisor], new.nodes[n]) for n in services if n in new.nodes}
@@ -77,18 +80,21 @@ COMPILED_CLUSTERS: Memo[bytes, tuple[tuple[DesiredPod, ...], DesiredCluster]] = 
 
 
 def _cluster_key(cluster: Cluster, nodes: list[Node], placed: dict[str, tuple[Hypervisor, NodeRecord]],
-                 record: ClusterRecord, hypervisor_text: dict[str, str]) -> bytes:
+                 record: ClusterRecord, hypervisor_text: dict[str, str], address: VirtualIP | None) -> bytes:
     """A digest of everything a cluster's pods are made of: the Cluster, its Nodes, their hypervisors
     (`hypervisor_text`: their reprs, by name) and records (etcd flags frozen), the cluster's record.
     The reprs of these dataclasses show every field."""
     placements = [(node, hypervisor_text[hv.name], rec) for node, (hv, rec) in sorted(placed.items())]
-    return key_of(repr((cluster, sorted(nodes, key=lambda n: n.name), placements, record)))
+    return key_of(repr((cluster, sorted(nodes, key=lambda n: n.name), placements, record, address)))
 
 
 def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str, tuple[Hypervisor, NodeRecord]],
-                     record: ClusterRecord) -> tuple[tuple[DesiredPod, ...], DesiredCluster]:
-    """The pods of a cluster's placed nodes (by name) and the cluster's etcd members and API endpoint."""
-    pods = tuple(pod_for(nodes[n], cluster, hv, rec, record, placed) for n, (hv, rec) in sorted(placed.items()))
+                     record: ClusterRecord, address: VirtualIP | None = None,
+                     ) -> tuple[tuple[DesiredPod, ...], DesiredCluster]:
+    """The pods of a cluster's placed nodes (by name) and the cluster's etcd members and API endpoint (its
+    virtual IP's, when it has one)."""
+    pods = tuple(pod_for(nodes[n], cluster, hv, rec, record, placed, address)
+                 for n, (hv, rec) in sorted(placed.items()))
     members = tuple(etcd_member(hv, nodes[n], rec) for n, (hv, rec) in sorted(placed.items())
                     if nodes[n].role == CONTROLPLANE)
     ingress = sorted((n, hv, rec) for n, (hv, rec) in placed.items() if nodes[n].role != CONTROLPLANE)
@@ -96,7 +102,7 @@ def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str,
     objects: tuple = ()
     if ingress:
         _, hv, rec = ingress[0]
-        endpoint = f"https://{hv.ip_address}:{rec.ports['apiserver']}"
+        endpoint = address.url if address is not None else f"https://{hv.ip_address}:{rec.ports['apiserver']}"
         objects = tuple(_shared_object(o) for o in bootstrap_objects(endpoint, record.trust_bundle("cluster")))
     return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint, objects=objects,
                                 backup=cluster.backup, restore=cluster.restore, recovery=cluster.recovery,

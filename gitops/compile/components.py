@@ -21,6 +21,7 @@ from gitops.compile.desired import (
     FileSpec,
     KeySpec,
     ServiceAccountBundle,
+    VirtualIP,
     canonical_json,
     container_summary,
     digest,
@@ -35,6 +36,8 @@ from gitops.model.components import (
     CONTROLPLANE,
     ETCD,
     HAPROXY,
+    INGRESS_CHECK_PORT,
+    KEEPALIVED,
     ROLES,
     SCHEDULER,
 )
@@ -73,17 +76,18 @@ def etcd_member(hv: Hypervisor, node: Node, record: NodeRecord) -> EtcdMember:
 
 
 def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cluster_record: ClusterRecord,
-            peers: dict[str, tuple[Hypervisor, NodeRecord]]) -> DesiredPod:
+            peers: dict[str, tuple[Hypervisor, NodeRecord]], address: VirtualIP | None = None) -> DesiredPod:
     """The desired pod of `node`.
 
     `peers` maps every desired node of the same cluster (this one included) to
     its hypervisor and record: controlplane nodes feed the ingress backends,
-    ingress hypervisors go into the API serving certificate.
+    ingress hypervisors go into the API serving certificate. `address`: the cluster's virtual IP, which
+    its API serving certificate names and its ingress nodes serve (keepalived decides which one holds it).
     """
     if node.role == CONTROLPLANE:
-        files, certs, keys, components = _controlplane(node, cluster, hv, record, cluster_record, peers)
+        files, certs, keys, components = _controlplane(node, cluster, hv, record, cluster_record, peers, address)
     else:
-        files, certs, keys, components = _ingress(node, cluster, hv, record, peers)
+        files, certs, keys, components = _ingress(node, cluster, hv, record, peers, address)
     files = (
         FileSpec("ca.crt", sys.intern(cluster_record.trust_bundle("cluster"))),
         *(() if node.role != CONTROLPLANE else (
@@ -159,7 +163,7 @@ def _files_mount(base: str) -> Mount:
 
 
 def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cluster_record: ClusterRecord,
-                  peers: dict[str, tuple[Hypervisor, NodeRecord]]):
+                  peers: dict[str, tuple[Hypervisor, NodeRecord]], address: VirtualIP | None = None):
     """Files, certificates, keys and the components of a controlplane node (its role's), in start order."""
     files_mount = _files_mount(node_dir(hv, node))
     local_api = f"https://{hv.ip_address}:{record.ports['apiserver']}"
@@ -170,14 +174,17 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
     )
     components = tuple(CONTROLPLANE_CONTAINERS[name](node, cluster, hv, record, files_mount)
                        for name in ROLES[node.role].components)
-    return files, _controlplane_certificates(node, cluster, hv, peers), (_SERVICE_ACCOUNT_KEY,), components
+    return files, _controlplane_certificates(node, cluster, hv, peers, address), (_SERVICE_ACCOUNT_KEY,), components
 
 
 def _controlplane_certificates(node: Node, cluster: Cluster, hv: Hypervisor,
-                               peers: dict[str, tuple[Hypervisor, NodeRecord]]) -> list[CertificateSpec]:
+                               peers: dict[str, tuple[Hypervisor, NodeRecord]],
+                               address: VirtualIP | None = None) -> list[CertificateSpec]:
     """The node's leaf certificates; the API server's names every way a client reaches it."""
     ip = hv.ip_address
     ingress_ips = sorted({p_hv.ip_address for p_hv, _ in peers.values() if p_hv.public})
+    if address is not None:
+        ingress_ips.append(address.address)
     host_ips = [h for h in cluster.endpoint_hosts if is_ip(h)]
     host_names = [h for h in cluster.endpoint_hosts if not is_ip(h)]
     local_names, local_ips = ("localhost", node.name), (ip, "127.0.0.1")
@@ -364,29 +371,112 @@ def _no_insecure_port(cluster: Cluster, flag: str) -> tuple[str, ...]:
 
 
 def _ingress(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
-             peers: dict[str, tuple[Hypervisor, NodeRecord]]):
+             peers: dict[str, tuple[Hypervisor, NodeRecord]], address: VirtualIP | None = None):
+    """haproxy on the node's own address; with a virtual IP also on that address (bound before it is here:
+    `transparent`), with a health page for keepalived, which runs beside it and holds the address while
+    this node is the VRRP master."""
     backends = sorted(
         (name, f"{p_hv.ip_address}:{p_rec.ports['apiserver']}")
         for name, (p_hv, p_rec) in peers.items()
         if not p_hv.public and "apiserver" in p_rec.ports
     )
-    config = haproxy_config(hv.ip_address, record.ports["apiserver"], backends, ready_check_ca=f"{FILES}/ca.crt")
-    files = (FileSpec("haproxy.cfg", config),)
-    return files, [], (), (haproxy_container(cluster.image(HAPROXY), node_dir(hv, node)),)
+    base = node_dir(hv, node)
+    check_port = record.ports.get(INGRESS_CHECK_PORT) if address is not None else None
+    config = haproxy_config(hv.ip_address, record.ports["apiserver"], backends, ready_check_ca=f"{FILES}/ca.crt",
+                            virtual=(address.address, address.port) if check_port else None,
+                            health_port=check_port)
+    files = [FileSpec("haproxy.cfg", config)]
+    containers = [haproxy_container(cluster.image(HAPROXY), base, transparent=bool(check_port))]
+    if address is not None and check_port:
+        peer_ips = sorted(p_hv.ip_address for name, (p_hv, _) in peers.items()
+                          if name != node.name and p_hv.public and p_hv.ip_address != hv.ip_address)
+        files.append(FileSpec("keepalived.conf", keepalived_config(node.name, cluster.name, hv, peer_ips, address,
+                                                                  check_port)))
+        containers.append(keepalived_container(cluster.image(KEEPALIVED), base))
+    return tuple(files), [], (), tuple(containers)
 
 
-def haproxy_container(image: str, base: str) -> ContainerSpec:
-    """haproxy in the foreground on the `haproxy.cfg` the files agent wrote under `base`."""
+#: VRRP advertisements every VRRP_ADVERT s: a backup takes the address over 3 adverts (plus a skew under one)
+#: after the master's last one, about 0.8 s
+VRRP_ADVERT = 0.25
+
+
+def keepalived_config(node: str, cluster: str, hv: Hypervisor, peers: list[str], address: VirtualIP,
+                      check_port: int) -> str:
+    """keepalived's VRRP instance for the cluster's virtual IP on this ingress node: unicast to the other
+    ingress nodes' hypervisors, every node a backup of equal priority that does not take the address back
+    (nopreempt: a node that returns leaves it where it is), out while haproxy's health page fails."""
+    family = "/128" if ":" in address.address else "/32"
+    lines = [
+        "global_defs {",
+        f"  router_id {node}",
+        "  vrrp_version 3",
+        "  script_user root",
+        "  enable_script_security",
+        "  vrrp_garp_master_refresh 10",
+        "}",
+        "vrrp_script haproxy {",
+        f'  script "/usr/bin/wget -q -T 1 -O /dev/null http://{_host(hv.ip_address)}:{check_port}/healthz"',
+        "  interval 1",
+        "  timeout 2",
+        "  fall 2",
+        "  rise 2",
+        "}",
+        f"vrrp_instance {cluster} {{",
+        "  state BACKUP",
+        "  nopreempt",
+        f"  interface {hv.interface}",
+        f"  virtual_router_id {address.vrrp_id}",
+        "  priority 100",
+        f"  advert_int {VRRP_ADVERT}",
+        f"  unicast_src_ip {hv.ip_address}",
+        "  unicast_peer {",
+        *(f"    {peer}" for peer in peers),
+        "  }",
+        "  virtual_ipaddress {",
+        f"    {address.address}{family} dev {hv.interface}",
+        "  }",
+        "  track_script {",
+        "    haproxy",
+        "  }",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def keepalived_container(image: str, base: str) -> ContainerSpec:
+    """keepalived in the foreground (VRRP only) on the `keepalived.conf` the files agent wrote; it adds and
+    removes the virtual IP on the hypervisor's interface (host network) and speaks VRRP: NET_ADMIN, NET_RAW."""
+    return ContainerSpec(
+        name=KEEPALIVED,
+        image=image,
+        command=("keepalived",),
+        args=("--dont-fork", "--log-console", "--log-detail", "--vrrp", "--use-file", f"{FILES}/keepalived.conf",
+              "--pid", "/tmp/keepalived.pid", "--vrrp_pid", "/tmp/keepalived-vrrp.pid"),
+        mounts=(_files_mount(base),),
+        capabilities=("NET_ADMIN", "NET_RAW", "NET_BROADCAST"),
+    )
+
+
+def _host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
+
+
+def haproxy_container(image: str, base: str, transparent: bool = False) -> ContainerSpec:
+    """haproxy in the foreground on the `haproxy.cfg` the files agent wrote under `base`; `transparent`: it
+    binds an address this machine may not hold yet (a virtual IP: NET_ADMIN)."""
     return ContainerSpec(
         name=HAPROXY,
         image=image,
         command=("haproxy",),
         args=("-W", "-db", "-f", f"{FILES}/haproxy.cfg"),
         mounts=(_files_mount(base),),
+        capabilities=("NET_ADMIN",) if transparent else (),
     )
 
 
-def haproxy_config(ip: str, port: int, backends: list[tuple[str, str]], ready_check_ca: str | None = None) -> str:
+def haproxy_config(ip: str, port: int, backends: list[tuple[str, str]], ready_check_ca: str | None = None,
+                   virtual: tuple[str, int] | None = None, health_port: int | None = None) -> str:
     """TCP pass-through to every backend: TLS and client certificates stay end to end.
 
     With `ready_check_ca` (a CA file in the pod), a backend takes traffic only while its
@@ -406,7 +496,8 @@ def haproxy_config(ip: str, port: int, backends: list[tuple[str, str]], ready_ch
         "  retries 3",
         "  option redispatch 1",
         "frontend apiserver",
-        f"  bind {ip}:{port}",
+        f"  bind {_host(ip)}:{port}",
+        *([f"  bind {_host(virtual[0])}:{virtual[1]} transparent"] if virtual else []),
         "  default_backend apiservers",
         "backend apiservers",
         "  balance roundrobin",
@@ -419,6 +510,9 @@ def haproxy_config(ip: str, port: int, backends: list[tuple[str, str]], ready_ch
         lines += ["  option tcp-check"]
         check = "check inter 2s fall 2 rise 1"
     lines += [f"  server {name} {address} {check}" for name, address in backends]
+    if health_port:  # keepalived's check: 200 while haproxy runs and has an API server to send to
+        lines += ["frontend health", "  mode http", f"  bind {_host(ip)}:{health_port}", "  timeout client 5s",
+                  "  monitor-uri /healthz", "  monitor fail if { nbsrv(apiservers) lt 1 }"]
     return "\n".join(lines) + "\n"
 
 

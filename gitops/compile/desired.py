@@ -231,3 +231,18 @@ def container_summary(spec: ContainerSpec) -> dict[str, Any]:
     data.pop("labels", None)
     data.pop("annotations", None)
     return data
+
+
+@dataclass(frozen=True)
+class VirtualIP:
+    """A cluster's virtual IP (gitops.compile.vip) as its pods and clients use it."""
+
+    address: str
+    port: int
+    #: its VRRP router id (1-255, no other cluster's)
+    vrrp_id: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"https://{host}:{self.port}"

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 
 from gitops.compile.components import etcd_member
 from gitops.errors import GitopsError
-from gitops.model.components import CONTROLPLANE, INGRESS, ROLES
+from gitops.model.components import CONTROLPLANE, INGRESS, INGRESS_CHECK_PORT, ROLES
 from gitops.model.resources import Hypervisor, Node, RepoModel
 from gitops.state.records import NodeRecord, State
 
@@ -214,12 +214,26 @@ def _choose(model: RepoModel, spread: _Spread, node: Node, down: frozenset[str])
     return min(candidates, key=lambda hv: (same_cluster[hv.name], overall[hv.name], hv.name))
 
 
+def ports_wanted(model: RepoModel, node: Node) -> tuple[str, ...]:
+    """The ports `node`'s pod binds: its role's, and an ingress node of a cluster with two or more of them
+    (a virtual IP) one more for keepalived's health check of its haproxy."""
+    ports = ROLES[node.role].ports
+    if node.role == INGRESS and wants_virtual_ip(model, node.cluster):
+        ports += (INGRESS_CHECK_PORT,)
+    return ports
+
+
+def wants_virtual_ip(model: RepoModel, cluster: str) -> bool:
+    """Whether `cluster` has two or more ingress nodes in the repo (gitops.compile.vip)."""
+    return sum(1 for n in model.nodes_of(cluster) if n.role == INGRESS) >= 2
+
+
 def _allocate_ports(model: RepoModel, taken: dict[str, Counter[int]], node: Node, record: NodeRecord,
                     pinned: tuple[str, int] | None = None) -> None:
     """Give `record` the ports its role needs. `taken` counts every record's ports per hypervisor
     and follows `record`'s changes; the ports `record` held during this call stay used in it."""
     hv = model.hypervisors[record.hypervisor]
-    wanted = ROLES[node.role].ports
+    wanted = ports_wanted(model, node)
     cluster = model.clusters.get(node.cluster)
     if pinned is None and cluster is not None and cluster.api_port is not None and node.role != CONTROLPLANE:
         pinned = ("apiserver", cluster.api_port)

@@ -112,5 +112,6 @@ def container_config(spec: ContainerSpec, *, host_network: bool) -> pb.Container
         annotations=dict(spec.annotations),
         log_path=spec.log_path,
         linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
-            privileged=spec.privileged, namespace_options=_namespaces(host_network))),
+            privileged=spec.privileged, namespace_options=_namespaces(host_network),
+            capabilities=pb.Capability(add_capabilities=list(spec.capabilities)) if spec.capabilities else None)),
     )

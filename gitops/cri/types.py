@@ -128,3 +128,5 @@ class ContainerSpec:
     attempt: int = 0
     log_path: str = ""  # relative to the sandbox's log_directory
     privileged: bool = False
+    #: capabilities added to the runtime's default set (e.g. NET_ADMIN for keepalived)
+    capabilities: tuple[str, ...] = ()

@@ -11,6 +11,7 @@ import yaml
 from gitops.lab.errors import LabError
 from gitops.hypervisor.fleet import LiteralDumper
 from gitops.lab.lab import LabHypervisor, LabInfo, hypervisor_document
+from gitops.lab.network import LabNetwork
 from gitops.model.config import CONFIG_FILE
 from gitops.model.yamlload import load_yaml_documents
 from gitops.secrets import encrypt
@@ -80,7 +81,24 @@ def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None,
         mapping.append(f"{name} -> {hv.name} ({'mTLS ' + hv.remote_uri if hv.remote_uri else hv.socket})")
     if recipients:
         _encrypted_secrets_policy(target / CONFIG_FILE, recipients)
+    if lab.subnet:
+        _virtual_ip_pool(target / CONFIG_FILE, LabNetwork.for_subnet(lab.subnet).virtual_ips)
     return mapping
+
+
+def _virtual_ip_pool(path: Path, pool: str) -> None:
+    """In the copied gitops.yaml: spec.ingress.virtualIPs is the lab's pool (a cluster with two ingress nodes
+    takes its virtual IP there). Appended as text: `spec` is the example's last key."""
+    text = path.read_text()
+    [doc] = load_yaml_documents(text, spans=True)
+    if "ingress" in doc.data.get("spec", {}):
+        raise LabError(f"{path}: spec.ingress is already set")
+    last = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")][-1]
+    if not last.startswith(" "):
+        raise LabError(f"{path}: expected spec to be the last key")
+    path.write_text(text.rstrip("\n") + "\n  # set by gitops lab example-repo: the lab's virtual IPs (on its "
+                    "bridge; never on a host interface)\n  ingress:\n"
+                    f"    virtualIPs: [{pool}]\n")
 
 
 def _encrypted_secrets_policy(path: Path, recipients: Sequence[str]) -> None:

@@ -97,7 +97,8 @@ def _which(binary: str) -> str:
 
 def _version(argv: list[str], pattern: str) -> str:
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
+        done = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30)
+        out = done.stdout + done.stderr  # (keepalived prints its version on stderr)
     except (OSError, subprocess.SubprocessError) as err:
         raise LabError(f"cannot run {' '.join(argv)}: {err}") from err
     match = re.search(pattern, out)
@@ -107,11 +108,13 @@ def _version(argv: list[str], pattern: str) -> str:
 
 
 def base_recipes() -> dict[str, ImageRecipe]:
-    """The lab's own images: `pause` (sandbox), `etcd` (with etcdctl) and `haproxy`, from the host's Debian packages,
+    """The lab's own images: `pause` (sandbox), `etcd` (with etcdctl), `haproxy` and `keepalived`, from the host's
+    Debian packages,
     and `busybox` (busybox-static) for workloads on joined workers."""
     etcd = _which("etcd")
     busybox = _which("busybox")
     haproxy = _which("haproxy")
+    keepalived = _which("keepalived")
     sleep = _which("sleep")
     return {
         # A pod sandbox only needs a process that waits; it is stopped with SIGKILL.
@@ -122,6 +125,10 @@ def base_recipes() -> dict[str, ImageRecipe]:
         # as docker.io/library/haproxy: stopped with SIGUSR1, a soft stop (connections in flight finish)
         "haproxy": ImageRecipe("haproxy", _version([haproxy, "-v"], r"version\s+(\d+\.\d+\.\d+)"),
                                (haproxy,), (haproxy,), dirs=("usr/local/etc/haproxy",), stop_signal="SIGUSR1"),
+        # keepalived (VRRP) beside haproxy in an ingress pod of a cluster with a virtual IP; GNU wget for its
+        # health check of haproxy (/usr/bin/wget, as in the upstream image; busybox-static's wget crashes here)
+        "keepalived": ImageRecipe("keepalived", _version([keepalived, "--version"], r"Keepalived v(\d+\.\d+\.\d+)"),
+                                  (keepalived, _which("wget")), (keepalived,), dirs=("tmp", "run", "etc/keepalived")),
         "busybox": ImageRecipe("busybox", _version([busybox], r"BusyBox v(\d+\.\d+\.\d+)"),
                                (busybox,), (busybox,), cmd=("sh",), dirs=("tmp", "www")),
     }

@@ -38,6 +38,8 @@ UPLINK = "uplink"
 PARTITION_CHAIN = "GITOPS-PARTITION"
 HYPERVISOR_NET = "10.249"
 WORKER_NET = "10.250"
+#: the last octets of the lab's virtual IPs (10.249.T.200-249): hypervisors are numbered below
+VIRTUAL_IP_FIRST, VIRTUAL_IP_LAST = 200, 249
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,15 @@ class LabNetwork:
     def prefixes(self) -> tuple[str, ...]:
         return (f"{HYPERVISOR_NET}.{self.third}.0/24", f"{WORKER_NET}.{self.third}.0/24")
 
+    @property
+    def virtual_ips(self) -> str:
+        """The lab's pool of virtual IPs (gitops.yaml spec.ingress.virtualIPs): on the hypervisors' network, above
+        any hypervisor's address; keepalived adds one to a machine's eth0, never to a host interface."""
+        return f"{HYPERVISOR_NET}.{self.third}.{VIRTUAL_IP_FIRST}-{HYPERVISOR_NET}.{self.third}.{VIRTUAL_IP_LAST}"
+
     def hypervisor(self, number: int, name: str) -> Machine:
+        if not 1 <= number < VIRTUAL_IP_FIRST:
+            raise LabError(f"a lab has at most {VIRTUAL_IP_FIRST - 1} hypervisors")
         return Machine(name, f"gitops-0-{self.third}-hv{number}", f"hv{number}",
                        f"{HYPERVISOR_NET}.{self.third}.{number}", self.subnet)
 
@@ -277,7 +287,19 @@ def power_off(m: Machine, timeout: float = 10.0) -> int:
             raise LabError(f"processes of {m.name} still alive after SIGKILL: {pids}")
         time.sleep(0.05)
     set_link(m, up=False)
+    _forget_addresses(m)
     return len(killed)
+
+
+def _forget_addresses(m: Machine) -> None:
+    """The addresses its processes added to `m`'s eth0 (a virtual IP keepalived held) go with the power: a
+    machine boots with its own address only."""
+    out = subprocess.run(["ip", "-n", m.netns, "-o", "addr", "show", "dev", "eth0"], capture_output=True, text=True)
+    for line in out.stdout.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[2] in ("inet", "inet6") and fields[3] != f"{m.ip}/32" \
+                and not fields[3].startswith("fe80:"):
+            _ip("-n", m.netns, "addr", "del", fields[3], "dev", "eth0")
 
 
 def set_link(m: Machine, up: bool) -> None:

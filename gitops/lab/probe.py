@@ -63,6 +63,9 @@ class Counts:
     outages: int
     seconds: float
     errors: tuple[str, ...]
+    #: the longest time the API was away: from the sending of a failed request to the end of the next answer
+    #: (its immediate retry's, or a later request's)
+    longest_outage: float = 0.0
 
 
 class Probe(threading.Thread):
@@ -78,6 +81,8 @@ class Probe(threading.Thread):
         self.requests = self.failures = self.outages = 0
         self.errors: list[str] = []
         self._began = self._ended = 0.0
+        self._down_since: float | None = None
+        self.longest_outage = 0.0
 
     def use_kubeconfig(self, kubeconfig: str) -> None:
         """Ask with another admin kubeconfig from the next request on (parsed before the switch)."""
@@ -112,10 +117,16 @@ class Probe(threading.Thread):
     def run(self) -> None:
         self._began = time.monotonic()
         while not self._stopping.wait(self.interval):
+            asked = time.monotonic()
             error = self._get()
             retry = self._get() if error is not None else None
             with self._lock:
                 self.requests += 1
+                if error is not None and self._down_since is None:
+                    self._down_since = asked  # away since this request was sent, at the latest
+                if (error is None or retry is None) and self._down_since is not None:
+                    self.longest_outage = max(self.longest_outage, time.monotonic() - self._down_since)
+                    self._down_since = None
                 if error is None:
                     continue
                 self.failures += 1
@@ -128,8 +139,11 @@ class Probe(threading.Thread):
     def counts(self) -> Counts:
         with self._lock:
             end = self._ended or time.monotonic()
+            longest = self.longest_outage
+            if self._down_since is not None:  # still away
+                longest = max(longest, end - self._down_since)
             return Counts(self.requests, self.failures, self.outages, round(end - (self._began or end), 3),
-                          tuple(self.errors))
+                          tuple(self.errors), round(longest, 3))
 
     def stop(self) -> Counts:
         self._stopping.set()

@@ -31,7 +31,7 @@ from pathlib import Path
 from gitops.lab import kubebin
 from gitops.lab.errors import LabError
 from gitops.lab.images import ImageFile, ImageRecipe, _which, base_recipes
-from gitops.model.components import DEFAULT_AGENT_IMAGE
+from gitops.model.components import COMPONENTS as COMPONENT_REGISTRY, DEFAULT_AGENT_IMAGE, KEEPALIVED
 from gitops.model.resources import DEFAULT_ETCD_VERSION
 from gitops.compile import jumphost
 
@@ -308,6 +308,7 @@ def upstream_aliases(recipes: dict[str, ImageRecipe], kubernetes_versions: Itera
     aliases = {
         f"registry.k8s.io/etcd:{etcd_version.strip().removeprefix('v')}-0": recipes["etcd"].ref,
         UPSTREAM_HAPROXY: recipes["haproxy"].ref,
+        COMPONENT_REGISTRY[KEEPALIVED].default_image: recipes["keepalived"].ref,
         DEFAULT_AGENT_IMAGE: recipes["agent"].ref,
         jumphost.DEFAULT_JUMPHOST_IMAGE: recipes["jumphost"].ref,
     }

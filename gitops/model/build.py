@@ -1,6 +1,7 @@
 """Turn valid documents into the typed `RepoModel` the later stages use."""
 from __future__ import annotations
 
+from gitops.model.config import IngressConfig
 from gitops.model.documents import Document
 from gitops.model.resources import (
     DATA_DIR_ANNOTATION,
@@ -29,8 +30,9 @@ from gitops.model.resources import (
 )
 
 
-def build_model(docs: list[Document]) -> RepoModel:
-    """Build the model from documents that passed schema and semantic checks."""
+def build_model(docs: list[Document], ingress: IngressConfig = IngressConfig()) -> RepoModel:
+    """Build the model from documents that passed schema and semantic checks (and gitops.yaml's
+    spec.ingress, which placement and compilation need)."""
     by_kind: dict[str, list[Document]] = {}
     for doc in docs:
         by_kind.setdefault(doc.kind, []).append(doc)
@@ -45,6 +47,7 @@ def build_model(docs: list[Document]) -> RepoModel:
         sip_clusters=each("SIPCluster", lambda d: (d.name, sip_cluster(d))),
         baremetal_hosts=each("BareMetalHost", lambda d: (_bmh_key(d), baremetal_host(d))),
         secrets=each("Secret", lambda d: (_bmh_key(d), d.data)),
+        ingress=ingress,
     )
 
 
@@ -75,6 +78,7 @@ def hypervisor(doc: Document) -> Hypervisor:
         data_dir=doc.get(("metadata", "annotations", DATA_DIR_ANNOTATION), DEFAULT_DATA_DIR),
         cordoned=bool(spec.get("cordoned", False)),
         drain=bool(spec.get("drain", False)),
+        interface=spec.get("interface", "eth0"),
         lost=bool(spec.get("lost", False)),
     )
 
@@ -90,6 +94,7 @@ def cluster(doc: Document) -> Cluster:
         image_overrides=dict(sorted(spec.get("images", {}).items())),
         endpoint_hosts=tuple(api.get("endpointHosts", ())),
         api_port=api.get("port"),
+        virtual_ip=api.get("virtualIP"),
         service_cidr=spec.get("serviceCIDR", DEFAULT_SERVICE_CIDR),
         pod_cidr=spec.get("podCIDR", DEFAULT_POD_CIDR),
         node_cidr=spec.get("nodeCIDR"),

@@ -19,6 +19,8 @@ APISERVER = "kube-apiserver"
 CONTROLLER_MANAGER = "kube-controller-manager"
 SCHEDULER = "kube-scheduler"
 HAPROXY = "haproxy"
+#: beside haproxy in the ingress pods of a cluster with a virtual IP: VRRP decides which one holds it
+KEEPALIVED = "keepalived"
 JUMPHOST = "jumphost"
 
 #: how a running container is replaced: stopped, then started (the default)
@@ -62,6 +64,7 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in (
     Component(CONTROLLER_MANAGER, "kubeControllerManager", "registry.k8s.io/kube-controller-manager:{kubernetes}"),
     Component(SCHEDULER, "kubeScheduler", "registry.k8s.io/kube-scheduler:{kubernetes}"),
     Component(HAPROXY, "haproxy", "docker.io/library/haproxy:2.8", OVERLAP),
+    Component(KEEPALIVED, "keepalived", "docker.io/osixia/keepalived:2.0.20"),
     Component(JUMPHOST, "", DEFAULT_JUMPHOST_IMAGE),
 )}
 
@@ -74,6 +77,9 @@ def rollout_of(component: str) -> str:
 
 CONTROLPLANE = "controlplane"
 INGRESS = "controlplane-ingress"
+#: the port an ingress node of a cluster with a virtual IP answers keepalived's health check on (haproxy's
+#: monitor: 200 while haproxy runs and has an API server to send to)
+INGRESS_CHECK_PORT = "ingress-check"
 SIP_LOADBALANCER = "sip-loadbalancer"
 SIP_JUMPHOST = "sip-jumphost"
 

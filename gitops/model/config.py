@@ -1,6 +1,7 @@
 """`gitops.yaml`: repo-wide settings, with sensible defaults when absent."""
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,44 @@ class NotificationTarget:
     events: tuple[str, ...] = ("Applied", "Failed", "Refused", "Incomplete", "UntrustedStatus")
 
 
+#: the port of a virtual IP's API endpoint unless gitops.yaml or the Cluster (spec.apiServer.port) says otherwise
+DEFAULT_VIRTUAL_IP_PORT = 6443
+
+
+@dataclass(frozen=True)
+class IngressConfig:
+    """`spec.ingress`: the virtual IPs of clusters with two or more ingress nodes (gitops.compile.vip)."""
+
+    #: addresses as written: CIDRs ("10.0.5.0/28") or ranges ("10.0.5.10-10.0.5.20")
+    virtual_ips: tuple[str, ...] = ()
+    #: the API port on a virtual IP (each virtual IP is one cluster's alone, so every cluster may use it)
+    port: int = DEFAULT_VIRTUAL_IP_PORT
+
+    def ranges(self) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address,
+                                   ipaddress.IPv4Address | ipaddress.IPv6Address]]:
+        """The pool as (first, last) addresses, in the order written (ValueError naming a bad entry)."""
+        return [pool_range(entry) for entry in self.virtual_ips]
+
+
+def pool_range(entry: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address,
+                                    ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """One pool entry, a CIDR or "FIRST-LAST", as its first and last usable address (a CIDR's network and
+    broadcast addresses are left out from /30 and wider). ValueError says what is wrong."""
+    if "/" in entry:
+        net = ipaddress.ip_network(entry.strip(), strict=False)
+        hosts_only = net.num_addresses > 2 and net.version == 4
+        first = net.network_address + (1 if hosts_only else 0)
+        last = net.broadcast_address - (1 if hosts_only else 0)
+        return first, last
+    low, sep, high = entry.partition("-")
+    if not sep:
+        return (ipaddress.ip_address(entry.strip()),) * 2
+    first, last = ipaddress.ip_address(low.strip()), ipaddress.ip_address(high.strip())
+    if first.version != last.version or first > last:
+        raise ValueError(f"{entry!r}: FIRST-LAST with FIRST <= LAST, of one address family")
+    return first, last
+
+
 @dataclass(frozen=True)
 class RepoConfig:
     paths: tuple[str, ...] = (".",)
@@ -92,6 +131,7 @@ class RepoConfig:
     backup_targets: dict[str, BackupTarget] = field(default_factory=dict, hash=False)
     #: spec.notifications.targets
     notifications: tuple[NotificationTarget, ...] = ()
+    ingress: IngressConfig = field(default_factory=IngressConfig)
 
     @property
     def allow_plaintext(self) -> bool:
@@ -122,6 +162,8 @@ class RepoConfig:
                 namespace=spec.get("bareMetal", {}).get("namespace"),
             ),
             coordination=_coordination(spec.get("coordination")),
+            ingress=IngressConfig(tuple(spec.get("ingress", {}).get("virtualIPs", ())),
+                                  spec.get("ingress", {}).get("port", DEFAULT_VIRTUAL_IP_PORT)),
             secrets=SecretsPolicy(
                 recipients=tuple(spec.get("secrets", {}).get("recipients", ())),
                 allow_plaintext=spec.get("secrets", {}).get("allowPlaintext", False),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from gitops.errors import GitopsError
 from gitops.model.components import COMPONENTS
+from gitops.model.config import IngressConfig
 from gitops.secrets import is_armored
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class Hypervisor:
     drain: bool = False
     #: spec.lost: gone for good: not observed; its nodes are placed elsewhere
     lost: bool = False
+    #: spec.interface: the network interface holding ip_address (a virtual IP held here goes on it)
+    interface: str = "eth0"
 
     @property
     def leaving(self) -> bool:
@@ -152,6 +155,8 @@ class Cluster:
     image_overrides: dict[str, str] = field(default_factory=dict, hash=False)
     endpoint_hosts: tuple[str, ...] = ()
     api_port: int | None = None
+    #: spec.apiServer.virtualIP: the pinned virtual IP (two or more ingress nodes; else from the pool)
+    virtual_ip: str | None = None
     service_cidr: str = DEFAULT_SERVICE_CIDR
     pod_cidr: str = DEFAULT_POD_CIDR
     node_cidr: str | None = None
@@ -279,6 +284,8 @@ class RepoModel:
     baremetal_hosts: dict[str, BareMetalHost]  # keyed "namespace/name"
     #: raw v1 Secret documents (networkData for BareMetalHosts), keyed "namespace/name"
     secrets: dict[str, dict] = field(default_factory=dict, hash=False)
+    #: gitops.yaml's spec.ingress: the virtual IP pool and port
+    ingress: IngressConfig = field(default_factory=IngressConfig)
 
     def nodes_of(self, cluster: str) -> list[Node]:
         """The nodes of `cluster`, in `nodes` order."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import ipaddress
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,8 @@ from dataclasses import dataclass, field
 
 from gitops.errors import GitopsError
 from gitops.model.build import build_model
-from gitops.model.config import CONFIG_FILE, RepoConfig, SecretsPolicy, secret_settings
+from gitops.model.components import INGRESS
+from gitops.model.config import CONFIG_FILE, RepoConfig, SecretsPolicy, pool_range, secret_settings
 from gitops.model.diagnostics import Diagnostic, capped
 from gitops.model.repo import LoadedRepo, load_repo, read_documents, schema_errors
 from gitops.model.resources import Hypervisor, RepoModel
@@ -74,14 +76,78 @@ def _validate(root: str | os.PathLike[str], identity: str | None, sealed_ok: boo
     if config_docs:  # the settings with secret fields again, as decrypted
         repo.config = dataclasses.replace(repo.config, **secret_settings(config_docs[0].spec))
     diagnostics = (list(repo.diagnostics) + opened.errors + check_all(repo.valid, repo.documents)
-                   + backup_references(repo))
+                   + backup_references(repo) + virtual_ips(repo))
     if not sealed_ok:
         diagnostics += [_needs_identity(d) for d in opened.sealed]
     diagnostics = sorted(set(diagnostics))
-    model = build_model(repo.documents) if not diagnostics else None
+    model = build_model(repo.documents, repo.config.ingress) if not diagnostics else None
     return Validation(repo=repo, diagnostics=diagnostics, model=model,
                       warnings=sorted(set(opened.warnings + _recipient_warnings(repo, identities, opened))),
                       sealed=opened.sealed if sealed_ok else [], decrypted=opened.decrypted)
+
+
+#: the most addresses one spec.ingress.virtualIPs entry may hold (a pool is a handful of addresses per cluster)
+MAX_POOL_ADDRESSES = 65536
+
+
+def virtual_ips(repo: LoadedRepo) -> list[Diagnostic]:
+    """gitops.yaml's spec.ingress.virtualIPs: each entry an address, CIDR or FIRST-LAST range, overlapping no
+    other entry and holding no Hypervisor's address; a Cluster's pinned spec.apiServer.virtualIP is no
+    Hypervisor's address nor another Cluster's; a Cluster with two or more ingress Nodes has a virtual IP to
+    get (a pin, or a pool to take it from)."""
+    out: list[Diagnostic] = []
+    hypervisors = {}
+    for doc in repo.valid:
+        if doc.kind == "Hypervisor":
+            try:
+                hypervisors[ipaddress.ip_address(doc.spec["ipAddress"])] = doc.name
+            except ValueError:
+                pass  # (an error of its own)
+    doc = repo.config_document
+    entries = doc.spec.get("ingress", {}).get("virtualIPs", ()) if doc is not None else ()
+    ranges: list[tuple[int, object, object]] = []
+    for index, entry in enumerate(entries):
+        where = ("spec", "ingress", "virtualIPs", index)
+        try:
+            first, last = pool_range(entry)
+        except ValueError as err:
+            out.append(doc.error(where, f"{entry!r} is not an address, a CIDR or a FIRST-LAST range ({err})"))
+            continue
+        if int(last) - int(first) >= MAX_POOL_ADDRESSES:
+            out.append(doc.error(where, f"{entry!r} holds more than {MAX_POOL_ADDRESSES} addresses"))
+        for other, o_first, o_last in ranges:
+            if o_first.version == first.version and first <= o_last and o_first <= last:
+                out.append(doc.error(where, f"{entry!r} overlaps virtualIPs[{other}] ({entries[other]!r})"))
+        for address, name in sorted(hypervisors.items(), key=lambda kv: kv[1]):
+            if address.version == first.version and first <= address <= last:
+                out.append(doc.error(where, f"{entry!r} holds {address}, Hypervisor {name}'s address"))
+        ranges.append((index, first, last))
+    ingress: dict[str, int] = {}
+    for node in repo.valid:
+        if node.kind == "Node" and node.spec.get("role") == INGRESS:
+            ingress[node.spec.get("cluster")] = ingress.get(node.spec.get("cluster"), 0) + 1
+    pinned: dict[str, str] = {}
+    for cluster in sorted((d for d in repo.valid if d.kind == "Cluster"), key=lambda d: d.name):
+        pin = cluster.get(("spec", "apiServer", "virtualIP"))
+        where = ("spec", "apiServer", "virtualIP")
+        if pin is None:
+            if ingress.get(cluster.name, 0) >= 2 and not entries:
+                out.append(cluster.error(("metadata", "name"), f"Cluster {cluster.name!r} has "
+                                         f"{ingress[cluster.name]} ingress Nodes, so it is reached through a virtual "
+                                         "IP: pin one (spec.apiServer.virtualIP) or give gitops.yaml a pool "
+                                         "(spec.ingress.virtualIPs)"))
+            continue
+        try:
+            address = ipaddress.ip_address(pin)
+        except ValueError:
+            out.append(cluster.error(where, f"{pin!r} is not an IP address"))
+            continue
+        if address in hypervisors:
+            out.append(cluster.error(where, f"{pin} is Hypervisor {hypervisors[address]}'s address"))
+        elif str(address) in pinned:
+            out.append(cluster.error(where, f"{pin} is Cluster {pinned[str(address)]}'s virtual IP already"))
+        pinned.setdefault(str(address), cluster.name)
+    return out
 
 
 def backup_references(repo: LoadedRepo) -> list[Diagnostic]:

@@ -75,6 +75,10 @@ class ClusterRecord:
     recovered: str = ""
     #: the member a planned --force-new-cluster rebuilds etcd from, until it ran ("" for none)
     forcing: str = ""
+    #: the virtual IP its ingress nodes share ("" with fewer than two ingress nodes; gitops.compile.vip)
+    virtual_ip: str = ""
+    #: that address's VRRP router id (1-255, unique in the fleet; 0 without a virtual IP)
+    vrrp_id: int = 0
 
     def copy(self) -> ClusterRecord:
         """A deep copy (new records, dicts and lists; the strings are shared)."""
@@ -90,6 +94,8 @@ class ClusterRecord:
             restored=self.restored,
             recovered=self.recovered,
             forcing=self.forcing,
+            virtual_ip=self.virtual_ip,
+            vrrp_id=self.vrrp_id,
         )
 
     def restore_pending(self, snapshot: str | None) -> bool:
@@ -199,7 +205,7 @@ class State:
         if data["hypervisor_ca"] is None:
             del data["hypervisor_ca"]  # (none made: state files stay as they were before it existed)
         for record in data["clusters"].values():
-            for name in ("restored", "recovered", "forcing"):
+            for name in ("restored", "recovered", "forcing", "virtual_ip", "vrrp_id"):
                 if not record[name]:
                     del record[name]  # (never done: state files written before these fields stay as they were)
         for record in data["nodes"].values():
@@ -235,6 +241,8 @@ class State:
                 restored=str(raw.get("restored", "")),
                 recovered=str(raw.get("recovered", "")),
                 forcing=str(raw.get("forcing", "")),
+                virtual_ip=str(raw.get("virtual_ip", "")),
+                vrrp_id=int(raw.get("vrrp_id", 0)),
             )
         nodes = {name: NodeRecord(**raw) for name, raw in data.get("nodes", {}).items()}
         sip_labels = {host: dict(labels) for host, labels in data.get("sip_labels", {}).items()}
@@ -284,6 +292,8 @@ STATE_SCHEMA: dict[str, Any] = {
             "restored": _STR,
             "recovered": _STR,
             "forcing": _STR,
+            "virtual_ip": _STR,
+            "vrrp_id": {"type": "integer", "minimum": 0, "maximum": 255},
             "rotation": {"anyOf": [{"type": "null"}, {
                 "type": "object", "required": ["generation", "phase"],
                 "properties": {"generation": _INT, "phase": {"enum": list(ROTATION_PHASES)},

@@ -1,0 +1,156 @@
+"""Failover of a cluster's virtual IP between two public lab machines (issue #44.2): the world and the
+scenarios, each returning its figures; shared by tests/test_failover_lab.py (which asserts on them) and
+benchmarks/failover.py (which repeats them and prints them).
+
+The world: two private and two public lab machines (network namespaces on the lab bridge); the example's
+team-a reduced to one controlplane node and given a second ingress node, so it gets a virtual IP from the
+lab's pool (`gitops lab example-repo` writes it into gitops.yaml). Real keepalived (VRRP, unicast) beside
+real haproxy in each ingress pod, real etcd and kube-apiserver v1.20.2. During each scenario the probe
+(`gitops.lab.probe.Probe`, 1 s timeout) reads through the virtual IP every 100 ms and a `Writer` creates a
+ConfigMap every 200 ms; every ConfigMap answered 201 must be there afterwards.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+from test_apply_lab import World, kubeconfig_file, wait_ready, world_gitops
+
+from gitops import lab as labmod
+from gitops.lab import network
+from gitops.lab.probe import Probe, Writer
+from gitops.state import LocalDirStore
+
+CLUSTER = "team-a"
+INGRESS = ("team-a-ingress", "team-a-ingress-2")
+
+
+class FailoverWorld(World):
+    def virtual_ip(self) -> str:
+        return LocalDirStore(self.state).load().clusters[CLUSTER].virtual_ip
+
+    def public_machines(self) -> list[network.Machine]:
+        return [hv.machine() for hv in self.lab.hypervisors if hv.public]
+
+    def holders(self) -> list[str]:
+        """The public machines whose eth0 holds the virtual IP (asked in each one's own namespace)."""
+        address = self.virtual_ip()
+        out = []
+        for m in self.public_machines():
+            shown = subprocess.run(["ip", "-n", m.netns, "-o", "addr", "show", "dev", "eth0"], capture_output=True,
+                                   text=True).stdout
+            if f" {address}/" in shown:
+                out.append(m.name)
+        return out
+
+    def wait_holder(self, timeout: float = 30, not_: str = "") -> str:
+        """The one machine (other than `not_`) that holds the address, once there is exactly one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            held = [h for h in self.holders() if h != not_]
+            if len(held) == 1:
+                return held[0]
+            assert time.monotonic() < deadline, f"holders: {self.holders()}"
+            time.sleep(0.05)
+
+
+def make_world(base: Path, subnet: str) -> FailoverWorld:
+    lab = labmod.up(base / "lab", hypervisors=4, public=2, subnet=subnet)
+    repo = base / "repo"
+    world_gitops("lab", "example-repo", "--dir", str(base / "lab"), str(repo))
+    shutil.rmtree(repo / "clusters" / "team-b")
+    shutil.rmtree(repo / "sip")
+    nodes = repo / "clusters/team-a/nodes.yaml"
+    docs = [d for d in yaml.safe_load_all(nodes.read_text())
+            if d and d["metadata"]["name"] not in ("team-a-cp-2", "team-a-cp-3")]
+    docs.append({"apiVersion": "gitops.infra/v1alpha1", "kind": "Node", "metadata": {"name": INGRESS[1]},
+                 "spec": {"cluster": CLUSTER, "role": "controlplane-ingress"}})
+    nodes.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    config = yaml.safe_load((repo / "gitops.yaml").read_text())
+    config["spec"]["paths"] = [p for p in config["spec"]["paths"] if p != "sip"]
+    (repo / "gitops.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    world = FailoverWorld(base, repo, base / "state", lab)
+    world.apply()
+    wait_ready(world, CLUSTER)
+    return world
+
+
+class Under:
+    """The probe (1 s timeout: a failover is measured in tenths) and the writer, through the virtual IP."""
+
+    def __init__(self, world: FailoverWorld, name: str):
+        kubeconfig = kubeconfig_file(world, CLUSTER).read_text()
+        self.probe = Probe(kubeconfig, timeout=1.0)
+        self.writer = Writer(kubeconfig, f"failover-{name}-{int(time.time() * 1000)}")
+        self.probe.start()
+        self.writer.start()
+
+    def stop(self) -> dict[str, object]:
+        counts, writes = self.probe.stop(), self.writer.stop()
+        return {"requests": counts.requests, "failed_requests": counts.failures, "outage_s": counts.longest_outage,
+                "writes_acknowledged": len(writes.acknowledged), "writes_failed": writes.failures,
+                "writes_lost": len(self.writer.missing(writes)),
+                "errors": list(counts.errors[:10]) + list(writes.errors[:10])}
+
+
+def power_off_holder(world: FailoverWorld) -> dict[str, object]:
+    """The machine holding the virtual IP powered off under the probe: how long until another holds it and the
+    API answers through it again; then powered on, and the next apply restores its ingress node (its
+    haproxy and keepalived) under the probe too."""
+    holder = world.wait_holder()
+    under = Under(world, "poweroff")
+    figures: dict[str, object] = {"machine": holder}
+    try:
+        time.sleep(2)
+        labmod.power_off(world.lab.dir, holder)
+        cut = time.monotonic()
+        figures["to"] = world.wait_holder(not_=holder)
+        figures["takeover_s"] = round(time.monotonic() - cut, 2)
+        time.sleep(5)
+    finally:
+        figures.update(under.stop())
+    labmod.power_on(world.lab.dir, holder)
+    under = Under(world, "poweron")
+    try:
+        started = time.monotonic()
+        applied = world.apply().stdout
+        figures["restore_apply_s"] = round(time.monotonic() - started, 1)
+        time.sleep(3)
+    finally:
+        back = under.stop()
+    figures["restore_output"] = applied
+    figures.update({f"restore_{k}": v for k, v in back.items()})
+    figures["holders_after"] = world.holders()
+    return figures
+
+
+def partition_holder(world: FailoverWorld) -> dict[str, object]:
+    """The machine holding the address cut off from every other (its processes run on): the other takes the
+    address; after the heal, how many machines hold it, seen from each one's namespace, for 3 s."""
+    holder = world.wait_holder()
+    labmod.partition(world.lab.dir, holder)
+    try:
+        cut = time.monotonic()
+        figures: dict[str, object] = {"machine": holder, "to": world.wait_holder(timeout=10, not_=holder),
+                                      "takeover_s": round(time.monotonic() - cut, 2),
+                                      "holders_while_cut": world.holders()}
+    finally:
+        labmod.heal(world.lab.dir, holder)
+    healed = time.monotonic()
+    while len(world.holders()) != 1 and time.monotonic() - healed < 10:
+        time.sleep(0.1)
+    figures["one_holder_after_s"] = round(time.monotonic() - healed, 2)
+    seen = []
+    for _ in range(15):  # and it stays one
+        seen.append(len(world.holders()))
+        time.sleep(0.2)
+    figures["holder_counts_after_heal"] = sorted(set(seen))
+    return figures
+
+
+def public(figures: dict[str, object]) -> dict[str, object]:
+    """The figures without the long texts (for printing)."""
+    return {k: v for k, v in figures.items() if not k.endswith("_output") and not k.endswith("errors")}
