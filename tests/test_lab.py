@@ -352,7 +352,8 @@ def test_upstream_aliases(lab, tmp_path: Path) -> None:  # type: ignore[no-untyp
     assert lab.aliases[DEFAULT_AGENT_IMAGE] == lab.images["agent"]
     assert lab.aliases["registry.k8s.io/kube-apiserver:v1.20.2"] == "gitops.lab/kube-apiserver:v1.20.2"
     assert lab.kubernetes == {"v1.20.2": "real", "v1.31.2": "stand-in", "v1.30.6": "stand-in"}
-    assert len(lab.aliases) == 13
+    assert lab.aliases["docker.io/osixia/keepalived:2.0.20"] == lab.images["keepalived"]
+    assert len(lab.aliases) == 14
     for hv in lab.hypervisors:
         with CRIClient(hv.remote().cri_endpoint()) as client:
             for alias, ref in lab.aliases.items():
