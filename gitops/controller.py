@@ -32,10 +32,11 @@ from gitops.errors import GitopsError
 from gitops.notify import Event, Notifier
 from gitops.metrics import Metrics
 from gitops.model.config import Coordination, NotificationTarget, RepoConfig
-from gitops.model.resources import RepoModel
+from gitops.model.resources import Hypervisor, RepoModel
 from gitops.model.validate import Validation, validate_repo
 from gitops.observe.clusters import ClusterReader
 from gitops.observe.etcd import EtcdReader
+from gitops.observe.exits import ExitWatch
 from gitops.observe.types import ObservedState
 from gitops.plan.actions import Action, Plan
 from gitops.source import GitSource, Revision, SignatureError, SignaturePolicy
@@ -562,6 +563,25 @@ class Controller:
             trigger.wait(self.config.interval)
             trigger.clear()
         log.info("controller stopped")
+
+    def watch_exits(self, interval: float) -> ExitWatch:
+        """Start watching the hypervisors of the commit in force for exited components (gitops.observe.exits):
+        one wakes this loop at once, and its plan restarts it."""
+
+        def hypervisors() -> list[Hypervisor]:
+            in_force = self._in_force
+            if in_force is None:
+                return []
+            target, scope = in_force
+            return [hv for hv in scoped_model(target.model, scope).hypervisors.values() if not hv.lost]
+
+        def wake(reason: str) -> None:
+            log.info("waking the loop: a component exited", extra={"reason": reason})
+            self.trigger.set()
+
+        watch = ExitWatch(hypervisors, wake, interval, registry=self.metrics.registry)
+        watch.start()
+        return watch
 
     def release(self) -> None:
         """Give up what this controller holds: its Leases (others take over at once), the git lock, its

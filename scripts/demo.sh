@@ -4,8 +4,8 @@
 # hypervisors (3 private, 2 public; each a machine of its own, a network namespace on the
 # lab's bridge, onboarded with `gitops hypervisor init`), write
 # the example repo wired to it, plan and apply it: two real control planes
-# (3 etcd, 3 kube-apiserver, 3 controller-managers and schedulers each, behind an
-# haproxy ingress), then kubectl through the ingress; then a worker joins team-a
+# (3 etcd, 3 kube-apiserver, 3 controller-managers and schedulers each, behind two
+# haproxy ingress nodes and a virtual IP keepalived moves between them), then kubectl through that address; then a worker joins team-a
 # (a machine of its own on the same bridge; real
 # kubelet and kube-proxy, gitops signing its certificates) and runs a Deployment
 # of 2 pods behind a ClusterIP Service; an etcd backup of team-a with restic, listed; a check that nothing of the
@@ -94,7 +94,9 @@ echo "== the example repo, wired to the lab: $REPO"
 # plan and apply decrypt them in memory with it ($GITOPS_IDENTITY)
 age-keygen -y "$WORK/controller.key" >/dev/null 2>&1 || { rm -f "$WORK/controller.key"; age-keygen -o "$WORK/controller.key" 2>/dev/null; }
 export GITOPS_IDENTITY=$WORK/controller.key
-$G lab example-repo --dir "$LAB" "$REPO" --encrypt-to "$(age-keygen -y "$WORK/controller.key")"
+# two ingress nodes per cluster, on the two public machines: each cluster is reached at a virtual IP of the
+# lab's pool (gitops.yaml spec.ingress.virtualIPs), which keepalived moves between them
+$G lab example-repo --dir "$LAB" "$REPO" --encrypt-to "$(age-keygen -y "$WORK/controller.key")" --ingress-nodes 2
 $G secrets list "$REPO"
 $G validate "$REPO"
 
@@ -110,9 +112,16 @@ $G plan "$REPO" --state-dir "$STATE" --detailed-exitcode
 echo "== what runs where"
 $G cri pods "$REPO"
 
-echo "== kubectl through the team-a ingress, with the admin kubeconfig gitops prints"
+echo "== kubectl through team-a's virtual IP, with the admin kubeconfig gitops prints"
 KUBECTL=$(.venv/bin/python -c 'from gitops.lab import kubebin; print(kubebin.kubectl())')
 (umask 077 && $G kubeconfig "$REPO" --state-dir "$STATE" --cluster team-a > "$WORK/team-a.kubeconfig")
+for cluster in team-a team-b; do
+    echo "$cluster's API: $($G kubeconfig "$REPO" --state-dir "$STATE" --cluster "$cluster" | awk '/server:/ {print $2}')" \
+         "(a virtual IP over its two ingress nodes; held now by the machine that shows it below)"
+done
+for machine in lab-hv-1 lab-hv-2; do
+    echo "  $machine eth0: $($G lab exec --dir "$LAB" "$machine" -- ip -o -4 addr show dev eth0 | awk '{print $4}' | tr '\n' ' ')"
+done
 k() { echo "\$ kubectl $*"; "$KUBECTL" --kubeconfig "$WORK/team-a.kubeconfig" "$@"; }
 for _ in $(seq 1 60); do
     k get --raw /readyz >/dev/null 2>&1 && break

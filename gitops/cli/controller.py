@@ -130,6 +130,10 @@ def reconcile(once: bool, **options) -> None:
               help="host:port for /metrics and /healthz ($GITOPS_METRICS_ADDRESS); empty to disable.")
 @click.option("--watch-local/--no-watch-local", default=True, show_default=True,
               help="When --repo is a local working copy, reconcile as soon as a commit lands (debounced).")
+@click.option("--exit-watch", default="1s", show_default=True,
+              help="How often each hypervisor is asked for exited API servers, controller-managers, schedulers "
+                   "and ingress containers; one wakes the controller at once (its plan restarts it, backed off "
+                   "for one that keeps failing). 0 turns it off (restarts wait for the poll).")
 @click.option("--ui", "with_ui", is_flag=True,
               help="Also serve the read-only web UI (as `gitops ui`): beside /metrics when --metrics-address is on "
                    "loopback, else on --ui-address.")
@@ -139,7 +143,7 @@ def reconcile(once: bool, **options) -> None:
 @click.option("--ui-allowed-host", "ui_allowed_hosts", multiple=True, metavar="NAME[:PORT]",
               envvar="GITOPS_UI_ALLOWED_HOSTS",
               help="Host header names the UI also answers (as `gitops ui --ui-allowed-host`); repeatable.")
-def watch(interval: str, metrics_address: str, watch_local: bool, with_ui: bool, ui_address: str,
+def watch(interval: str, metrics_address: str, watch_local: bool, exit_watch: str, with_ui: bool, ui_address: str,
           ui_allowed_hosts: tuple[str, ...], **options) -> None:
     """Run the controller: reconcile every --interval until SIGTERM (which finishes the current action)."""
     seconds = parse_duration(interval)
@@ -173,9 +177,12 @@ def watch(interval: str, metrics_address: str, watch_local: bool, with_ui: bool,
     if watch_local and (local / ".git").is_dir():
         threading.Thread(target=_watch_local, args=(local, trigger, controller.stop), daemon=True,
                          name="watch-local").start()
+    exits = controller.watch_exits(parse_duration(exit_watch)) if exit_watch not in ("0", "0s") else None
     try:
         controller.run(trigger)
     finally:
+        if exits is not None:
+            exits.stop()
         controller.release()
 
 

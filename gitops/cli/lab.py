@@ -1,6 +1,8 @@
 """`gitops lab`: a local lab of containerd hypervisors for development and tests."""
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import click
@@ -105,11 +107,14 @@ def down_cmd(lab_dir: Path | None) -> None:
 @click.option("--encrypt-to", "recipients", multiple=True, metavar="AGE1...",
               help="Write the lab's mTLS client keys age-encrypted to this recipient (repeatable; e.g. the "
                    "controller's), and refuse plaintext keys in gitops.yaml. Default: plaintext, allowed for labs.")
-def example_repo_cmd(target: Path, lab_dir: Path | None, recipients: tuple[str, ...]) -> None:
+@click.option("--ingress-nodes", type=click.IntRange(1, 7), default=1, show_default=True,
+              help="Ingress nodes per example cluster: with 2 or more, each cluster is reached at a virtual IP of the "
+                   "lab's pool, its ingress nodes on distinct public machines (the lab needs as many).")
+def example_repo_cmd(target: Path, lab_dir: Path | None, recipients: tuple[str, ...], ingress_nodes: int) -> None:
     """Write the example repo to TARGET with its Hypervisors pointing at this lab."""
     from gitops.lab.example import write_example_repo
 
-    for line in write_example_repo(labmod.info(lab_dir), target, recipients=recipients):
+    for line in write_example_repo(labmod.info(lab_dir), target, recipients=recipients, ingress_nodes=ingress_nodes):
         click.echo(line, err=True)
     click.echo(str(target))
 
@@ -160,13 +165,20 @@ def worker_cmd(number: int, lab_dir: Path | None) -> None:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 @_DIR
 def exec_cmd(worker: str, argv: tuple[str, ...], lab_dir: Path | None) -> None:
-    """Run a command on lab worker WORKER (e.g. lab-worker-1): in its network namespace, as on that machine.
+    """Run a command on lab machine WORKER (a worker such as lab-worker-1, or a hypervisor such as lab-hv-1):
+    in its network namespace, as on that machine.
 
     \b
     gitops lab exec lab-worker-1 -- gitops join https://... --token ... FLAGS...
-    gitops lab exec lab-worker-1 -- gitops leave"""
+    gitops lab exec lab-worker-1 -- gitops leave
+    gitops lab exec lab-hv-1 -- ip -br addr"""
     from gitops.lab.worker import run
 
+    lab = labmod.info(lab_dir)
+    hv = next((h for h in lab.hypervisors if h.name == worker), None)
+    if hv is not None:
+        full = hv.run(list(argv))
+        os.execvp(full[0], full)
     run(worker, list(argv), lab_dir)
 
 

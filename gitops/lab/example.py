@@ -23,7 +23,7 @@ def example_source() -> Path:
 
 
 def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None,
-                       recipients: Sequence[str] = ()) -> list[str]:
+                       recipients: Sequence[str] = (), ingress_nodes: int = 1) -> list[str]:
     """Copy the example repo to `target`, its Hypervisors replaced by the lab's.
 
     Each example Hypervisor keeps its name (Nodes pin them) and takes the next
@@ -31,8 +31,9 @@ def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None,
     hypervisor uses the lab's mTLS front when the lab has one; the lab's hypervisors left over join as
     hv-private-N / hv-public-N after the example's. The lab's mTLS client keys are written in plaintext (the example's gitops.yaml allows it,
     for labs), or, given age `recipients`, encrypted to them, with gitops.yaml
-    listing them and refusing plaintext. Returns the `example name -> lab name`
-    lines for the user.
+    listing them and refusing plaintext. With `ingress_nodes` of 2 or more, each
+    example cluster gets that many ingress nodes (a virtual IP of the lab's pool).
+    Returns the `example name -> lab name` lines for the user.
     """
     if recipients:
         encrypt(b"", recipients)  # every recipient parses, before anything is written
@@ -83,7 +84,33 @@ def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None,
         _encrypted_secrets_policy(target / CONFIG_FILE, recipients)
     if lab.subnet:
         _virtual_ip_pool(target / CONFIG_FILE, LabNetwork.for_subnet(lab.subnet).virtual_ips)
+    if ingress_nodes > 1:
+        public = sum(1 for hv in lab.hypervisors if hv.public)
+        if public < ingress_nodes:
+            raise LabError(f"--ingress-nodes {ingress_nodes}: a cluster's ingress nodes sit on distinct public "
+                           f"machines and the lab has {public} (gitops lab up --public N)")
+        for nodes in sorted((target / "clusters").glob("*/nodes.yaml")):
+            _more_ingress_nodes(nodes, ingress_nodes)
+            mapping.append(f"{nodes.parent.name}: {ingress_nodes} ingress nodes (a virtual IP)")
     return mapping
+
+
+def _more_ingress_nodes(path: Path, count: int) -> None:
+    """Append ingress Nodes to the cluster's nodes.yaml up to `count` (NAME-2, NAME-3...), comments kept."""
+    docs = [d for d in load_yaml_documents(path.read_text())]
+    ingress = [d.data for d in docs if d.data.get("spec", {}).get("role") == "controlplane-ingress"]
+    if not ingress:
+        return
+    first = ingress[0]
+    extra = []
+    for n in range(len(ingress) + 1, count + 1):
+        extra.append(yaml.safe_dump({
+            "apiVersion": first["apiVersion"], "kind": "Node", "metadata": {"name": f"{first['metadata']['name']}-{n}"},
+            "spec": {"cluster": first["spec"]["cluster"], "role": "controlplane-ingress"}}, sort_keys=False))
+    text = path.read_text().rstrip("\n") + "\n"
+    for doc in extra:
+        text += "---\n# added by gitops lab example-repo --ingress-nodes: on another public machine\n" + doc
+    path.write_text(text)
 
 
 def _virtual_ip_pool(path: Path, pool: str) -> None:
