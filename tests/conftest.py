@@ -68,10 +68,14 @@ def pod(lab, request):  # type: ignore[no-untyped-def]
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they deselect
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With an `image` test selected: the modules that run only Python first, then the image tests, then
-    the modules with labs; and the images start building now, beside the first group (`imagebuild`)."""
-    if not any(item.get_closest_marker("image") for item in items):
-        return
+    """The modules that run only Python first, then the image tests, then the modules with labs.
+
+    Under pytest-xdist (`scripts/test.sh` runs two workers, `--dist loadgroup`): the image tests and every
+    module with a lab (or real servers) are one group, run by one worker in that order, one at a time as
+    without xdist (their subnets, the session's `lab` and the image build are never shared); the
+    Python-only tests go to whichever worker is free, so they run beside that group. Without xdist and
+    with an image test selected, the images start building now, beside the first group (`imagebuild`);
+    under xdist the image test starts the build itself, first in its group."""
     lab = {Path(str(item.fspath)) for item in items
            if imagebuild.LAB_FIXTURES & set(getattr(item, "fixturenames", ()))}
     lab |= {path for path in {Path(str(item.fspath)) for item in items} if imagebuild.runs_a_lab(path)}
@@ -82,7 +86,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return 2 if Path(str(item.fspath)) in lab else 0
 
     items.sort(key=group)  # (stable: each group keeps the collected order)
-    if not config.option.collectonly and imagebuild.can_build():
+    xdist = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    if xdist:
+        for item in items:
+            if group(item):
+                item.add_marker(pytest.mark.xdist_group("lab"))
+    if (not xdist and any(item.get_closest_marker("image") for item in items) and not config.option.collectonly
+            and imagebuild.can_build()):
         imagebuild.start()
 
 

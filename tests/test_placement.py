@@ -154,3 +154,25 @@ def test_a_clusters_ingress_nodes_sit_on_distinct_public_hypervisors(model):
                                                        "hv-public-1": dataclasses.replace(
                                                            grown.hypervisors["hv-public-1"], cordoned=True)})
     assert place(cordoned, state).nodes == state.nodes
+
+
+def test_a_node_with_a_pinned_port_goes_where_the_hypervisors_range_holds_it(model):
+    """The SIP load balancer's pinned port 30443 is only in hv-public-1's range: an emptier public hypervisor
+    whose range does not hold it is passed over (the demo's lab met this once ingress nodes spread)."""
+    public_2 = dataclasses.replace(model.hypervisors["hv-public-1"], name="hv-public-2", ip_address="127.0.10.9",
+                                   port_range=PortRange(39000, 39999))
+    grown = dataclasses.replace(model, hypervisors={**model.hypervisors, public_2.name: public_2})
+    # hv-public-2 holds one node (team-a-ingress-2), hv-public-1 two: the emptier one does not hold 30443
+    grown = with_nodes(grown, Node("team-a-ingress-2", "team-a", "controlplane-ingress"))
+    state = place(grown, State(), fixed={"tenant-1-lb": ("loadbalancer", 30443)})
+    assert "tenant-1-lb" not in state.nodes  # (not a Node of this model: the pin alone must not break anything)
+    lb = Node("tenant-1-lb", "tenant-1", "sip-loadbalancer")
+    with_lb = with_nodes(grown, lb)
+    state = place(with_lb, State(), fixed={"tenant-1-lb": ("loadbalancer", 30443)})
+    assert state.nodes["tenant-1-lb"].hypervisor == "hv-public-1"
+    assert state.nodes["tenant-1-lb"].ports == {"loadbalancer": 30443}
+    narrow = dataclasses.replace(with_lb, hypervisors={k: v for k, v in with_lb.hypervisors.items()
+                                                       if k != "hv-public-1"})
+    with pytest.raises(PlacementError, match="must have port 30443, and no open public hypervisor's"):
+        place(with_nodes(narrow, drop=("team-a-ingress", "team-b-ingress", "team-a-ingress-2")), State(),
+              fixed={"tenant-1-lb": ("loadbalancer", 30443)})

@@ -75,7 +75,7 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
                                 f"of cluster {node.cluster} moves at a time ({moving[node.cluster]} first)")
             continue
         try:
-            hypervisor = _choose(model, spread, node, down)
+            hypervisor = _choose(model, spread, node, down, _pinned_port(model, node, fixed))
         except Deferred as note:
             if deferred is not None:
                 deferred.append(str(note))
@@ -182,7 +182,20 @@ def _left_the_repo(node: Node, record: NodeRecord) -> str:
             "leave), or, if the machine is gone for good, with spec.lost: true")
 
 
-def _choose(model: RepoModel, spread: _Spread, node: Node, down: frozenset[str]) -> Hypervisor:
+def _pinned_port(model: RepoModel, node: Node, fixed: dict[str, tuple[str, int]] | None) -> int | None:
+    """The port `node` must have wherever it goes: a SIP service's, or its cluster's spec.apiServer.port for an
+    ingress node."""
+    if fixed and node.name in fixed:
+        return fixed[node.name][1]
+    cluster = model.clusters.get(node.cluster)
+    if (cluster is not None and cluster.api_port is not None and node.role != CONTROLPLANE
+            and not wants_virtual_ip(model, node.cluster)):  # (with a virtual IP, the port is the address's)
+        return cluster.api_port
+    return None
+
+
+def _choose(model: RepoModel, spread: _Spread, node: Node, down: frozenset[str],
+            port: int | None = None) -> Hypervisor:
     kind = "public" if ROLES[node.role].public else "private"
     if node.hypervisor is not None:
         hv = model.hypervisors[node.hypervisor]
@@ -199,6 +212,13 @@ def _choose(model: RepoModel, spread: _Spread, node: Node, down: frozenset[str])
         closed = any(hv.cordoned or hv.leaving for hv in model.hypervisors.values() if _eligible(hv, node))
         raise PlacementError(f"Node {node.name} (role {node.role}): no {kind} hypervisor in the repo"
                              + (" that is not cordoned, drained or lost" if closed else ""))
+    if port is not None:  # a pinned port: only where the hypervisor's range holds it
+        holding_port = [hv for hv in eligible if port in hv.port_range]
+        if not holding_port:
+            raise PlacementError(f"Node {node.name} (role {node.role}) must have port {port}, and no open {kind} "
+                                 "hypervisor's spec.portRange holds it")
+        eligible = holding_port
+        candidates = [hv for hv in eligible if hv.name not in down]
     if node.role == INGRESS:  # never beside another ingress node of its cluster
         holding = spread.ingress.get(node.cluster, Counter())
         apart = [hv for hv in eligible if not holding[hv.name]]
@@ -235,7 +255,8 @@ def _allocate_ports(model: RepoModel, taken: dict[str, Counter[int]], node: Node
     hv = model.hypervisors[record.hypervisor]
     wanted = ports_wanted(model, node)
     cluster = model.clusters.get(node.cluster)
-    if pinned is None and cluster is not None and cluster.api_port is not None and node.role != CONTROLPLANE:
+    if (pinned is None and cluster is not None and cluster.api_port is not None and node.role != CONTROLPLANE
+            and not wants_virtual_ip(model, node.cluster)):  # (with a virtual IP, the port is the address's)
         pinned = ("apiserver", cluster.api_port)
     if (len(record.ports) == len(wanted) and all(record.ports.get(k) in hv.port_range for k in wanted)
             and (pinned is None or record.ports.get(pinned[0]) == pinned[1])):
