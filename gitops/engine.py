@@ -27,6 +27,7 @@ from gitops.plan.diff import DiffOptions
 from gitops.plan import converged, recorded, recovery
 from gitops.plan.hosts import label_actions, sip_warnings
 from gitops.plan.rollout import ordered, plan_nodes
+from gitops.plan.endpoints import endpoint_notes
 from gitops.plan.rotation import rotation_notes, rotation_steps
 from gitops.plan.upgrades import check_versions
 from gitops.sip.providers import planned_hosts, provider_for, provider_kind
@@ -95,7 +96,9 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
                 warnings=tuple(list(found.warnings) + warnings + inside_warnings + list(compiled.deferred)
                                + recovery_warnings),
                 source=source, unknowns=tuple(unknowns),
-                notes=tuple(rotation_notes(compiled.state) + recovery_notes), unchanged=tuple(sorted(unchanged)))
+                notes=tuple(rotation_notes(compiled.state) + recovery_notes
+                            + endpoint_notes(model, learned, compiled.state)),
+                unchanged=tuple(sorted(unchanged)))
     settled = not (found.warnings or inside_warnings or compiled.deferred or recovery_warnings or plan.notes
                    or any(u.kind != UnknownKind.BARE_METAL_HOSTS for u in unknowns))
     return Planned(compiled=compiled, observed=observed, plan=plan, sip=sip, renew_at=renew_at, settled=settled)

@@ -137,3 +137,27 @@ def test_validation_refuses_a_pool_that_overlaps_a_hypervisor_or_another_entry(t
     assert [e for e in errors if "virtualIP" in e] == [
         "clusters/team-b/cluster.yaml:12: Cluster/team-b: spec.apiServer.virtualIP: 127.0.13.5 is Cluster team-a's "
         "virtual IP already"], errors
+
+
+def test_the_plan_says_when_an_endpoint_moves_and_which_clients_to_move(model):
+    """issue #44.3: a live single-ingress cluster given a second ingress node moves to the virtual IP; the
+    note names the old and new endpoints and the clients gitops does not write; back to one ingress node, the
+    note says the virtual IP stops answering; a cluster's first endpoint is no move."""
+    from gitops.plan.endpoints import endpoint_notes
+
+    single = _with(model, nodes={k: v for k, v in model.nodes.items() if k not in ("team-a-ingress-2",
+                                                                                    "team-b-ingress-2")})
+    first = compile_desired(single, State()).state
+    assert endpoint_notes(single, State(), first) == []
+    record = first.nodes["team-a-ingress"]
+    old = f"https://{model.hypervisors[record.hypervisor].ip_address}:{record.ports['apiserver']}"
+    grown = compile_desired(model, first).state
+    notes = endpoint_notes(model, first, grown)
+    assert len(notes) == 2 and notes[0].startswith(
+        f"Cluster team-a's API endpoint moves from {old} to https://127.0.10.200:6443: ")
+    assert "workers joined before" in notes[0] and notes[0].endswith("keeps answering while the ingress node "
+                                                                     "behind it stays.")
+    back = compile_desired(single, grown).state
+    notes = endpoint_notes(single, grown, back)
+    assert notes[0].startswith(f"Cluster team-a's API endpoint moves from https://127.0.10.200:6443 to {old}")
+    assert notes[0].endswith("The old virtual IP stops answering once keepalived leaves the ingress pods.")
