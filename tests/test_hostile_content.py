@@ -276,7 +276,8 @@ def test_plan_text_escapes_markup_and_control_characters():
     (base64.b64encode(pem_cert(make_cert("c")[0]).encode()).decode(), ""),
     ("AGE-SECRET-KEY-1 is how an identity starts", ""),
     ("-----BEGIN AGE ENCRYPTED FILE-----\n", ""),
-])
+], ids=["pem", "pgp", "age-identity", "base64", "base64-wrapped", "base64-after-junk", "certificate",
+        "base64-certificate", "age-prefix-in-prose", "age-armor"])  # (keys made per run: ids must not show them)
 def test_private_key_detector(text, found):
     assert private_key_in(text) == found
 
