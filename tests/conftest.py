@@ -66,6 +66,25 @@ def pod(lab, request):  # type: ignore[no-untyped-def]
             client.remove_sandbox(sandbox_id)
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Under pytest-xdist: the image tests and the modules with a lab (or real servers) are one group,
+    `lab` (marked as each test is collected: xdist reads the marks in its own collection hook)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return
+    if (item.get_closest_marker("image") or imagebuild.LAB_FIXTURES & set(getattr(item, "fixturenames", ()))
+            or _runs_a_lab(Path(str(item.fspath)))):
+        item.add_marker(pytest.mark.xdist_group("lab"))
+
+
+_LAB_MODULES: dict[Path, bool] = {}
+
+
+def _runs_a_lab(path: Path) -> bool:
+    if path not in _LAB_MODULES:
+        _LAB_MODULES[path] = imagebuild.runs_a_lab(path)
+    return _LAB_MODULES[path]
+
+
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they deselect
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """The modules that run only Python first, then the image tests, then the modules with labs.
@@ -86,12 +105,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return 2 if Path(str(item.fspath)) in lab else 0
 
     items.sort(key=group)  # (stable: each group keeps the collected order)
-    xdist = os.environ.get("PYTEST_XDIST_WORKER") is not None
-    if xdist:
-        for item in items:
-            if group(item):
-                item.add_marker(pytest.mark.xdist_group("lab"))
-    if (not xdist and any(item.get_closest_marker("image") for item in items) and not config.option.collectonly
+    if (os.environ.get("PYTEST_XDIST_WORKER") is None and any(item.get_closest_marker("image") for item in items) and not config.option.collectonly
             and imagebuild.can_build()):
         imagebuild.start()
 
