@@ -28,7 +28,11 @@ class Server:
     def close(self) -> None:
         """Stop listening and close every connection, from the server's own loop (a socket closed under its
         `select` breaks it), then stop the worker threads (a request under way has 5 seconds to end)."""
-        self._server.trigger.pull_trigger(lambda: [channel.close() for channel in list(self._server._map.values())])
+        try:
+            self._server.trigger.pull_trigger(lambda: [channel.close() for channel in list(self._server._map.values())])
+        except OSError:  # its trigger is closed already: the loop ended and closed its channels, or is ending
+            for channel in list(self._server._map.values()):
+                channel.close()
         self._thread.join(timeout=5)
         self._server.task_dispatcher.shutdown(timeout=5)
 

@@ -194,6 +194,7 @@ def test_a_machine_becomes_a_hypervisor_with_one_command_on_it_and_one_where_git
         doc = yaml.safe_load(path.read_text())
         spec = doc["spec"]
         assert spec["ipAddress"] == box.machine.ip and spec["public"] is True
+        assert spec["interface"] == "eth0"  # where a virtual IP it holds goes, as `init` found it
         assert spec["portRange"] == {"low": 31000, "high": 31999}
         assert doc["metadata"]["labels"] == {"topology.gitops.infra/zone": "edge"}
         endpoint = spec["remoteCRIEndpoint"]

@@ -328,7 +328,8 @@ def test_etcd_restored_from_a_snapshot_brings_back_what_it_held(cluster):
     cluster.kubectl("label", "configmap", "b", "restore-test=yes")
     cluster.kubectl("delete", "configmap", "a")
     assert _configmaps(cluster) == {"b"}
-    spec.write_text(with_backup + f"\n  restore:\n    snapshot: {made[:8]}" + sep + rest)
+    # quoted: a short restic ID may be all digits (38337321 once), which YAML reads as a number
+    spec.write_text(with_backup + f"\n  restore:\n    snapshot: \"{made[:8]}\"" + sep + rest)
     planned = cluster.plan().stdout
     assert "~ restore etcd: spec.restore.snapshot: " + made[:8] in planned, planned
     assert f"snapshot {made[:8]} of backup target local" in planned and "LOST: every change" in planned

@@ -49,6 +49,10 @@ def check_hash(value: str, what: str) -> str:
     return value
 
 
+#: a network interface's name as the Hypervisor schema takes it (spec.interface)
+_INTERFACE = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")
+
+
 @dataclass(frozen=True)
 class Request:
     """What a machine asks the fleet to sign: its key (in a CSR), its address and CRI port, its data dir, and
@@ -60,18 +64,23 @@ class Request:
     data_dir: str
     port_low: int = 0
     port_high: int = 0
+    #: the network interface holding `address` (a virtual IP the machine holds goes there)
+    interface: str = ""
 
     def to_json(self) -> dict[str, object]:
         return {"csr": self.csr_pem, "address": self.address, "criPort": self.cri_port, "dataDir": self.data_dir,
-                "portRange": [self.port_low, self.port_high]}
+                "portRange": [self.port_low, self.port_high], "interface": self.interface}
 
     @classmethod
     def from_json(cls, raw: object) -> Request:
         try:
             assert isinstance(raw, dict)
             low, high = raw.get("portRange", (0, 0))
+            interface = str(raw.get("interface", ""))
+            if interface and not _INTERFACE.match(interface):
+                raise ValueError(interface)
             return cls(str(raw["csr"]), str(raw["address"]), int(raw["criPort"]), str(raw.get("dataDir", "")),
-                       int(low), int(high))
+                       int(low), int(high), interface)
         except (AssertionError, KeyError, TypeError, ValueError):
             raise EnrollError("the machine's request is not a gitops enrollment request") from None
 

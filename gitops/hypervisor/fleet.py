@@ -111,7 +111,8 @@ def check_new(new: NewHypervisor, hypervisors: dict[str, Hypervisor], repo: Path
                               f"{hv.port_range.low}-{hv.port_range.high}")
 
 
-def document(new: NewHypervisor, ca_pem: str, client_cert_pem: str, client_key: str, data_dir: str) -> dict:
+def document(new: NewHypervisor, ca_pem: str, client_cert_pem: str, client_key: str, data_dir: str,
+             interface: str = "") -> dict:
     """The repo's Hypervisor document for the new machine (its client key already encrypted)."""
     metadata: dict[str, object] = {"name": new.name}
     if new.labels:
@@ -121,6 +122,7 @@ def document(new: NewHypervisor, ca_pem: str, client_cert_pem: str, client_key: 
     host = f"[{new.address}]" if ":" in new.address else new.address
     return {"apiVersion": "gitops.infra/v1alpha1", "kind": "Hypervisor", "metadata": metadata,
             "spec": {"public": new.public, "ipAddress": new.address,
+                     **({"interface": interface} if interface else {}),
                      "portRange": {"low": new.port_low, "high": new.port_high},
                      "remoteCRIEndpoint": {"criEndpointURI": f"tcp://{host}:{new.cri_port}", "caCertificate": ca_pem,
                                            "clientCertificate": {"certificate": client_cert_pem,
@@ -187,7 +189,8 @@ def add(new: NewHypervisor, hypervisors: dict[str, Hypervisor], repo: Path, reci
     header = _header(new) + (f"# its CRI front is reached over mutual TLS with the fleet's hypervisor CA "
                              f"({ca_hash(ca)}).\n")
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(header + yaml.dump(document(new, ca.cert_pem, client.cert_pem, key, request.data_dir),
+    partial.write_text(header + yaml.dump(document(new, ca.cert_pem, client.cert_pem, key, request.data_dir,
+                                                   request.interface),
                                           Dumper=LiteralDumper, sort_keys=False))
     partial.replace(path)  # before the delivery: a machine holding a certificate always has its file
     try:

@@ -73,6 +73,19 @@ class Enrolled:
     record: Path
 
 
+def interface_of(address: str) -> str:
+    """The network interface holding `address` on this machine (`ip -o addr`), "" when none does."""
+    try:
+        out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[2] in ("inet", "inet6") and fields[3].split("/")[0] == address:
+            return fields[1].split("@")[0]
+    return ""
+
+
 def check(spec: MachineSpec) -> None:
     """Everything that can be checked before anything changes (EnrollError names what is wrong)."""
     check_hash(spec.ca_hash, "--ca-hash")
@@ -191,7 +204,8 @@ def init(spec: MachineSpec, say: Callable[[str], None], timeout: float = 3600) -
     configure_containerd(spec, say)
     key = machine_key(spec)
     fingerprint = key_hash(key.public_key())
-    request = Request(csr_for(key, spec.address), spec.address, spec.cri_port, spec.data_dir, *spec.port_range)
+    request = Request(csr_for(key, spec.address), spec.address, spec.cri_port, spec.data_dir, *spec.port_range,
+                      interface=interface_of(spec.address))
     enrollment = Enrollment(key, request, spec.ca_hash)
     say(f"this machine's key: {fingerprint}")
     say("waiting for the fleet; where gitops runs:")
