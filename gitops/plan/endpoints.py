@@ -7,6 +7,7 @@ status branch); clients gitops does not write keep the old address, so the plan 
 """
 from __future__ import annotations
 
+from gitops.compile import vip
 from gitops.model.components import INGRESS
 from gitops.model.resources import RepoModel
 from gitops.state.records import State
@@ -14,14 +15,12 @@ from gitops.state.records import State
 
 def endpoint(model: RepoModel, state: State, cluster: str) -> str:
     """`cluster`'s API endpoint as `state` records it ("" before any ingress node is placed)."""
-    record = state.clusters.get(cluster)
     spec = model.clusters.get(cluster)
-    if record is not None and record.virtual_ip and spec is not None:
-        port = spec.api_port if spec.api_port is not None else model.ingress.port
-        host = f"[{record.virtual_ip}]" if ":" in record.virtual_ip else record.virtual_ip
-        return f"https://{host}:{port}"
-    ingress = sorted(name for name, node in model.nodes.items() if node.cluster == cluster and node.role == INGRESS
-                     and name in state.nodes and "apiserver" in state.nodes[name].ports)
+    address = vip.of(spec, model, state) if spec is not None else None
+    if address is not None:
+        return address.url
+    ingress = sorted(node.name for node in model.nodes_of(cluster)
+                     if node.role == INGRESS and "apiserver" in getattr(state.nodes.get(node.name), "ports", {}))
     if not ingress:
         return ""
     placed = state.nodes[ingress[0]]
