@@ -17,10 +17,12 @@ import ssl
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from conftest import lab_tempdir, require_root
 from test_apply_lab import World, etcd_client_files, etcd_leader, etcdctl, kubeconfig_file, wait_ready, world_gitops
 
 from gitops import lab as labmod
@@ -272,6 +274,21 @@ def power_cycle(world: FaultWorld) -> dict[str, object]:
 def public(figures: dict[str, object]) -> dict[str, object]:
     """The figures without the long texts (for printing)."""
     return {k: v for k, v in figures.items() if not k.endswith("_output") and k != "errors"}
+
+
+def lab_world(prefix: str, subnet: str, make: Callable[[Path, str], World]) -> Iterator[World]:
+    """A module fixture's body: the world `make` builds in a fresh temp dir on `subnet`, yielded; then the lab
+    down, the dir removed, and none of the subnet's namespaces left on the host."""
+    require_root()
+    base = lab_tempdir(prefix)
+    try:
+        yield make(base, subnet)
+    finally:
+        try:
+            labmod.down(base / "lab")
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        assert lab_leftovers(subnet) == []
 
 
 def lab_leftovers(subnet: str) -> list[str]:

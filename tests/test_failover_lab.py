@@ -9,13 +9,10 @@ from every ingress machine).
 """
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import yaml
-from conftest import lab_tempdir, require_root
 from failover import CLUSTER, INGRESS, FailoverWorld, make_world, partition_holder, power_off_holder, public
-from faults import lab_leftovers
+from faults import lab_world
 from test_apply_lab import kubeconfig_file
 
 from gitops.state import LocalDirStore
@@ -25,18 +22,7 @@ SUBNET = "127.0.46"
 
 @pytest.fixture(scope="module")
 def world():
-    require_root()
-    from gitops import lab as labmod
-
-    base = lab_tempdir("gitops-failover-")
-    try:
-        yield make_world(base, SUBNET)
-    finally:
-        try:
-            labmod.down(base / "lab")
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
-        assert lab_leftovers(SUBNET) == []
+    yield from lab_world("gitops-failover-", SUBNET, make_world)
 
 
 def test_each_public_machine_in_turn_dies_and_the_api_answers_through_the_virtual_ip(world: FailoverWorld) -> None:

@@ -8,11 +8,8 @@ printed (`-s`) and measured at length by `benchmarks/faults.py`.
 """
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from conftest import lab_tempdir, require_root
-from faults import (FaultWorld, converge, lab_leftovers, make_world, partition_member, power_cycle, public,
+from faults import (FaultWorld, converge, lab_world, make_world, partition_member, power_cycle, public,
                     wait_members_healthy)
 
 SUBNET = "127.0.36"
@@ -20,18 +17,7 @@ SUBNET = "127.0.36"
 
 @pytest.fixture(scope="module")
 def world():
-    require_root()
-    from gitops import lab as labmod
-
-    base = lab_tempdir("gitops-faults-")
-    try:
-        yield make_world(base, SUBNET)
-    finally:
-        try:
-            labmod.down(base / "lab")
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
-        assert lab_leftovers(SUBNET) == []
+    yield from lab_world("gitops-faults-", SUBNET, make_world)
 
 
 def test_the_fault_commands_cut_and_restore_a_machine(world: FaultWorld, tmp_path) -> None:
