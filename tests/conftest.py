@@ -19,6 +19,7 @@ def require_root() -> None:
     """Skip (with the reason) when not root: containerd needs it. Missing binaries fail instead."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the lab runs real containerd instances")
+    require_lab_group()
 
 
 def lab_tempdir(prefix: str) -> Path:
@@ -66,46 +67,84 @@ def pod(lab, request):  # type: ignore[no-untyped-def]
             client.remove_sandbox(sandbox_id)
 
 
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """Under pytest-xdist: the image tests and the modules with a lab (or real servers) are one group,
-    `lab` (marked as each test is collected: xdist reads the marks in its own collection hook)."""
+#: The lab groups (`pytest.mark.lab(NAME)` on a module), in the order two pytest-xdist workers start them:
+#: the longest first, the Python-only tests after them (they fill in wherever a worker is free). A group's
+#: modules run one after another on one worker; two groups may run at once, so each group owns the
+#: `127.0.T` labs and addresses its modules use (`tests/test_lab_groups.py` checks that no two share one).
+LAB_GROUPS = {
+    "apply": "127.0.22: the example clusters, applied and changed (test_apply_lab)",
+    "image": "127.0.26: the controller image, built and run",
+    "workers": "127.0.24: the controller's lab and the workers' lab",
+    "recovery": "127.0.34",
+    "faults": "127.0.30, 127.0.36: the coordination API server, the fault commands, sharding",
+    "session": "127.0.20, 127.0.21: the session's `lab` fixture (and `pod`), lab up and down",
+    "failover": "127.0.46",
+    "kubeapi": "127.0.31, 127.0.32: real API servers (SIP providers, the cluster reader, etcd leadership)",
+    "etcd": "127.0.38, 127.0.39: real etcd (backups, write answers)",
+    "onboarding": "127.0.44",
+}
+#: tests using these fixtures use the session's lab: group `session`
+LAB_FIXTURES = {"lab", "pod"}
+
+
+def lab_group(item: pytest.Item) -> str | None:
+    """The item's lab group, or None for a Python-only test (a UsageError for an unknown or missing group)."""
+    mark = item.get_closest_marker("lab")
+    uses_lab = LAB_FIXTURES & set(getattr(item, "fixturenames", ()))
+    if mark is None:
+        if uses_lab:
+            raise pytest.UsageError(f"{item.nodeid} uses the session lab: mark its module pytest.mark.lab('session')")
+        return None
+    name = mark.args[0] if mark.args else ""
+    if name not in LAB_GROUPS or (uses_lab and name != "session"):
+        raise pytest.UsageError(f"{item.nodeid}: lab group {name!r} is not one of {sorted(LAB_GROUPS)}"
+                                + (" (it uses the session lab: 'session')" if uses_lab else ""))
+    return name
+
+
+def require_lab_group() -> None:
+    """Under pytest-xdist, fail a test that starts a lab or real servers outside a lab group: it could run
+    beside another on the same addresses. (xdist's group is in the running test's id, after an `@`.)"""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return
-    if (item.get_closest_marker("image") or imagebuild.LAB_FIXTURES & set(getattr(item, "fixturenames", ()))
-            or _runs_a_lab(Path(str(item.fspath)))):
-        item.add_marker(pytest.mark.xdist_group("lab"))
+    running = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+    if "@lab-" not in running:
+        pytest.fail(f"{running} starts a lab or real servers: mark its module pytest.mark.lab(GROUP), "
+                    "a group of tests/conftest.py LAB_GROUPS")
 
 
-_LAB_MODULES: dict[Path, bool] = {}
-
-
-def _runs_a_lab(path: Path) -> bool:
-    if path not in _LAB_MODULES:
-        _LAB_MODULES[path] = imagebuild.runs_a_lab(path)
-    return _LAB_MODULES[path]
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Under pytest-xdist: an item of a lab group gets xdist's group `lab-NAME` (marked as each test is
+    collected: xdist reads the marks in its own collection hook)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return
+    group = lab_group(item)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(f"lab-{group}"))
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they deselect
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The modules that run only Python first, then the image tests, then the modules with labs.
+    """The order tests run in.
 
-    Under pytest-xdist (`scripts/test.sh` runs two workers, `--dist loadgroup`): the image tests and every
-    module with a lab (or real servers) are one group, run by one worker in that order, one at a time as
-    without xdist (their subnets, the session's `lab` and the image build are never shared); the
-    Python-only tests go to whichever worker is free, so they run beside that group. Without xdist and
-    with an image test selected, the images start building now, beside the first group (`imagebuild`);
-    under xdist the image test starts the build itself, first in its group."""
-    lab = {Path(str(item.fspath)) for item in items
-           if imagebuild.LAB_FIXTURES & set(getattr(item, "fixturenames", ()))}
-    lab |= {path for path in {Path(str(item.fspath)) for item in items} if imagebuild.runs_a_lab(path)}
+    Under pytest-xdist (`scripts/test.sh`: two workers, `--dist loadgroup --no-loadscope-reorder`): the lab
+    groups in `LAB_GROUPS` order, each run whole by one worker, then the Python-only tests, shared out one
+    by one to whichever worker is free. Without xdist: the Python-only tests first, then the image tests,
+    then the other lab groups; with an image test selected the images start building now, beside the
+    Python-only tests (`imagebuild`). Under xdist the image test starts the build itself."""
+    order = list(LAB_GROUPS)
+    xdist = os.environ.get("PYTEST_XDIST_WORKER") is not None
 
-    def group(item: pytest.Item) -> int:  # (by module: a module's fixtures are set up once)
-        if item.get_closest_marker("image"):
-            return 1
-        return 2 if Path(str(item.fspath)) in lab else 0
+    def rank(item: pytest.Item) -> tuple[int, int]:  # (stable: each group keeps the collected order)
+        group = lab_group(item)
+        if xdist:
+            return (0, order.index(group)) if group is not None else (1, 0)
+        if group is None:
+            return (0, 0)
+        return (1, 0) if item.get_closest_marker("image") else (2, order.index(group))
 
-    items.sort(key=group)  # (stable: each group keeps the collected order)
-    if (os.environ.get("PYTEST_XDIST_WORKER") is None and any(item.get_closest_marker("image") for item in items) and not config.option.collectonly
+    items.sort(key=rank)
+    if (not xdist and any(item.get_closest_marker("image") for item in items) and not config.option.collectonly
             and imagebuild.can_build()):
         imagebuild.start()
 

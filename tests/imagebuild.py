@@ -1,17 +1,16 @@
 """The image tests' build (scripts/build-image.sh), started as the session starts.
 
 Building both images takes minutes of apt, pip and layer compression, mostly one core and the
-network. `conftest.py` starts it right after collection when an `image` test is selected, and puts
-the modules that run only Python first (they use the other core meanwhile), then the image tests,
-then the modules with labs, which never share the machine with the build. `tests/test_image.py`
-waits for it (`wait`), printing its steps as they come. Nothing is left: the build runs in its own
+network. Without pytest-xdist, `conftest.py` starts it right after collection when an `image` test is
+selected, and puts the modules that run only Python first (they use the other core meanwhile), then
+the image tests, then the other lab groups. Under xdist the image tests' group starts it, on its worker,
+beside whatever the other worker runs. `tests/test_image.py` waits for it (`wait`), printing its steps as they come. Nothing is left: the build runs in its own
 process group and temp directory, both gone at the end of the module that used it or of the session.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -22,10 +21,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("buildah", "mmdebstrap", "unshare", "age-keygen")
-#: a test module with any of these, or a test of it using the `lab` or `pod` fixture, runs a lab or real
-#: servers: it goes after the build
-_LAB = re.compile(r"require_root|lab_tempdir|kubeapi|labmod")
-LAB_FIXTURES = {"lab", "pod"}
 
 
 class Build:
@@ -97,6 +92,3 @@ def stop() -> None:
     while _CURRENT:
         _CURRENT.pop().stop()
 
-
-def runs_a_lab(path: Path) -> bool:
-    return bool(_LAB.search(path.read_text(errors="replace")))

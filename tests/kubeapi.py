@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import require_lab_group
 from ports import free_ports
 
 from gitops.lab import kubebin
@@ -55,6 +56,8 @@ def kube_binary(name: str) -> Path:
 
 
 def etcd_binary() -> Path:
+    """Debian's etcd, for a test that starts it (in a lab group: `conftest.require_lab_group`)."""
+    require_lab_group()
     found = shutil.which("etcd")
     if not found:
         pytest.fail("etcd not found: install Debian's etcd-server (bash scripts/install-deps.sh)", pytrace=False)

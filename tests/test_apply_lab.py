@@ -39,6 +39,8 @@ from gitops.pki import issue_cert
 from gitops.pods import MANAGED, MANAGER, NODE
 from gitops.state import LocalDirStore
 
+pytestmark = pytest.mark.lab("apply")
+
 GITOPS = str(Path(sys.executable).parent / "gitops")
 
 

@@ -29,6 +29,8 @@ from gitops.model.config import BackupTarget
 from gitops.model.schemas import schema as load_schema
 from gitops.pki import create_ca, issue_cert
 
+pytestmark = pytest.mark.lab("etcd")
+
 IP = "127.0.38.1"
 PASSWORD = "correct horse battery staple"
 

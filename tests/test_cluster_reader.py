@@ -21,6 +21,8 @@ from ports import free_port
 from test_cluster_api import _csr
 from test_coordination import Clock
 
+pytestmark = pytest.mark.lab("kubeapi")
+
 CONFIGMAPS = "/api/v1/namespaces/kube-public/configmaps"
 
 

@@ -30,6 +30,8 @@ from conftest import lab_tempdir, require_root
 from gitops.cri.client import CRIClient
 from gitops.pods import MANAGED, MANAGER, NODE
 
+pytestmark = pytest.mark.lab("workers")
+
 GITOPS = str(Path(sys.executable).parent / "gitops")
 GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
 

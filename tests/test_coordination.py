@@ -18,6 +18,8 @@ from gitops.coordination.shards import LEADER, fair_share, replica_lease, shard_
 from gitops.kubeapi import KubeAPI
 from tests.kubeapi import kube_api_server
 
+pytestmark = pytest.mark.lab("faults")
+
 IP = "127.0.30.1"
 TIMING = Timing(lease_duration=4, renew_deadline=3, retry_period=1)
 

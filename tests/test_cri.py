@@ -19,6 +19,8 @@ from gitops.cri.endpoint import CRIEndpoint
 from gitops.cri.errors import CRIError, Reason
 from gitops.cri.types import ContainerSpec, ContainerState, SandboxSpec, SandboxState
 
+pytestmark = pytest.mark.lab("session")
+
 
 def _hv(lab, transport: str, index: int = 0) -> CRIEndpoint:  # type: ignore[no-untyped-def]
     hv = lab.hypervisors[index]

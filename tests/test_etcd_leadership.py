@@ -18,6 +18,8 @@ from ports import free_ports
 from gitops.apply.etcd import EtcdAdmin
 from gitops.pki import create_ca, issue_cert
 
+pytestmark = pytest.mark.lab("kubeapi")
+
 IP = "127.0.32.1"
 NAMES = ("m1", "m2", "m3")
 

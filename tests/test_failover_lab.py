@@ -17,6 +17,8 @@ from test_apply_lab import kubeconfig_file
 
 from gitops.state import LocalDirStore
 
+pytestmark = pytest.mark.lab("failover")
+
 SUBNET = "127.0.46"
 
 

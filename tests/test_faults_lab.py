@@ -12,6 +12,8 @@ import pytest
 from faults import (FaultWorld, converge, lab_world, make_world, partition_member, power_cycle, public,
                     wait_members_healthy)
 
+pytestmark = pytest.mark.lab("faults")
+
 SUBNET = "127.0.36"
 
 

@@ -26,6 +26,8 @@ from repo_helpers import write
 
 from gitops.lab import network
 
+pytestmark = pytest.mark.lab("onboarding")
+
 GITOPS = str(Path(sys.executable).parent / "gitops")
 SUBNET = "127.0.44"
 

@@ -37,7 +37,7 @@ from gitops.state.store import LocalDirStore
 from gitops.status.reader import SEALED, StatusReader
 from gitops.status.sealed_state import Sealer, merge
 
-pytestmark = pytest.mark.image
+pytestmark = [pytest.mark.image, pytest.mark.lab("image")]
 
 ROOT = Path(__file__).resolve().parent.parent
 GITOPS = str(Path(sys.executable).parent / "gitops")

@@ -33,6 +33,8 @@ from test_apply_lab import (
     world_gitops,
 )
 
+pytestmark = pytest.mark.lab("recovery")
+
 SUBNET = "127.0.34"
 MEMBERS = ("team-a-cp-1", "team-a-cp-2", "team-a-cp-3")
 QUOTA = 32 << 20  # team-a's spec.etcd.quotaBackendBytes: small, so the upkeep test fills it quickly

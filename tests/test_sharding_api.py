@@ -23,6 +23,8 @@ from gitops.coordination.shards import shard_leases, shard_of
 from tests.kubeapi import kube_api_server
 from signing import shared_status_key
 
+pytestmark = pytest.mark.lab("faults")
+
 GITOPS = str(Path(sys.executable).parent / "gitops")
 GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
 IP = "127.0.30.2"

@@ -31,6 +31,8 @@ from gitops.status.sealed_state import ControllerStateStore, Sealer
 from tests.kubeapi import kube_api_server
 from signing import shared_status_key
 
+pytestmark = pytest.mark.lab("faults")
+
 GITOPS = str(Path(sys.executable).parent / "gitops")
 GIT_ID = ["-c", "user.name=Infra Team", "-c", "user.email=infra@example.com"]
 SUBNET, API_IP = "127.0.30", "127.0.36.250"  # the API server apart: lab up refuses a busy subnet

@@ -22,6 +22,8 @@ from gitops.lab import standins
 from gitops.compile import jumphost
 from gitops.compile.jumphost import JumphostError, jumphost_container, jumphost_files
 
+pytestmark = pytest.mark.lab("session")
+
 SSH_TIMEOUT = 15
 Pod = tuple[CRIClient, str, SandboxSpec, Path]  # client, sandbox id, sandbox spec, base dir
 

@@ -31,6 +31,8 @@ from kubeapi import KubeAPI, kube_api_server
 from ports import free_port
 from test_sip_selection import demanding
 
+pytestmark = pytest.mark.lab("kubeapi")
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_REPO = ROOT / "example-repo"
 INVENTORY = EXAMPLE_REPO / "inventory" / "baremetalhosts.yaml"

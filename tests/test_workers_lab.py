@@ -30,6 +30,8 @@ from gitops.lab import crashpoints, hostcheck, kubebin
 from gitops.lab.network import LabNetwork
 from gitops.lab.workloads import manifest
 
+pytestmark = pytest.mark.lab("workers")
+
 GITOPS = str(Path(sys.executable).parent / "gitops")
 SUBNET = "127.0.24"
 NET = LabNetwork.for_subnet(SUBNET).worker(1, "lab-worker-1")
@@ -90,9 +92,11 @@ def _host_leftovers(base: Path) -> dict[str, list[str]]:
         "chains": hostcheck.kube_chains(),
         "links": [line for line in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True)
                   .stdout.splitlines() if f" {NET.lab.host_link}@" in line or f"gitops{SUBNET.split('.')[2]}w" in line],
-        # the worker's own namespace, and its pods' (containerd's cni-*): every namespace on the host
-        "netns": sorted(line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                                   text=True).stdout.splitlines()),
+        # this lab's namespaces (the worker's own among them) and its pods' (the worker's containerd makes
+        # cni-*: the only one here with a pod network; the other labs' pods share their machine's network)
+        "netns": sorted(name for name in (line.split()[0] for line in subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines())
+            if name.startswith((f"gitops-0-{SUBNET.split('.')[2]}-", "cni-"))),
         "routes": subprocess.run(["ip", "route", "show", "dev", NET.lab.host_link], capture_output=True,
                                  text=True).stdout.split(),
         "ip_forward": [Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()],

@@ -24,6 +24,8 @@ from gitops.apply.etcd import EtcdAdmin
 from gitops.etcdclient import client_context
 from gitops.pki import CertKey, create_ca, issue_cert
 
+pytestmark = pytest.mark.lab("etcd")
+
 IP = "127.0.39.1"
 #: a peer URL nothing listens on: a learner there never starts, which a membership change does not mind
 NOWHERE = "http://127.0.39.9:1"
