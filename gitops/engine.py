@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from gitops.compile import Compiled, compile_desired
 from gitops.errors import GitopsError
+from gitops.hostport import host_port
 from gitops.learn import learn
 from gitops.model.components import APISERVER
 from gitops.model.config import RepoConfig
@@ -174,8 +175,8 @@ def cluster_targets(model: RepoModel, state: State, observed: ObservedState) -> 
         record = state.clusters.get(cluster)
         if record is None or record.admin is None:
             continue
-        servers = tuple(f"https://{model.hypervisors[state.nodes[n].hypervisor].ip_address}:"
-                        f"{state.nodes[n].ports['apiserver']}" for n in sorted(nodes)
+        servers = tuple("https://" + host_port(model.hypervisors[state.nodes[n].hypervisor].ip_address,
+                                               state.nodes[n].ports["apiserver"]) for n in sorted(nodes)
                         if state.nodes[n].hypervisor in model.hypervisors and "apiserver" in state.nodes[n].ports)
         if servers:
             targets.append(ClusterTarget(cluster, servers, record.trust_bundle("cluster"),

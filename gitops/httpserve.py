@@ -9,6 +9,7 @@ from typing import Any
 from waitress.server import create_server
 
 from gitops.errors import GitopsError
+from gitops.hostport import host_port
 
 WSGIApp = Callable[..., Any]
 
@@ -49,5 +50,4 @@ def start(app: WSGIApp, address: str, name: str, threads: int = THREADS) -> Serv
     bound_host, bound_port = server.socket.getsockname()[:2]
     thread = threading.Thread(target=server.run, name=name, daemon=True)
     thread.start()
-    return Server(f"{bound_host}:{bound_port}" if ":" not in bound_host else f"[{bound_host}]:{bound_port}", server,
-                  thread)
+    return Server(host_port(bound_host, bound_port), server, thread)

@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gitops.hostport import host_port
 from gitops.state.records import ClusterRecord
 
 
@@ -20,7 +21,7 @@ def admin_kubeconfig(cluster: str, record: ClusterRecord, endpoint: str, host_ov
         raise ValueError(f"cluster {cluster} has no admin credential yet")
     if host_override:
         parts = urlsplit(endpoint)
-        endpoint = f"{parts.scheme}://{host_override}:{parts.port}"
+        endpoint = f"{parts.scheme}://{host_port(host_override, parts.port)}"
     user = f"{cluster}-admin"
     config = {
         "apiVersion": "v1",

@@ -55,3 +55,21 @@ class NodeFiles:
 def file_digest(content: str) -> str:
     """The digest the files agent reports for a file (`OBSERVE_FILES_SCRIPT`: sha256, 12 hex digits)."""
     return hashlib.sha256(content.encode()).hexdigest()[:12]
+
+
+def reloaded_file(component: str) -> str:
+    """The file of the node's directory that says which spec a component reloaded in place runs
+    (`gitops.model.components.RELOAD`): written after each reload, read back as its digest."""
+    return f"{component}.reloaded"
+
+
+def reloaded_record(container_id: str, spec_hash: str) -> str:
+    """`reloaded_file`'s content once container `container_id` reloaded to `spec_hash`."""
+    return f"{container_id} {spec_hash}\n"
+
+
+def reloaded_to(files: NodeFiles | None, component: str, container_id: str, spec_hash: str) -> bool:
+    """Whether running container `container_id` was reloaded to `spec_hash` since it started (its label
+    keeps the spec it started with)."""
+    return (files is not None
+            and files.digests.get(reloaded_file(component)) == file_digest(reloaded_record(container_id, spec_hash)))

@@ -79,6 +79,7 @@ LAB_GROUPS = {
     "faults": "127.0.30, 127.0.36: the coordination API server, the fault commands, sharding",
     "session": "127.0.20, 127.0.21: the session's `lab` fixture (and `pod`), lab up and down",
     "failover": "127.0.46",
+    "ingress": "127.0.48: a live cluster's ingress changed under load",
     "kubeapi": "127.0.31, 127.0.32: real API servers (SIP providers, the cluster reader, etcd leadership)",
     "etcd": "127.0.38, 127.0.39: real etcd (backups, write answers)",
     "onboarding": "127.0.44",

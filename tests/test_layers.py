@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gitops"
 
 RANK = {
     # bottom: no repo model, no I/O policy
-    "errors": 0, "__version__": 0, "apipaths": 0, "printable": 0, "memo": 0, "units": 0, "redact": 0,
+    "errors": 0, "__version__": 0, "apipaths": 0, "printable": 0, "memo": 0, "units": 0, "redact": 0, "hostport": 0,
     "safeio": 1, "pki": 1, "httpserve": 0.5,
     "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1, "procs": 2,
     "cri": 2, "state": 2, "kubeapi": 2, "pods": 2,

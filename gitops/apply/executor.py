@@ -52,6 +52,7 @@ from gitops.plan.payloads import (
     PodRef,
     PutObject,
     RecoverEtcd,
+    Reload,
     Remove,
     RestoreEtcd,
     RestoreMember,
@@ -376,6 +377,14 @@ class _Runner:
             self._etcd_gate(action, p, before=False)
         if p.ready is not None:
             self._wait_ready(action, p.ready)
+
+    def reload_container(self, action: Action, p: Reload) -> None:
+        client = self.client(action.hypervisor)
+        code, out, err = client.exec_sync(p.target_id, p.command, timeout=30)
+        if code != 0:
+            said = (err or out).decode(errors="replace").strip()
+            raise ApplyError(f"{action.component} of Node {action.node}: {' '.join(p.command)} exited {code}: {said}")
+        agent.write_files(client, self.agent_id(action, p.pod), {p.record_file: p.record})
 
     def _replace_beside(self, action: Action, p: CreateContainer) -> None:
         """The new container first, `p.overlap` seconds beside the old one, then the old one stopped."""

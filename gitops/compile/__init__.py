@@ -18,6 +18,7 @@ from gitops.compile.components import etcd_member, pod_for
 from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState, KubeObject, VirtualIP
 from gitops.compile import vip
 from gitops.compile.placement import PlacementError, place
+from gitops.hostport import host_port
 from gitops.memo import Memo, key_of
 from gitops.model.components import CONTROLPLANE
 from gitops.model.resources import BareMetalHost, Cluster, Hypervisor, Node, RepoModel
@@ -102,7 +103,7 @@ def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str,
     objects: tuple = ()
     if ingress:
         _, hv, rec = ingress[0]
-        endpoint = address.url if address is not None else f"https://{hv.ip_address}:{rec.ports['apiserver']}"
+        endpoint = address.url if address is not None else f"https://{host_port(hv.ip_address, rec.ports['apiserver'])}"
         objects = tuple(_shared_object(o) for o in bootstrap_objects(endpoint, record.trust_bundle("cluster")))
     return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint, objects=objects,
                                 backup=cluster.backup, restore=cluster.restore, recovery=cluster.recovery,

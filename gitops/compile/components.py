@@ -29,6 +29,7 @@ from gitops.compile.desired import (
     identify,
 )
 from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
+from gitops.hostport import host_port, url_host
 from gitops.model import versions
 from gitops.model.components import (
     APISERVER,
@@ -70,8 +71,8 @@ def service_ip(cluster: Cluster) -> str:
 def etcd_member(hv: Hypervisor, node: Node, record: NodeRecord) -> EtcdMember:
     return EtcdMember(
         node=node.name,
-        peer_url=f"https://{hv.ip_address}:{record.ports['etcd-peer']}",
-        client_url=f"https://{hv.ip_address}:{record.ports['etcd-client']}",
+        peer_url=f"https://{host_port(hv.ip_address, record.ports['etcd-peer'])}",
+        client_url=f"https://{host_port(hv.ip_address, record.ports['etcd-client'])}",
     )
 
 
@@ -97,7 +98,7 @@ def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cl
         *files,
     )
     pod = assemble_pod(node, hv, cluster.image(AGENT), files, certs, keys, components)
-    api_url = f"https://{hv.ip_address}:{record.ports['apiserver']}" if node.role == CONTROLPLANE else ""
+    api_url = f"https://{host_port(hv.ip_address, record.ports['apiserver'])}" if node.role == CONTROLPLANE else ""
     chains = tuple((c.name, cluster_record.chain(c.signer)) for c in pod.certificates
                    if c.server and cluster_record.chain(c.signer))
     return replace(pod, validity_days=cluster.validity_days, renew_before_days=cluster.renew_before_days,
@@ -166,7 +167,7 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
                   peers: dict[str, tuple[Hypervisor, NodeRecord]], address: VirtualIP | None = None):
     """Files, certificates, keys and the components of a controlplane node (its role's), in start order."""
     files_mount = _files_mount(node_dir(hv, node))
-    local_api = f"https://{hv.ip_address}:{record.ports['apiserver']}"
+    local_api = f"https://{host_port(hv.ip_address, record.ports['apiserver'])}"
     files = (
         _service_account_bundle(cluster.name, cluster_record, peers),
         FileSpec("controller-manager.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "controller-manager")),
@@ -376,7 +377,7 @@ def _ingress(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
     `transparent`), with a health page for keepalived, which runs beside it and holds the address while
     this node is the VRRP master."""
     backends = sorted(
-        (name, f"{p_hv.ip_address}:{p_rec.ports['apiserver']}")
+        (name, host_port(p_hv.ip_address, p_rec.ports['apiserver']))
         for name, (p_hv, p_rec) in peers.items()
         if not p_hv.public and "apiserver" in p_rec.ports
     )
@@ -416,7 +417,7 @@ def keepalived_config(node: str, cluster: str, hv: Hypervisor, peers: list[str],
         "  vrrp_garp_master_refresh 10",
         "}",
         "vrrp_script haproxy {",
-        f'  script "/usr/bin/wget -q -T 1 -O /dev/null http://{_host(hv.ip_address)}:{check_port}/healthz"',
+        f'  script "/usr/bin/wget -q -T 1 -O /dev/null http://{url_host(hv.ip_address)}:{check_port}/healthz"',
         "  interval 1",
         "  timeout 2",
         "  fall 2",
@@ -458,10 +459,6 @@ def keepalived_container(image: str, base: str) -> ContainerSpec:
     )
 
 
-def _host(ip: str) -> str:
-    return f"[{ip}]" if ":" in ip else ip
-
-
 def haproxy_container(image: str, base: str, transparent: bool = False) -> ContainerSpec:
     """haproxy in the foreground on the `haproxy.cfg` the files agent wrote under `base`; `transparent`: it
     binds an address this machine may not hold yet (a virtual IP: NET_ADMIN)."""
@@ -496,8 +493,8 @@ def haproxy_config(ip: str, port: int, backends: list[tuple[str, str]], ready_ch
         "  retries 3",
         "  option redispatch 1",
         "frontend apiserver",
-        f"  bind {_host(ip)}:{port}",
-        *([f"  bind {_host(virtual[0])}:{virtual[1]} transparent"] if virtual else []),
+        f"  bind {url_host(ip)}:{port}",
+        *([f"  bind {url_host(virtual[0])}:{virtual[1]} transparent"] if virtual else []),
         "  default_backend apiservers",
         "backend apiservers",
         "  balance roundrobin",
@@ -511,7 +508,7 @@ def haproxy_config(ip: str, port: int, backends: list[tuple[str, str]], ready_ch
         check = "check inter 2s fall 2 rise 1"
     lines += [f"  server {name} {address} {check}" for name, address in backends]
     if health_port:  # keepalived's check: 200 while haproxy runs and has an API server to send to
-        lines += ["frontend health", "  mode http", f"  bind {_host(ip)}:{health_port}", "  timeout client 5s",
+        lines += ["frontend health", "  mode http", f"  bind {url_host(ip)}:{health_port}", "  timeout client 5s",
                   "  monitor-uri /healthz", "  monitor fail if { nbsrv(apiservers) lt 1 }"]
     return "\n".join(lines) + "\n"
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gitops.cri.types import ContainerSpec, SandboxSpec
+from gitops.hostport import host_port
 from gitops.memo import ContentDigested, OnceSlots
 from gitops.model.resources import ClusterBackup, ClusterRecovery, ClusterRestore
 from gitops.pods import COMPONENT, SPEC_ANNOTATION, SPEC_HASH, file_digest
@@ -244,5 +245,4 @@ class VirtualIP:
 
     @property
     def url(self) -> str:
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"https://{host}:{self.port}"
+        return f"https://{host_port(self.address, self.port)}"

@@ -28,6 +28,7 @@ import re
 import struct
 
 from gitops.cri.types import ContainerSpec, Mount
+from gitops.hostport import host_port
 from gitops.model.components import DEFAULT_JUMPHOST_IMAGE
 from gitops.sip import SIPError
 
@@ -150,7 +151,7 @@ def listen_address(ip: str, port: int) -> str:
         raise JumphostError(f"the jump host must listen on one address, not {ip}")
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise JumphostError(f"not a TCP port: {port!r}")
-    return f"[{addr}]:{port}" if addr.version == 6 else f"{addr}:{port}"
+    return host_port(str(addr), port)
 
 
 def jumphost_container(name: str, ip: str, port: int, authorized_keys: tuple[str, ...], files_dir_host: str,

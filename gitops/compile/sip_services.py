@@ -19,6 +19,7 @@ from gitops.compile.components import assemble_pod, haproxy_config, haproxy_cont
 from gitops.compile.desired import DesiredPod, FileSpec
 from gitops.compile.jumphost import jumphost_container, jumphost_files
 from gitops.cri.types import ContainerSpec
+from gitops.hostport import host_port
 from gitops.model.components import COMPONENTS, DEFAULT_AGENT_IMAGE, HAPROXY, JUMPHOST, SIP_JUMPHOST, SIP_LOADBALANCER
 from gitops.model.resources import BareMetalHost, Hypervisor, Node, RepoModel, SIPCluster
 from gitops.model.networkdata import NetworkDataError, host_ipv4
@@ -88,7 +89,7 @@ def _pod(node: Node, hv: Hypervisor, files: tuple[FileSpec, ...], component: Con
 def _load_balancer(node: Node, sip: SIPCluster, hv: Hypervisor, record: NodeRecord,
                    backends: list[tuple[str, str]]) -> DesiredPod:
     assert sip.load_balancer is not None
-    servers = [(name, f"{ip}:{sip.load_balancer.target_port}") for name, ip in backends]
+    servers = [(name, host_port(ip, sip.load_balancer.target_port)) for name, ip in backends]
     files = (FileSpec("haproxy.cfg", haproxy_config(hv.ip_address, record.ports["loadbalancer"], servers)),)
     return _pod(node, hv, files, haproxy_container(COMPONENTS[HAPROXY].default_image, node_dir(hv, node)))
 

@@ -228,8 +228,7 @@ def _connect(address: str, port: int, fingerprint: str, timeout: float) -> http.
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE  # pinned below, by the key's hash: the machine has no CA yet
-    host = f"[{address}]" if ":" in address else address
-    conn = http.client.HTTPSConnection(host.strip("[]"), port, context=context, timeout=timeout)
+    conn = http.client.HTTPSConnection(address, port, context=context, timeout=timeout)
     try:
         conn.connect()
         assert conn.sock is not None

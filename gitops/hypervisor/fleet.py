@@ -28,6 +28,7 @@ from gitops.cri.client import CRIClient
 from gitops.cri.endpoint import CRIEndpoint
 from gitops.cri.errors import CRIError
 from gitops.errors import GitopsError
+from gitops.hostport import host_port
 from gitops.hypervisor.enroll import EnrollError, deliver, fetch_request
 from gitops.model.resources import DATA_DIR_ANNOTATION, DEFAULT_DATA_DIR, Hypervisor
 from gitops.pki import CertKey, cert_to_pem, create_ca, issue_cert, key_hash, sign_public_key
@@ -119,12 +120,11 @@ def document(new: NewHypervisor, ca_pem: str, client_cert_pem: str, client_key: 
         metadata["labels"] = dict(new.labels)
     if data_dir and data_dir != DEFAULT_DATA_DIR:
         metadata["annotations"] = {DATA_DIR_ANNOTATION: data_dir}
-    host = f"[{new.address}]" if ":" in new.address else new.address
     return {"apiVersion": "gitops.infra/v1alpha1", "kind": "Hypervisor", "metadata": metadata,
             "spec": {"public": new.public, "ipAddress": new.address,
                      **({"interface": interface} if interface else {}),
                      "portRange": {"low": new.port_low, "high": new.port_high},
-                     "remoteCRIEndpoint": {"criEndpointURI": f"tcp://{host}:{new.cri_port}", "caCertificate": ca_pem,
+                     "remoteCRIEndpoint": {"criEndpointURI": f"tcp://{host_port(new.address, new.cri_port)}", "caCertificate": ca_pem,
                                            "clientCertificate": {"certificate": client_cert_pem,
                                                                  "privateKey": client_key}}}}
 
@@ -139,7 +139,7 @@ LiteralDumper.add_representer(str, lambda d, v: d.represent_scalar("tag:yaml.org
 
 def _front_answers(new: NewHypervisor, ca: CertKey, client: CertKey, timeout: float) -> str:
     """'' once the machine's CRI answers `Version` over mutual TLS with `client`, else the last error."""
-    endpoint = CRIEndpoint.tls(new.name, f"{new.address}:{new.cri_port}", ca.cert_pem, client.cert_pem, client.key_pem)
+    endpoint = CRIEndpoint.tls(new.name, host_port(new.address, new.cri_port), ca.cert_pem, client.cert_pem, client.key_pem)
     deadline = time.monotonic() + timeout
     while True:
         try:

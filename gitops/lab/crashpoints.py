@@ -43,6 +43,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gitops import lab as labmod
 from gitops.compile.authorities import authority
+from gitops.hostport import host_port
 from gitops.lab import kubebin
 from gitops.lab.example import write_example_repo
 from gitops.lab.probe import Probe
@@ -147,7 +148,7 @@ class Workspace:
         for name, text in (("ca.crt", trusted), ("client.crt", cert.cert_pem), ("client.key", cert.key_pem)):
             (tls / name).write_text(text)
         hvs = self.hypervisors()
-        endpoints = ",".join(f"https://{hvs[r.hypervisor].ip_address}:{r.ports['etcd-client']}"
+        endpoints = ",".join(f"https://{host_port(hvs[r.hypervisor].ip_address, r.ports['etcd-client'])}"
                              for _, r in sorted(state.nodes.items())
                              if r.cluster == cluster and "etcd-client" in r.ports)
         return subprocess.run(["etcdctl", f"--endpoints={endpoints}", f"--cacert={tls}/ca.crt",

@@ -126,9 +126,11 @@ def base_recipes() -> dict[str, ImageRecipe]:
         "haproxy": ImageRecipe("haproxy", _version([haproxy, "-v"], r"version\s+(\d+\.\d+\.\d+)"),
                                (haproxy,), (haproxy,), dirs=("usr/local/etc/haproxy",), stop_signal="SIGUSR1"),
         # keepalived (VRRP) beside haproxy in an ingress pod of a cluster with a virtual IP; GNU wget for its
-        # health check of haproxy (/usr/bin/wget, as in the upstream image; busybox-static's wget crashes here)
+        # health check of haproxy (/usr/bin/wget, as in the upstream image; busybox-static's wget crashes here);
+        # kill (procps) for the plan's reload, `kill -HUP 1`, as the upstream image's busybox has it
         "keepalived": ImageRecipe("keepalived", _version([keepalived, "--version"], r"Keepalived v(\d+\.\d+\.\d+)"),
-                                  (keepalived, _which("wget")), (keepalived,), dirs=("tmp", "run", "etc/keepalived")),
+                                  (keepalived, _which("wget"), _which("kill")), (keepalived,),
+                                  dirs=("tmp", "run", "etc/keepalived")),
         "busybox": ImageRecipe("busybox", _version([busybox], r"BusyBox v(\d+\.\d+\.\d+)"),
                                (busybox,), (busybox,), cmd=("sh",), dirs=("tmp", "www")),
     }

@@ -31,6 +31,9 @@ ETCD_MEMBER = "etcd-member"
 READYZ = "readyz"
 #: the new one starts beside the old one, which stops a little later: its port never closes
 OVERLAP = "overlap"
+#: a change of only the files it reads is taken in place: its `reload` command runs in it (any other
+#: change replaces it, stop then start)
+RELOAD = "reload"
 
 #: the files agent: a small image with sh, openssl and coreutils (see Dockerfile, target `agent`)
 DEFAULT_AGENT_IMAGE = "ghcr.io/gitops-infra/gitops-agent:0.1.0"
@@ -47,8 +50,10 @@ class Component:
     image_key: str
     #: the upstream image; `{kubernetes}` is the cluster's version ("v1.31.2"), `{etcd}` its etcd version ("3.5.16")
     default_image: str
-    #: how a running one is replaced (`STOP_START`, `ETCD_MEMBER`, `READYZ`, `OVERLAP`)
+    #: how a running one is replaced (`STOP_START`, `ETCD_MEMBER`, `READYZ`, `OVERLAP`, `RELOAD`)
     rollout: str = STOP_START
+    #: `RELOAD`: the command run in the container to make it read its files again
+    reload: tuple[str, ...] = ()
 
     def image(self, overrides: dict[str, str], kubernetes: str, etcd: str) -> str:
         """The image a cluster with these `overrides` and versions runs."""
@@ -64,9 +69,17 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in (
     Component(CONTROLLER_MANAGER, "kubeControllerManager", "registry.k8s.io/kube-controller-manager:{kubernetes}"),
     Component(SCHEDULER, "kubeScheduler", "registry.k8s.io/kube-scheduler:{kubernetes}"),
     Component(HAPROXY, "haproxy", "docker.io/library/haproxy:2.8", OVERLAP),
-    Component(KEEPALIVED, "keepalived", "docker.io/osixia/keepalived:2.0.20"),
+    # keepalived re-reads its configuration on SIGHUP (pid 1: it runs in the foreground) and keeps the
+    # virtual IP where it is; a restart would hand it to another node
+    Component(KEEPALIVED, "keepalived", "docker.io/osixia/keepalived:2.0.20", RELOAD, ("kill", "-HUP", "1")),
     Component(JUMPHOST, "", DEFAULT_JUMPHOST_IMAGE),
 )}
+
+
+def reload_of(component: str) -> tuple[str, ...]:
+    """The command that makes a running `component` read its files again (empty: it cannot)."""
+    known = COMPONENTS.get(component)
+    return known.reload if known is not None and known.rollout == RELOAD else ()
 
 
 def rollout_of(component: str) -> str:

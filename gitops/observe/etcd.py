@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gitops.etcdclient import client_context
+from gitops.hostport import host_port
 from gitops.model.components import ETCD
 from gitops.model.resources import RepoModel
 from gitops.observe.types import EtcdMemberSpace, ObservedEtcd, ObservedState
@@ -72,7 +73,7 @@ def observe_etcd(model: RepoModel, state: State, observed: ObservedState,
             node = state.nodes.get(member)
             hv = model.hypervisors.get(node.hypervisor) if node is not None else None
             if member in running[name] and hv is not None and "etcd-client" in node.ports:
-                urls.append((member, f"https://{hv.ip_address}:{node.ports['etcd-client']}"))
+                urls.append((member, f"https://{host_port(hv.ip_address, node.ports['etcd-client'])}"))
         if urls:
             authority = record.authorities["etcd"]
             jobs.append((name, CertKey.from_pem(authority.cert_pem, authority.key_pem), record.trust_bundle("etcd"),

@@ -25,6 +25,7 @@ class Kind(str, Enum):
     ETCD_MEMBER_PROMOTE = "etcd-member-promote"
     CREATE_CONTAINER = "create-container"
     RECREATE_CONTAINER = "recreate-container"
+    RELOAD_CONTAINER = "reload-container"
     LABEL_HOST = "label-host"
     DEFRAGMENT_ETCD = "defragment-etcd"
     DISARM_ETCD_ALARM = "disarm-etcd-alarm"
@@ -67,6 +68,8 @@ KINDS: dict[Kind, KindInfo] = {
     Kind.ETCD_MEMBER_PROMOTE: KindInfo(6, "~", "promote etcd member"),
     Kind.CREATE_CONTAINER: KindInfo(6, "+", "create container"),
     Kind.RECREATE_CONTAINER: KindInfo(6, "~", "recreate container"),
+    # a component that takes new files in place (keepalived: SIGHUP), after its node's files are written
+    Kind.RELOAD_CONTAINER: KindInfo(6, "~", "reload container"),
     Kind.LABEL_HOST: KindInfo(7, "~", "label host"),
     # inside each cluster's own API, once its control plane runs
     Kind.CREATE_OBJECT: KindInfo(8, "+", "create object"),

@@ -23,8 +23,9 @@ from gitops.compile.desired import (
     DesiredPod,
     DesiredState,
 )
+from gitops.hostport import host_port
 from gitops.memo import key_of
-from gitops.model.components import CONTROLPLANE
+from gitops.model.components import CONTROLPLANE, reload_of
 from gitops.observe.types import ObservedContainer, ObservedEtcd, ObservedPod, ObservedState, SnapshotListing
 from gitops.pki.facts import certificate_facts
 from gitops.plan.actions import Action, Kind, Unknown, UnknownKind
@@ -34,10 +35,11 @@ from gitops.plan.payloads import (
     GenerateKeys,
     IssueCertificate,
     PodRef,
+    Reload,
     Remove,
     WriteFiles,
 )
-from gitops.pods import AGENT, FILES, SPEC_HASH, NodeFiles
+from gitops.pods import AGENT, FILES, SPEC_HASH, NodeFiles, reloaded_file, reloaded_record, reloaded_to
 from gitops.state.records import ClusterRecord, NodeRecord, State
 
 MAX_LISTED_CHANGES = 6
@@ -145,7 +147,7 @@ def _old_client_url(record: NodeRecord) -> str:
     host = urlsplit(record.leaving_peer).hostname if record.leaving_peer else None
     if not port or not host:
         return ""
-    return f"https://{f'[{host}]' if ':' in host else host}:{port}"
+    return f"https://{host_port(host, port)}"
 
 
 @dataclass(frozen=True)
@@ -274,7 +276,7 @@ def _pod_actions(want: DesiredPod, have: ObservedPod | None, record: ClusterReco
         digests = tuple(sorted((name, _digest_at_start(name, files, issued)) for name in certificates))
         reads = tuple(sorted(renewed & certificates))
         stale = _changed_since_start(mine, digests) if files is not None and not fresh else ()
-        actions.extend(_container_actions(want, container, mine, index, base, pod, reads, digests, stale))
+        actions.extend(_container_actions(want, container, mine, index, base, pod, reads, digests, stale, files))
     for extra in observed:
         if extra.component not in desired_names:
             actions.append(Action(Kind.REMOVE_CONTAINER, **base, component=extra.component,
@@ -318,10 +320,12 @@ def _bootstrap(want: DesiredPod, record: ClusterRecord | None, cluster: DesiredC
 
 def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[ObservedContainer], index: int,
                        base: dict, ref: PodRef, renewed: tuple[str, ...] = (),
-                       certificates: tuple[tuple[str, str], ...] = (), stale: tuple[str, ...] = ()) -> list[Action]:
+                       certificates: tuple[tuple[str, str], ...] = (), stale: tuple[str, ...] = (),
+                       files: NodeFiles | None = None) -> list[Action]:
     """A container missing, superseded, changed or not running; with no health gate (`gitops.plan.rollout`
     adds the one a change needs). `renewed`: certificates it reads that this plan re-issues; `stale`: ones
-    written since it started; either restarts it when it runs."""
+    written since it started; either restarts it when it runs. A running component that reloads in place
+    (`RELOAD`) whose files alone changed is reloaded, unless `files` say it was reloaded to this spec."""
     name = want.spec.name
     pending = tuple(f for f in pod.files if not f.known) if not want.known else ()
     payload = CreateContainer(ref, pod.sandbox, want.spec, pending, certificates=certificates)
@@ -331,6 +335,16 @@ def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[Obser
     latest = have[-1]
     out = [Action(Kind.REMOVE_CONTAINER, **base, component=name, order=index, target_id=old.id,
                   reason="superseded container", payload=Remove(old.id)) for old in have[:-1]]
+    command = reload_of(name)
+    if (command and latest.state == "running" and latest.spec_hash != want.spec_hash and want.known
+            and not renewed and not stale and _files_alone_changed(latest.inputs, want.summary)):
+        if not reloaded_to(files, name, latest.id, want.spec_hash):
+            out.append(Action(Kind.RELOAD_CONTAINER, **base, component=name, order=index, target_id=latest.id,
+                              reason="only the files it reads changed: it reloads them in place",
+                              details=(*changed_fields(latest.inputs, want.summary), f"runs: {' '.join(command)}"),
+                              payload=Reload(ref, latest.id, command, reloaded_file(name),
+                                             reloaded_record(latest.id, want.spec_hash))))
+        return out
     if latest.spec_hash != want.spec_hash or ((renewed or stale) and latest.state == "running"):
         if latest.spec_hash != want.spec_hash:
             reason, what = "spec changed", changed_fields(latest.inputs, want.summary)
@@ -345,6 +359,13 @@ def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[Obser
         out.append(Action(Kind.RECREATE_CONTAINER, **base, component=name, order=index, target_id=latest.id,
                           reason=f"container is {latest.state}", payload=payload))
     return out
+
+
+def _files_alone_changed(before: dict | None, after: dict) -> bool:
+    """Whether a container's inputs differ in the contents of the files it reads alone (the same files)."""
+    if before is None or before.get("files", {}).keys() != after["files"].keys():
+        return False
+    return {k: v for k, v in before.items() if k != "files"} == {k: v for k, v in after.items() if k != "files"}
 
 
 def changed_fields(before: dict | None, after: dict) -> list[str]:

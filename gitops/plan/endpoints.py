@@ -8,6 +8,7 @@ status branch); clients gitops does not write keep the old address, so the plan 
 from __future__ import annotations
 
 from gitops.compile import vip
+from gitops.hostport import host_port
 from gitops.model.components import INGRESS
 from gitops.model.resources import RepoModel
 from gitops.state.records import State
@@ -27,8 +28,7 @@ def endpoint(model: RepoModel, state: State, cluster: str) -> str:
     hv = model.hypervisors.get(placed.hypervisor)
     if hv is None:
         return ""
-    host = f"[{hv.ip_address}]" if ":" in hv.ip_address else hv.ip_address
-    return f"https://{host}:{placed.ports['apiserver']}"
+    return f"https://{host_port(hv.ip_address, placed.ports['apiserver'])}"
 
 
 def endpoint_notes(model: RepoModel, before: State, after: State) -> list[str]:

@@ -179,6 +179,18 @@ class Remove:
 
 
 @dataclass(frozen=True)
+class Reload:
+    """Run `command` in running container `target_id` (it reads its files again), then write `record`
+    into the node's file `record_file` through the pod's files agent: the container runs the new spec."""
+
+    pod: PodRef
+    target_id: str
+    command: tuple[str, ...]
+    record_file: str
+    record: str
+
+
+@dataclass(frozen=True)
 class LabelHost:
     host: str  # namespace/name
     set: tuple[tuple[str, str], ...] = ()
@@ -308,10 +320,10 @@ class RecoverEtcd:
     record: str
 
 
-Payload = Union[CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange, CreateContainer, Remove, LabelHost,
+Payload = Union[CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange, CreateContainer, Remove, Reload, LabelHost,
                 PutObject, SignRequest, RotationStep, BackupEtcd, RestoreEtcd, RecoverEtcd, EtcdAlarm]
 TYPES: dict[str, type] = {t.__name__: t for t in (CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange,
-                                                   CreateContainer, Remove, LabelHost, PutObject, SignRequest,
+                                                   CreateContainer, Remove, Reload, LabelHost, PutObject, SignRequest,
                                                    RotationStep, BackupEtcd, RestoreEtcd, RecoverEtcd, EtcdAlarm,
                                                    EtcdHealth)}
 
@@ -344,6 +356,7 @@ _NESTED: dict[tuple[type, str], Any] = {
     (CreateContainer, "pod"): PodRef, (CreateContainer, "sandbox"): SandboxSpec,
     (CreateContainer, "container"): ContainerSpec, (CreateContainer, "files"): (FileSpec,),
     (CreateContainer, "etcd"): EtcdHealth, (CreateContainer, "ready"): ApiReady, (Remove, "etcd"): EtcdHealth,
+    (Reload, "pod"): PodRef,
     (SignRequest, "approval"): Condition,
     (ContainerSpec, "mounts"): (Mount,),
     (RecoverEtcd, "create"): CreateContainer,

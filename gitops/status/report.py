@@ -18,11 +18,13 @@ import yaml
 
 from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState
 from gitops.coordination.scope import Scope
+from gitops.hostport import host_port
 from gitops.model.resources import RepoModel
 from gitops.observe.types import ObservedEtcd, ObservedPod, ObservedState
 from gitops.pki.facts import certificate_facts
 from gitops.plan.actions import Action, Plan
 from gitops.plan.upkeep import space_condition
+from gitops.pods import reloaded_to
 from gitops.sip.selection import HostSelection
 from gitops.status.reader import SOURCE, kubeconfig_path, resource_path
 
@@ -193,7 +195,9 @@ def node_phase(want: DesiredPod | None, observed: ObservedState, have: ObservedP
         running = have.running(container.spec.name) if have else None
         state = "missing"
         if running is not None:
-            state = "running" if running.spec_hash == container.spec_hash else "outdated"
+            current = running.spec_hash == container.spec_hash or reloaded_to(
+                have.files if have else None, container.spec.name, running.id, container.spec_hash)
+            state = "running" if current else "outdated"
         elif have is not None and any(c.component == container.spec.name for c in have.containers):
             state = next(c.state for c in sorted(have.containers, key=lambda c: -c.created_at)
                          if c.component == container.spec.name)
@@ -407,7 +411,7 @@ def _service_endpoints(model: RepoModel, name: str, desired: DesiredState | None
     for key, node, purpose in (("loadBalancer", f"{name}-lb", "loadbalancer"), ("jumpHost", f"{name}-jump", "ssh")):
         if node in placements and desired is not None and node in desired.pods:
             hv, ports = placements[node]
-            out[key] = f"{model.hypervisors[hv].ip_address}:{ports[purpose]}"
+            out[key] = host_port(model.hypervisors[hv].ip_address, ports[purpose])
     if sip.auth is not None:
         out["auth"] = {"oidcIssuerURL": sip.auth.oidc_issuer_url,
                        "note": "no OIDC server runs for it: none is installable here (see README)"}
