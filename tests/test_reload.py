@@ -133,3 +133,20 @@ def test_nothing_but_keepalived_reloads(model):
     from gitops.model.components import COMPONENTS, RELOAD
     assert [c.name for c in COMPONENTS.values() if c.rollout == RELOAD] == ["keepalived"]
     assert all(c.reload for c in COMPONENTS.values() if c.rollout == RELOAD)
+
+
+def test_a_moved_ingress_nodes_peers_reload_before_its_new_keepalived_starts(model):
+    """The node moved sorts first by name: its new keepalived still starts after the other's reload."""
+    public_3 = dataclasses.replace(model.hypervisors["hv-public-1"], name="hv-public-3", ip_address="127.0.10.10")
+    wide = dataclasses.replace(model, hypervisors={**model.hypervisors, "hv-public-3": public_3})
+    state, observed = _settled(wide)
+    used = {state.nodes[n].hypervisor for n in (NODE, "team-a-ingress-2")}
+    target = next(h for h in ("hv-public-1", "hv-public-2", "hv-public-3") if h not in used)
+    moved = dataclasses.replace(wide, nodes={**wide.nodes, NODE: dataclasses.replace(wide.nodes[NODE],
+                                                                                    hypervisor=target)})
+    plan = make_plan(moved, RepoConfig(), state, observed, now=NOW).plan
+    steps = [(a.kind, a.node, a.component) for a in plan.actions if a.cluster == "team-a"]
+    reload = steps.index((Kind.RELOAD_CONTAINER, "team-a-ingress-2", "keepalived"))
+    start = steps.index((Kind.CREATE_CONTAINER, NODE, "keepalived"))
+    assert reload < start, steps
+    assert (Kind.REMOVE_POD, NODE, "") in steps

@@ -113,7 +113,8 @@ def cluster():
     before = _host_leftovers(base)
     assert before["chains"] == [] and NET.netns not in before["netns"], before
     try:
-        lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet=SUBNET)
+        # two public machines: `test_the_worker_follows_its_cluster_to_a_virtual_ip` gives team-a a second ingress
+        lab = labmod.up(base / "lab", hypervisors=4, public=2, subnet=SUBNET)
         repo = base / "repo"
         subprocess.run([GITOPS, "lab", "example-repo", "--dir", str(base / "lab"), str(repo)], check=True,
                        capture_output=True)
@@ -359,6 +360,43 @@ def test_status_shows_the_joined_worker(cluster):
     assert status["observed"] and status["total"] == 1 and status["ready"] == 1
     assert status["nodes"]["lab-worker-1"]["address"] == "10.250.24.1"
     assert status["nodes"]["lab-worker-1"]["kubeletVersion"] == "v1.20.2"
+
+
+def test_the_worker_follows_its_cluster_to_a_virtual_ip(cluster):
+    """#44.3: a second ingress node moves team-a's endpoint to a virtual IP; the plan names `gitops follow`, the
+    old address keeps answering the worker meanwhile, and `gitops follow` moves it (a server that is not its
+    cluster refused first, nothing changed)."""
+    ensure_joined(cluster)
+    kubeconfig = cluster.worker_dir / "kubelet.kubeconfig"
+
+    def server() -> str:
+        return yaml.safe_load(cluster.worker_has("cat", str(kubeconfig)))["clusters"][0]["cluster"]["server"]
+    old = server()
+    nodes = cluster.repo / "clusters/team-a/nodes.yaml"
+    docs = [d for d in yaml.safe_load_all(nodes.read_text()) if d]
+    docs.append({"apiVersion": "gitops.infra/v1alpha1", "kind": "Node", "metadata": {"name": "team-a-ingress-2"},
+                 "spec": {"cluster": "team-a", "role": "controlplane-ingress"}})
+    nodes.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    planned = cluster.plan().stdout
+    cluster.apply()
+    from gitops.state import LocalDirStore
+    new = f"https://{LocalDirStore(cluster.state).load().clusters['team-a'].virtual_ip}:6443"
+    assert new.startswith("https://10.249.24.2"), new
+    assert f"`gitops follow {new}` on each" in " ".join(planned.split()), planned
+    assert server() == old  # untouched: the old address still answers it
+    cluster.kubectl("wait", "--for=condition=Ready", "node/lab-worker-1", "--timeout=60s")
+
+    refused = subprocess.run(cluster.on_worker(GITOPS, "follow", "https://10.249.24.1:9", "--dir",
+                                               str(cluster.worker_dir)), capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "is not this worker's cluster, or does not answer" in refused.stderr, refused
+    assert "Traceback" not in refused.stderr and server() == old
+
+    out = cluster.worker_has(GITOPS, "follow", new, "--dir", str(cluster.worker_dir))
+    assert f"node lab-worker-1 Ready, its kubelet renewing its Lease through {new}" in out, out
+    assert server() == new
+    recorded = json.loads(cluster.worker_has("cat", str(cluster.worker_dir / "worker.json")))
+    assert recorded["spec"]["server"] == new
+    cluster.kubectl("wait", "--for=condition=Ready", "node/lab-worker-1", "--timeout=60s")
 
 
 def test_the_worker_is_a_machine_of_its_own(cluster):

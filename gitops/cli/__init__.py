@@ -21,7 +21,8 @@ class _Group(click.Group):
     #: fraction of the time the controller's imports take); a name not listed loads them all
     MODULES = {"validate": "validate", "schema": "validate", "plan": "reconcile", "apply": "reconcile",
                "kubeconfig": "reconcile", "reconcile": "controller", "watch": "controller", "status": "controller",
-               "cri": "cri", "lab": "lab", "join-token": "worker", "join": "worker", "leave": "worker",
+               "cri": "cri", "lab": "lab", "join-token": "worker", "join": "worker", "follow": "worker",
+               "leave": "worker",
                "secrets": "secrets", "state": "state", "backup": "backup", "ui": "ui", "status-key": "trust",
                "hypervisor": "hypervisor"}
     ALL = ("validate", "reconcile", "controller", "cri", "lab", "worker", "secrets", "state", "backup", "ui", "trust",

@@ -1,4 +1,4 @@
-"""`gitops join-token create`, `gitops join` and `gitops leave`: worker machines."""
+"""`gitops join-token create`, `gitops join`, `gitops follow` and `gitops leave`: worker machines."""
 from __future__ import annotations
 
 import datetime as dt
@@ -16,6 +16,7 @@ from gitops.kubeapi import Credentials, KubeAPI
 from gitops.pods import MANAGED, MANAGER
 from gitops.worker.configs import WorkerSpec
 from gitops.worker.discovery import ca_hash, new_token
+from gitops.worker.run import follow as follow_server
 from gitops.worker.run import join as join_worker
 from gitops.worker.run import leave as leave_worker
 
@@ -139,4 +140,17 @@ def leave(directory: Path) -> None:
         click.echo(f"no worker in {directory}")
 
 
-COMMANDS: list[click.Command] = [join_token, join, leave]
+@click.command()
+@click.argument("server")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("/var/lib/gitops-worker"), show_default=True)
+@click.option("--timeout", type=float, default=120, show_default=True,
+              help="Seconds to wait for the node to be Ready through SERVER.")
+def follow(server: str, directory: Path, timeout: float) -> None:
+    """Point this joined worker at SERVER, its cluster's new API endpoint (a plan said it moves: a second
+    ingress node gives the cluster a virtual IP). SERVER must serve the same cluster; kubelet and kube-proxy
+    restart on it (run on the worker, as root)."""
+    follow_server(directory.resolve(), server, timeout=timeout, say=click.echo)
+
+
+COMMANDS: list[click.Command] = [join_token, join, follow, leave]

@@ -68,7 +68,8 @@ KINDS: dict[Kind, KindInfo] = {
     Kind.ETCD_MEMBER_PROMOTE: KindInfo(6, "~", "promote etcd member"),
     Kind.CREATE_CONTAINER: KindInfo(6, "+", "create container"),
     Kind.RECREATE_CONTAINER: KindInfo(6, "~", "recreate container"),
-    # a component that takes new files in place (keepalived: SIGHUP), after its node's files are written
+    # a component that takes new files in place (keepalived: SIGHUP), after every file is written and before
+    # the cluster's containers start (`Action.sort_key`)
     Kind.RELOAD_CONTAINER: KindInfo(6, "~", "reload container"),
     Kind.LABEL_HOST: KindInfo(7, "~", "label host"),
     # inside each cluster's own API, once its control plane runs
@@ -128,6 +129,11 @@ class Action:
             # API servers, controller-managers, schedulers
             return (phase, self.cluster, 1, f"{self.order:04d}", self.node, 1 + self.step, self.kind.value,
                     self.component, self.target_id)
+        if kind == Kind.RELOAD_CONTAINER:
+            # before the cluster's new containers: a moved ingress node's new keepalived starts once its peers
+            # speak to it (else it takes the virtual IP too, and traffic follows it mid-request)
+            return (phase, self.cluster, -2, self.node, f"{self.order:04d}", self.kind.value, self.component,
+                    self.target_id)
         if kind in (Kind.DEFRAGMENT_ETCD, Kind.DISARM_ETCD_ALARM):  # in the order upkeep chose (the leader last)
             return (phase, self.cluster, -1, f"{self.order:04d}", self.node, self.kind.value)
         sub = 0 if kind == Kind.ETCD_MEMBER_ADD else 1

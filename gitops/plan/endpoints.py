@@ -42,8 +42,7 @@ def endpoint_notes(model: RepoModel, before: State, after: State) -> list[str]:
                 f"Cluster {name}'s API endpoint moves from {old} to {new}: this apply writes the new one into "
                 "the API serving certificate, cluster-info and the admin kubeconfig (status branch, `gitops "
                 f"kubeconfig`). Move the clients gitops does not write: people's kubeconfigs and the workers "
-                f"joined before (their kubelet and kube-proxy kubeconfigs; `gitops join` again, or edit the "
-                "server). " + ("The old virtual IP stops answering once keepalived leaves the ingress pods."
-                              if was_virtual else "The old address keeps answering while the ingress node "
-                                                  "behind it stays."))
+                f"joined before (their kubelet and kube-proxy kubeconfigs: `gitops follow {new}` on each). "
+                + ("The old virtual IP stops answering once keepalived leaves the ingress pods." if was_virtual
+                   else "The old address keeps answering while the ingress node behind it stays."))
     return notes

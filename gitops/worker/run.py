@@ -5,11 +5,13 @@ start kubelet (or write systemd units), wait until the cluster signed its client
 certificate (gitops signs it on its next reconcile), then start kube-proxy.
 `leave`: stop both, remove the Node, the pods kubelet left in the CRI, kube-proxy's
 iptables chains, the CNI bridge, kubelet's mounts and the worker directory.
+`follow`: the cluster's API endpoint moved (a plan said so): point this worker at the new one.
 `abandon`: what `leave` undoes on the machine's own disk, for a worker whose machine (network,
 runtime, cluster) is already gone: `gitops lab down` with a lab worker still joined.
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import re
@@ -20,6 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+
+import yaml
 
 from gitops.cri.client import CRIClient
 from gitops.cri.endpoint import CRIEndpoint
@@ -134,6 +138,87 @@ def leave(directory: Path, *, say: Callable[[str], None] = print) -> list[str]:
     for line in done:
         say(line)
     return done
+
+
+def follow(directory: Path, server: str, *, timeout: float = 120.0, say: Callable[[str], None] = print) -> None:
+    """Point the worker in `directory` at `server`, the cluster's new API endpoint: checked first to be the same
+    cluster (its serving certificate signed by the CA the worker pinned at `join`, the node's own credentials
+    accepted), then written into its kubeconfigs and state, kubelet and kube-proxy restarted on them, and the
+    Node Ready again through `server`. Run it again after a failure: each step is whole or not done."""
+    found = recorded(directory)
+    if found is None:
+        raise JoinError(f"{directory} holds no worker (`gitops join` writes one)")
+    spec, state = found
+    credentials = _node_credentials(spec)
+    try:
+        with KubeAPI(server, spec.ca_file.read_text(), credentials, timeout=10) as api:
+            api.get(f"/api/v1/nodes/{spec.name}")  # the Node authorizer lets a node read itself
+    except (KubeAPIError, OSError) as err:
+        raise JoinError(f"{server} is not this worker's cluster, or does not answer: {err}") from None
+    say(f"{server} serves this worker's cluster (CA pinned at join) and accepts node {spec.name}")
+    for path in (spec.bootstrap_kubeconfig, spec.kubeconfig):
+        if path.exists():
+            config = yaml.safe_load(path.read_text())
+            for entry in config.get("clusters") or []:
+                entry["cluster"]["server"] = server
+            _write(path, yaml.safe_dump(config, sort_keys=True), secret=True)
+    state["spec"] = {**state["spec"], "server": server}  # type: ignore[dict-item]
+    _save(spec, state)
+    if state.get("systemd"):
+        say("wrote the new server into its kubeconfigs; restart them: "
+            "`systemctl restart gitops-kubelet gitops-kube-proxy`")
+        return
+    processes = [p for p in state.get("processes") or [] if isinstance(p, dict)]  # type: ignore[union-attr]
+    argvs = {str(p["name"]): _argv(p) for p in processes}
+    if not all(argvs.values()):
+        raise JoinError(f"kubelet or kube-proxy of {directory} does not run as `join` recorded: start it, or "
+                        f"`gitops leave --dir {directory}` and join again")
+    restarted = dt.datetime.now(dt.timezone.utc)
+    stop(directory)
+    started = [_start(spec, name, argv) for name, argv in argvs.items()]
+    state["processes"] = started
+    _save(spec, state)
+    say("restarted " + ", ".join(f"{p['name']} (pid {p['pid']})" for p in started))
+    # the restarted kubelet renews its node's Lease through `server` (every 10 s), and the Node stays Ready
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with KubeAPI(server, spec.ca_file.read_text(), credentials, timeout=10) as api:
+                lease = api.get(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{spec.name}")
+                node = api.get(f"/api/v1/nodes/{spec.name}")
+            renewed = dt.datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00"))
+            ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready" and c["status"] == "True"]
+            if renewed > restarted and ready:
+                break
+        except (KubeAPIError, OSError, KeyError, TypeError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise JoinError(f"node {spec.name} not Ready through {server} after {timeout:.0f}s; "
+                            f"see {spec.dir / 'kubelet.log'}")
+        time.sleep(1)
+    say(f"node {spec.name} Ready, its kubelet renewing its Lease through {server}")
+
+
+def _node_credentials(spec: WorkerSpec) -> Credentials:
+    """The kubelet's signed client certificate and key (one PEM file)."""
+    try:
+        pem = spec.client_certificate.read_text()
+    except OSError as err:
+        raise JoinError(f"the worker has no client certificate yet ({err}): wait for `gitops join` to finish") \
+            from None
+    key = "".join(re.findall(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----\n?", pem, re.S))
+    return Credentials(pem, key)
+
+
+def _argv(process: dict) -> list[str]:
+    """The command line of a process `join` started, while it still runs as recorded ([] otherwise)."""
+    pid, started = int(process["pid"]), process.get("start_time")
+    if procs.start_time(pid) != started:
+        return []
+    try:
+        return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
 
 
 def abandon(directory: Path) -> list[str]:
