@@ -81,7 +81,7 @@ LAB_GROUPS = {
     "failover": "127.0.46",
     "ingress": "127.0.48: a live cluster's ingress changed under load",
     "kubeapi": "127.0.31, 127.0.32: real API servers (SIP providers, the cluster reader, etcd leadership)",
-    "etcd": "127.0.38, 127.0.39: real etcd (backups, write answers)",
+    "etcd": "127.0.38, 127.0.39: real etcd, restic's servers (backups, etcd upkeep, write answers)",
     "onboarding": "127.0.44",
 }
 #: tests using these fixtures use the session's lab: group `session`

@@ -14,6 +14,8 @@ from test_backup import PASSWORD, rest_server, sftp_server, work  # noqa: F401 -
 from gitops.backup.restic import ENVIRONMENT, MAX_PASSWORD, BackupError, Restic, environment
 from gitops.model.config import BackupTarget
 
+pytestmark = pytest.mark.lab("etcd")  # test_backup's servers and address
+
 #: what the controller's environment holds that restic and ssh must never see
 CONTROLLER_SECRETS = {"RESTIC_PASSWORD": "password-in-the-environment", "RESTIC_PASSWORD_FILE": "/etc/shadow",
                       "RESTIC_PASSWORD_COMMAND": "cat /etc/shadow", "RESTIC_REPOSITORY": "/elsewhere",

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from children import stop_all
 from test_backup import IP, start_etcd, work  # noqa: F401  (the `work` fixture)
 
@@ -23,6 +24,8 @@ from gitops.observe.types import EtcdMemberSpace, ObservedEtcd
 from gitops.pki import create_ca
 from gitops.plan.actions import Kind
 from gitops.plan.upkeep import space_condition, upkeep
+
+pytestmark = pytest.mark.lab("etcd")  # test_backup's etcd address
 
 QUOTA = 16 << 20
 

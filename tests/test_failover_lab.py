@@ -56,4 +56,7 @@ def test_after_a_partition_heals_exactly_one_machine_holds_the_virtual_ip(world:
     figures = partition_holder(world)
     print("partition the holder:", figures)
     assert figures["takeover_s"] <= 3.0, figures
+    assert figures["let_go_after_s"] <= 10.0, figures  # the cut-off machine's health check
+    # the address stays where it went: the machine that comes back is a backup
+    assert figures["one_holder_after_s"] <= 1.0 and figures["holder_after_heal"] == [figures["to"]], figures
     assert figures["holder_counts_after_heal"] == [1], figures

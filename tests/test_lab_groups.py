@@ -44,16 +44,32 @@ def _modules() -> dict[str, tuple[str, ast.Module]]:
             for text in [path.read_text()]}
 
 
+def _imports(tree: ast.Module) -> dict[str, list[str]]:
+    """The test modules `tree` imports names from, with those names."""
+    return {f"{node.module}.py": [alias.name for alias in node.names] for node in tree.body
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("test_")}
+
+
 def test_every_module_that_starts_a_lab_or_servers_is_in_a_known_group() -> None:
-    missing, unknown = [], []
-    for name, (text, tree) in _modules().items():
+    """A module that starts servers itself, uses the session lab, or imports from a module of a group (its
+    helpers start servers: test_etcd_upkeep starts test_backup's etcd) is in a group; one that imports another
+    group's address constant (IP, SUBNET) is in that group."""
+    modules = _modules()
+    missing, unknown, apart = [], [], []
+    for name, (text, tree) in modules.items():
         group = _group(tree)
-        if group is None and (STARTS.search(text) or _uses_session_lab(tree)):
+        imported = {source: names for source, names in _imports(tree).items()
+                    if source in modules and _group(modules[source][1]) is not None}
+        if group is None and (STARTS.search(text) or _uses_session_lab(tree) or imported):
             missing.append(name)
         elif group is not None and group not in LAB_GROUPS:
             unknown.append(f"{name}: {group}")
-    assert missing == [] and unknown == [], (missing, unknown)
-    assert _group(_modules()["test_failover_lab.py"][1]) == "failover"  # (a module found through a helper)
+        for source, names in imported.items():
+            if any(n.isupper() for n in names) and _group(modules[source][1]) != group:
+                apart.append(f"{name} uses {source}'s addresses in group {group}")
+    assert (missing, unknown, apart) == ([], [], [])
+    assert _group(modules["test_failover_lab.py"][1]) == "failover"  # (a module found through a helper)
+    assert _group(modules["test_etcd_upkeep.py"][1]) == "etcd"  # (and through another test module)
 
 
 def test_no_two_groups_share_a_lab_or_an_address() -> None:

@@ -152,9 +152,11 @@ def follow(directory: Path, server: str, *, timeout: float = 120.0, say: Callabl
     credentials = _node_credentials(spec)
     try:
         with KubeAPI(server, spec.ca_file.read_text(), credentials, timeout=10) as api:
-            api.get(f"/api/v1/nodes/{spec.name}")  # the Node authorizer lets a node read itself
+            node = api.get(f"/api/v1/nodes/{spec.name}")  # the Node authorizer lets a node read itself
     except (KubeAPIError, OSError) as err:
         raise JoinError(f"{server} is not this worker's cluster, or does not answer: {err}") from None
+    if node is None:
+        raise JoinError(f"{server} serves a cluster with this worker's CA but no Node {spec.name}")
     say(f"{server} serves this worker's cluster (CA pinned at join) and accepts node {spec.name}")
     for path in (spec.bootstrap_kubeconfig, spec.kubeconfig):
         if path.exists():
