@@ -11,12 +11,12 @@ ConfigMap every 200 ms; every ConfigMap answered 201 must be there afterwards.
 """
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import yaml
+from repo_helpers import team_a_only
 from test_apply_lab import World, kubeconfig_file, wait_ready, world_gitops
 
 from gitops import lab as labmod
@@ -61,17 +61,12 @@ def make_world(base: Path, subnet: str) -> FailoverWorld:
     lab = labmod.up(base / "lab", hypervisors=4, public=2, subnet=subnet)
     repo = base / "repo"
     world_gitops("lab", "example-repo", "--dir", str(base / "lab"), str(repo))
-    shutil.rmtree(repo / "clusters" / "team-b")
-    shutil.rmtree(repo / "sip")
+    team_a_only(repo, controlplane=1)
     nodes = repo / "clusters/team-a/nodes.yaml"
-    docs = [d for d in yaml.safe_load_all(nodes.read_text())
-            if d and d["metadata"]["name"] not in ("team-a-cp-2", "team-a-cp-3")]
+    docs = [d for d in yaml.safe_load_all(nodes.read_text()) if d]
     docs.append({"apiVersion": "gitops.infra/v1alpha1", "kind": "Node", "metadata": {"name": INGRESS[1]},
                  "spec": {"cluster": CLUSTER, "role": "controlplane-ingress"}})
     nodes.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    config = yaml.safe_load((repo / "gitops.yaml").read_text())
-    config["spec"]["paths"] = [p for p in config["spec"]["paths"] if p != "sip"]
-    (repo / "gitops.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     world = FailoverWorld(base, repo, base / "state", lab)
     world.apply()
     wait_ready(world, CLUSTER)

@@ -129,3 +129,22 @@ def minimal_repo(root: Path) -> Path:
           hypervisor: edge-1
         """)
     return root
+
+
+def team_a_only(repo: Path, controlplane: int = 3) -> None:
+    """An example repo (`gitops lab example-repo`'s) cut down to team-a with its first `controlplane` controlplane
+    nodes and its ingress node: team-b and the SIPCluster go (a lab test's CPU)."""
+    import shutil
+
+    import yaml
+
+    shutil.rmtree(repo / "clusters" / "team-b")
+    shutil.rmtree(repo / "sip")
+    nodes = repo / "clusters/team-a/nodes.yaml"
+    kept = {f"team-a-cp-{n}" for n in range(1, controlplane + 1)}
+    docs = [d for d in yaml.safe_load_all(nodes.read_text())
+            if d and (d["spec"]["role"] != "controlplane" or d["metadata"]["name"] in kept)]
+    nodes.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    config = yaml.safe_load((repo / "gitops.yaml").read_text())
+    config["spec"]["paths"] = [p for p in config["spec"]["paths"] if p != "sip"]
+    (repo / "gitops.yaml").write_text(yaml.safe_dump(config, sort_keys=False))

@@ -29,6 +29,7 @@ import pytest
 import yaml
 from conftest import lab_tempdir, require_root
 from ports import free_port, wait_listening
+from repo_helpers import team_a_only
 
 from gitops.cri.client import CRIClient
 from gitops.cri.types import ContainerSpec, ContainerState, Mount, SandboxSpec
@@ -149,11 +150,7 @@ def run(request):
                         "--encrypt-to", recipient], check=True, capture_output=True)
         # team-a alone (its 3 controlplane nodes on the two private machines, its ingress on the public one):
         # every hypervisor, each way of reaching one, and a third of the CPU two clusters and SIP's hosts take
-        shutil.rmtree(work / "clusters" / "team-b")
-        shutil.rmtree(work / "sip")
-        config = yaml.safe_load((work / "gitops.yaml").read_text())
-        config["spec"]["paths"] = [p for p in config["spec"]["paths"] if p != "sip"]
-        (work / "gitops.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        team_a_only(work)
         subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
         subprocess.run(["git", *GIT_ID, "add", "-A"], cwd=work, check=True)
         subprocess.run(["git", *GIT_ID, "commit", "-q", "-m", "infra"], cwd=work, check=True)

@@ -18,7 +18,6 @@ acknowledged one there afterwards), through the endpoint the clients use at that
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import pytest
 import yaml
 from failover import FailoverWorld
 from faults import lab_world
+from repo_helpers import team_a_only
 from test_apply_lab import assert_converged, kubeconfig_file, wait_ready, world_gitops
 
 from gitops import lab as labmod
@@ -70,15 +70,7 @@ def make_world(base: Path, subnet: str) -> IngressWorld:
     lab = labmod.up(base / "lab", hypervisors=5, public=3, subnet=subnet)
     repo = base / "repo"
     world_gitops("lab", "example-repo", "--dir", str(base / "lab"), str(repo))
-    shutil.rmtree(repo / "clusters" / "team-b")
-    shutil.rmtree(repo / "sip")
-    nodes = repo / "clusters/team-a/nodes.yaml"
-    docs = [d for d in yaml.safe_load_all(nodes.read_text())
-            if d and d["metadata"]["name"] != "team-a-cp-3"]
-    nodes.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    config = yaml.safe_load((repo / "gitops.yaml").read_text())
-    config["spec"]["paths"] = [p for p in config["spec"]["paths"] if p != "sip"]
-    (repo / "gitops.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    team_a_only(repo, controlplane=2)
     world = IngressWorld(base, repo, base / "state", lab)
     world.apply()
     wait_ready(world, CLUSTER)
