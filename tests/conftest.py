@@ -67,13 +67,15 @@ def pod(lab, request):  # type: ignore[no-untyped-def]
             client.remove_sandbox(sandbox_id)
 
 
-#: The lab groups (`pytest.mark.lab(NAME)` on a module), in the order two pytest-xdist workers start them:
-#: the longest first, the Python-only tests after them (they fill in wherever a worker is free). A group's
-#: modules run one after another on one worker; two groups may run at once, so each group owns the
-#: `127.0.T` labs and addresses its modules use (`tests/test_lab_groups.py` checks that no two share one).
+#: The lab groups (`pytest.mark.lab(NAME)` on a module), in the order they run, and what each owns: the `127.0.T`
+#: labs and addresses its modules use (`tests/test_lab_groups.py` checks that no two groups share one, so two
+#: groups could run at once). Under pytest-xdist they all run on one worker, one after another
+#: (`LAB_WORKERS`), the Python-only tests on the other beside them: two labs at once on the 2 cores CI has ran
+#: each about 1.5x slower (38:34 and 44:09 for the suite instead of about 50) and timing-sensitive lab tests
+#: failed (an mTLS front's TLS handshake past its 10 s deadline, a joining kubelet's request past 60 s).
 LAB_GROUPS = {
+    "image": "127.0.26: the controller image, built (beside the Python-only tests) and run",
     "apply": "127.0.22: the example clusters, applied and changed (test_apply_lab)",
-    "image": "127.0.26: the controller image, built and run",
     "workers": "127.0.24: the controller's lab and the workers' lab",
     "recovery": "127.0.34",
     "faults": "127.0.30, 127.0.36: the coordination API server, the fault commands, sharding",
@@ -84,6 +86,8 @@ LAB_GROUPS = {
     "etcd": "127.0.38, 127.0.39: real etcd, restic's servers (backups, etcd upkeep, write answers)",
     "onboarding": "127.0.44",
 }
+#: how many xdist workers the lab groups share: 1, every group on one worker (2: one group per free worker)
+LAB_WORKERS = 1
 #: tests using these fixtures use the session's lab: group `session`
 LAB_FIXTURES = {"lab", "pod"}
 
@@ -109,19 +113,19 @@ def require_lab_group() -> None:
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return
     running = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
-    if "@lab-" not in running:
+    if "@lab" not in running:
         pytest.fail(f"{running} starts a lab or real servers: mark its module pytest.mark.lab(GROUP), "
                     "a group of tests/conftest.py LAB_GROUPS")
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Under pytest-xdist: an item of a lab group gets xdist's group `lab-NAME` (marked as each test is
-    collected: xdist reads the marks in its own collection hook)."""
+    """Under pytest-xdist: an item of a lab group gets xdist's group `lab` (`lab-NAME` with `LAB_WORKERS` 2;
+    marked as each test is collected: xdist reads the marks in its own collection hook)."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return
     group = lab_group(item)
     if group is not None:
-        item.add_marker(pytest.mark.xdist_group(f"lab-{group}"))
+        item.add_marker(pytest.mark.xdist_group(f"lab-{group}" if LAB_WORKERS > 1 else "lab"))
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they deselect
@@ -129,8 +133,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     """The order tests run in.
 
     Under pytest-xdist (`scripts/test.sh`: two workers, `--dist loadgroup --no-loadscope-reorder`): the lab
-    groups in `LAB_GROUPS` order, each run whole by one worker, then the Python-only tests, shared out one
-    by one to whichever worker is free. Without xdist: the Python-only tests first, then the image tests,
+    groups in `LAB_GROUPS` order, on one worker (each group whole on one worker with `LAB_WORKERS` 2), then
+    the Python-only tests, shared out one by one to whichever worker is free. Without xdist: the Python-only tests first, then the image tests,
     then the other lab groups; with an image test selected the images start building now, beside the
     Python-only tests (`imagebuild`). Under xdist the image test starts the build itself."""
     order = list(LAB_GROUPS)

@@ -362,43 +362,6 @@ def test_status_shows_the_joined_worker(cluster):
     assert status["nodes"]["lab-worker-1"]["kubeletVersion"] == "v1.20.2"
 
 
-def test_the_worker_follows_its_cluster_to_a_virtual_ip(cluster):
-    """#44.3: a second ingress node moves team-a's endpoint to a virtual IP; the plan names `gitops follow`, the
-    old address keeps answering the worker meanwhile, and `gitops follow` moves it (a server that is not its
-    cluster refused first, nothing changed)."""
-    ensure_joined(cluster)
-    kubeconfig = cluster.worker_dir / "kubelet.kubeconfig"
-
-    def server() -> str:
-        return yaml.safe_load(cluster.worker_has("cat", str(kubeconfig)))["clusters"][0]["cluster"]["server"]
-    old = server()
-    nodes = cluster.repo / "clusters/team-a/nodes.yaml"
-    docs = [d for d in yaml.safe_load_all(nodes.read_text()) if d]
-    docs.append({"apiVersion": "gitops.infra/v1alpha1", "kind": "Node", "metadata": {"name": "team-a-ingress-2"},
-                 "spec": {"cluster": "team-a", "role": "controlplane-ingress"}})
-    nodes.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    planned = cluster.plan().stdout
-    cluster.apply()
-    from gitops.state import LocalDirStore
-    new = f"https://{LocalDirStore(cluster.state).load().clusters['team-a'].virtual_ip}:6443"
-    assert new.startswith("https://10.249.24.2"), new
-    assert f"`gitops follow {new}` on each" in " ".join(planned.split()), planned
-    assert server() == old  # untouched: the old address still answers it
-    cluster.kubectl("wait", "--for=condition=Ready", "node/lab-worker-1", "--timeout=60s")
-
-    refused = subprocess.run(cluster.on_worker(GITOPS, "follow", "https://10.249.24.1:9", "--dir",
-                                               str(cluster.worker_dir)), capture_output=True, text=True, timeout=60)
-    assert refused.returncode == 1 and "is not this worker's cluster, or does not answer" in refused.stderr, refused
-    assert "Traceback" not in refused.stderr and server() == old
-
-    out = cluster.worker_has(GITOPS, "follow", new, "--dir", str(cluster.worker_dir))
-    assert f"node lab-worker-1 Ready, its kubelet renewing its Lease through {new}" in out, out
-    assert server() == new
-    recorded = json.loads(cluster.worker_has("cat", str(cluster.worker_dir / "worker.json")))
-    assert recorded["spec"]["server"] == new
-    cluster.kubectl("wait", "--for=condition=Ready", "node/lab-worker-1", "--timeout=60s")
-
-
 def test_the_worker_is_a_machine_of_its_own(cluster):
     """Its address, kube-proxy's chains, ip_forward and the pod bridge are in its namespace, not the host's."""
     ensure_joined(cluster)
@@ -440,6 +403,44 @@ def _mounts_under(path: Path) -> list[str]:
     root = str(path)
     points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     return sorted(p for p in points if p == root or p.startswith(root + "/"))
+
+
+def test_the_worker_follows_its_cluster_to_a_virtual_ip(cluster):
+    """#44.3: a second ingress node moves team-a's endpoint to a virtual IP; the plan names `gitops follow`, the
+    old address keeps answering the worker meanwhile, and `gitops follow` moves it (a server that is not its
+    cluster refused first, nothing changed). After the leave test (it joins again, at the old address): the
+    next test takes the lab down with this worker joined."""
+    ensure_joined(cluster)
+    kubeconfig = cluster.worker_dir / "kubelet.kubeconfig"
+
+    def server() -> str:
+        return yaml.safe_load(cluster.worker_has("cat", str(kubeconfig)))["clusters"][0]["cluster"]["server"]
+    old = server()
+    nodes = cluster.repo / "clusters/team-a/nodes.yaml"
+    docs = [d for d in yaml.safe_load_all(nodes.read_text()) if d]
+    docs.append({"apiVersion": "gitops.infra/v1alpha1", "kind": "Node", "metadata": {"name": "team-a-ingress-2"},
+                 "spec": {"cluster": "team-a", "role": "controlplane-ingress"}})
+    nodes.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    planned = cluster.plan().stdout
+    cluster.apply()
+    from gitops.state import LocalDirStore
+    new = f"https://{LocalDirStore(cluster.state).load().clusters['team-a'].virtual_ip}:6443"
+    assert new.startswith("https://10.249.24.2"), new
+    assert f"`gitops follow {new}` on each" in " ".join(planned.split()), planned
+    assert server() == old  # untouched: the old address still answers it
+    cluster.kubectl("wait", "--for=condition=Ready", "node/lab-worker-1", "--timeout=60s")
+
+    refused = subprocess.run(cluster.on_worker(GITOPS, "follow", "https://10.249.24.1:9", "--dir",
+                                               str(cluster.worker_dir)), capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "is not this worker's cluster, or does not answer" in refused.stderr, refused
+    assert "Traceback" not in refused.stderr and server() == old
+
+    out = cluster.worker_has(GITOPS, "follow", new, "--dir", str(cluster.worker_dir))
+    assert f"node lab-worker-1 Ready, its kubelet renewing its Lease through {new}" in out, out
+    assert server() == new
+    recorded = json.loads(cluster.worker_has("cat", str(cluster.worker_dir / "worker.json")))
+    assert recorded["spec"]["server"] == new
+    cluster.kubectl("wait", "--for=condition=Ready", "node/lab-worker-1", "--timeout=60s")
 
 
 def test_lab_down_with_the_worker_joined_leaves_no_mount_or_process(cluster):
