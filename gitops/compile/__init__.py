@@ -103,7 +103,8 @@ def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str,
     objects: tuple = ()
     if ingress:
         _, hv, rec = ingress[0]
-        endpoint = address.url if address is not None else f"https://{host_port(hv.ip_address, rec.ports['apiserver'])}"
+        endpoint = (address.url if address is not None
+                    else f"https://{host_port(hv.ip_address, rec.ports['apiserver'])}")
         objects = tuple(_shared_object(o) for o in bootstrap_objects(endpoint, record.trust_bundle("cluster")))
     return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint, objects=objects,
                                 backup=cluster.backup, restore=cluster.restore, recovery=cluster.recovery,

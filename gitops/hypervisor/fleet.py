@@ -124,7 +124,8 @@ def document(new: NewHypervisor, ca_pem: str, client_cert_pem: str, client_key: 
             "spec": {"public": new.public, "ipAddress": new.address,
                      **({"interface": interface} if interface else {}),
                      "portRange": {"low": new.port_low, "high": new.port_high},
-                     "remoteCRIEndpoint": {"criEndpointURI": f"tcp://{host_port(new.address, new.cri_port)}", "caCertificate": ca_pem,
+                     "remoteCRIEndpoint": {"criEndpointURI": f"tcp://{host_port(new.address, new.cri_port)}",
+                                           "caCertificate": ca_pem,
                                            "clientCertificate": {"certificate": client_cert_pem,
                                                                  "privateKey": client_key}}}}
 
@@ -139,7 +140,8 @@ LiteralDumper.add_representer(str, lambda d, v: d.represent_scalar("tag:yaml.org
 
 def _front_answers(new: NewHypervisor, ca: CertKey, client: CertKey, timeout: float) -> str:
     """'' once the machine's CRI answers `Version` over mutual TLS with `client`, else the last error."""
-    endpoint = CRIEndpoint.tls(new.name, host_port(new.address, new.cri_port), ca.cert_pem, client.cert_pem, client.key_pem)
+    endpoint = CRIEndpoint.tls(new.name, host_port(new.address, new.cri_port), ca.cert_pem, client.cert_pem,
+                               client.key_pem)
     deadline = time.monotonic() + timeout
     while True:
         try:

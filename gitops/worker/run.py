@@ -284,12 +284,10 @@ def _delete_node(spec: WorkerSpec) -> bool:
     cert = spec.client_certificate
     if not cert.exists() or not spec.ca_file.exists():
         return False
-    pem = cert.read_text()
-    key = "".join(re.findall(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----\n?", pem, re.S))
     try:
-        with KubeAPI(spec.server, spec.ca_file.read_text(), Credentials(pem, key)) as api:
+        with KubeAPI(spec.server, spec.ca_file.read_text(), _node_credentials(spec)) as api:
             return api.delete(f"/api/v1/nodes/{spec.name}")
-    except KubeAPIError as err:
+    except (KubeAPIError, JoinError) as err:
         log.warning("cannot delete Node %s: %s (delete it as an admin: kubectl delete node %s)",
                     spec.name, err, spec.name)
         return False
