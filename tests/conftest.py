@@ -107,10 +107,19 @@ def lab_group(item: pytest.Item) -> str | None:
     return name
 
 
+#: whether this process is a pytest-xdist worker scheduling by group (`--dist loadgroup`: `scripts/test.sh`)
+_BY_GROUP: list[bool] = [False]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _BY_GROUP[0] = os.environ.get("PYTEST_XDIST_WORKER") is not None and bool(config.getvalue("loadgroup"))
+
+
 def require_lab_group() -> None:
-    """Under pytest-xdist, fail a test that starts a lab or real servers outside a lab group: it could run
-    beside another on the same addresses. (xdist's group is in the running test's id, after an `@`.)"""
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+    """Under pytest-xdist's `--dist loadgroup`, fail a test that starts a lab or real servers outside a lab group:
+    it could run beside another on the same addresses. (xdist's group is in the running test's id, after an
+    `@`.)"""
+    if not _BY_GROUP[0]:
         return
     running = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
     if "@lab" not in running:

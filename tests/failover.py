@@ -15,8 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import yaml
-from repo_helpers import team_a_only
+from repo_helpers import add_node, team_a_only
 from test_apply_lab import World, kubeconfig_file, wait_ready, world_gitops
 
 from gitops import lab as labmod
@@ -62,11 +61,7 @@ def make_world(base: Path, subnet: str) -> FailoverWorld:
     repo = base / "repo"
     world_gitops("lab", "example-repo", "--dir", str(base / "lab"), str(repo))
     team_a_only(repo, controlplane=1)
-    nodes = repo / "clusters/team-a/nodes.yaml"
-    docs = [d for d in yaml.safe_load_all(nodes.read_text()) if d]
-    docs.append({"apiVersion": "gitops.infra/v1alpha1", "kind": "Node", "metadata": {"name": INGRESS[1]},
-                 "spec": {"cluster": CLUSTER, "role": "controlplane-ingress"}})
-    nodes.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    add_node(repo, CLUSTER, INGRESS[1], "controlplane-ingress")
     world = FailoverWorld(base, repo, base / "state", lab)
     world.apply()
     wait_ready(world, CLUSTER)

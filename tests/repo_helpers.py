@@ -148,3 +148,15 @@ def team_a_only(repo: Path, controlplane: int = 3) -> None:
     config = yaml.safe_load((repo / "gitops.yaml").read_text())
     config["spec"]["paths"] = [p for p in config["spec"]["paths"] if p != "sip"]
     (repo / "gitops.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def add_node(repo: Path, cluster: str, name: str, role: str, hypervisor: str = "") -> None:
+    """A Node document `name` in the cluster's nodes.yaml (one of that name replaced), pinned to `hypervisor` if
+    given."""
+    import yaml
+
+    path = repo / "clusters" / cluster / "nodes.yaml"
+    spec = {"cluster": cluster, "role": role, **({"hypervisor": hypervisor} if hypervisor else {})}
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d and d["metadata"]["name"] != name]
+    docs.append({"apiVersion": "gitops.infra/v1alpha1", "kind": "Node", "metadata": {"name": name}, "spec": spec})
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))

@@ -2,9 +2,10 @@
 kube-apiserver v1.20.2 in the lab's machines (network namespaces on the lab bridge).
 
 team-a starts with two controlplane nodes (its API servers roll one at a time when the virtual IP joins their
-serving certificate: a single one would leave the API away while it restarts) and one ingress node. In order, each under the probe (a fresh TLS
-connection and a read every 100 ms, `gitops.lab.probe`) and a writer (a ConfigMap every 200 ms, every
-acknowledged one there afterwards), through the endpoint the clients use at that moment:
+serving certificate: a single one would leave the API away while it restarts) and one ingress node. In order,
+each under the probe (a fresh TLS connection and a read every 100 ms, `gitops.lab.probe`) and a writer (a
+ConfigMap every 200 ms, every acknowledged one there afterwards), through the endpoint the clients use at that
+moment:
 
 1. a second ingress node: the plan says the endpoint moves to the virtual IP; the old address (the first
    ingress node's) answers all along and after; the virtual IP answers once applied;
@@ -25,7 +26,7 @@ import pytest
 import yaml
 from failover import FailoverWorld
 from faults import lab_world
-from repo_helpers import team_a_only
+from repo_helpers import add_node, team_a_only
 from test_apply_lab import assert_converged, kubeconfig_file, wait_ready, world_gitops
 
 from gitops import lab as labmod
@@ -42,10 +43,13 @@ FIRST, SECOND = "team-a-ingress", "team-a-ingress-2"
 
 
 class IngressWorld(FailoverWorld):
+    def machine_at(self, ip: str) -> str:
+        """The public lab machine (`lab-hv-N`) at `ip`."""
+        return next(m.name for m in self.public_machines() if m.ip == ip)
+
     def machine_of(self, node: str) -> str:
-        """The lab machine (`lab-hv-N`) of the hypervisor `node` is placed on."""
-        hv = self.hypervisors()[LocalDirStore(self.state).load().nodes[node].hypervisor]
-        return next(m.name for m in self.public_machines() if m.ip == hv.ip_address)
+        """The lab machine of the hypervisor `node` is placed on."""
+        return self.machine_at(self.hypervisors()[self.hypervisors_of(node)].ip_address)
 
     def hypervisors_of(self, node: str) -> str:
         return LocalDirStore(self.state).load().nodes[node].hypervisor
@@ -58,12 +62,7 @@ class IngressWorld(FailoverWorld):
                         if c.name == component and c.state.value == "running")
 
     def add_node(self, name: str, role: str, hypervisor: str = "") -> None:
-        path = self.repo / "clusters/team-a/nodes.yaml"
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
-        spec = {"cluster": CLUSTER, "role": role, **({"hypervisor": hypervisor} if hypervisor else {})}
-        docs = [d for d in docs if d["metadata"]["name"] != name]
-        docs.append({"apiVersion": "gitops.infra/v1alpha1", "kind": "Node", "metadata": {"name": name}, "spec": spec})
-        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        add_node(self.repo, CLUSTER, name, role, hypervisor)
 
 
 def make_world(base: Path, subnet: str) -> IngressWorld:
@@ -127,8 +126,7 @@ def test_moving_the_ingress_node_that_does_not_hold_the_address_reloads_the_hold
     staying, moving = (FIRST, SECOND) if world.machine_of(FIRST) == holder else (SECOND, FIRST)
     keepalived = world.container_id(staying, "keepalived")
     used = {world.machine_of(n) for n in (FIRST, SECOND)}
-    third = next(hv for name, hv in world.hypervisors().items() if hv.public and next(
-        m.name for m in world.public_machines() if m.ip == hv.ip_address) not in used)
+    third = next(hv for hv in world.hypervisors().values() if hv.public and world.machine_at(hv.ip_address) not in used)
     world.add_node(moving, "controlplane-ingress", hypervisor=third.name)
     plan = json.loads(world.plan("-o", "json").stdout)
     steps = [(a["kind"], a["node"], a["component"], a["hypervisor"]) for a in plan["actions"]]
@@ -139,7 +137,7 @@ def test_moving_the_ingress_node_that_does_not_hold_the_address_reloads_the_hold
     vip = kubeconfig_file(world, CLUSTER).read_text()
     output = under_load(world, vip, "move", lambda: world.apply().stdout)
     assert "reload container" in output
-    assert world.machine_of(moving) == next(m.name for m in world.public_machines() if m.ip == third.ip_address)
+    assert world.machine_of(moving) == world.machine_at(third.ip_address)
     assert world.container_id(staying, "keepalived") == keepalived  # reloaded, not replaced
     assert world.holders() == [holder]
     for _ in range(20):  # and no one else takes it: the holder speaks to its new peer

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import lab_tempdir, require_root
+from repo_helpers import add_node
 
 from gitops.lab import crashpoints, hostcheck, kubebin
 from gitops.lab.network import LabNetwork
@@ -416,11 +417,7 @@ def test_the_worker_follows_its_cluster_to_a_virtual_ip(cluster):
     def server() -> str:
         return yaml.safe_load(cluster.worker_has("cat", str(kubeconfig)))["clusters"][0]["cluster"]["server"]
     old = server()
-    nodes = cluster.repo / "clusters/team-a/nodes.yaml"
-    docs = [d for d in yaml.safe_load_all(nodes.read_text()) if d]
-    docs.append({"apiVersion": "gitops.infra/v1alpha1", "kind": "Node", "metadata": {"name": "team-a-ingress-2"},
-                 "spec": {"cluster": "team-a", "role": "controlplane-ingress"}})
-    nodes.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    add_node(cluster.repo, "team-a", "team-a-ingress-2", "controlplane-ingress")
     planned = cluster.plan().stdout
     cluster.apply()
     from gitops.state import LocalDirStore
