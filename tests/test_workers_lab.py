@@ -439,6 +439,14 @@ def test_the_worker_follows_its_cluster_to_a_virtual_ip(cluster):
     assert recorded["spec"]["server"] == new
     cluster.kubectl("wait", "--for=condition=Ready", "node/lab-worker-1", "--timeout=60s")
 
+    # a follow killed after it stopped kubelet and kube-proxy, before it started them: run again, it starts
+    # them from the command lines it kept
+    cluster.worker_has(sys.executable, "-c", "import sys; from pathlib import Path; from gitops.worker.run import "
+                       "stop; stop(Path(sys.argv[1]))", str(cluster.worker_dir))
+    assert subprocess.run(["pgrep", "-f", f"{cluster.worker_dir}/kubelet.yaml"]).returncode == 1
+    again = cluster.worker_has(GITOPS, "follow", new, "--dir", str(cluster.worker_dir))
+    assert "restarted kubelet" in again and f"Ready, its kubelet renewing its Lease through {new}" in again, again
+
 
 def test_lab_down_with_the_worker_joined_leaves_no_mount_or_process(cluster):
     """Issue #43.6: `gitops lab down` while the worker is still joined and runs pods: kubelet's mounts (the

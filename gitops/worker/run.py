@@ -171,15 +171,23 @@ def follow(directory: Path, server: str, *, timeout: float = 120.0, say: Callabl
             "`systemctl restart gitops-kubelet gitops-kube-proxy`")
         return
     processes = [p for p in state.get("processes") or [] if isinstance(p, dict)]  # type: ignore[union-attr]
-    argvs = {str(p["name"]): _argv(p) for p in processes}
-    if not all(argvs.values()):
+    # their command lines, read while they run and kept in the state before they stop: a follow killed
+    # between the stop and the start finds them there when run again
+    kept = state.get("commands")
+    kept = kept if isinstance(kept, dict) else {}
+    argvs = {str(p["name"]): _argv(p) or [str(a) for a in kept.get(str(p["name"])) or []] for p in processes}
+    if not processes or not all(argvs.values()):
         raise JoinError(f"kubelet or kube-proxy of {directory} does not run as `join` recorded: start it, or "
                         f"`gitops leave --dir {directory}` and join again")
+    state["commands"] = argvs
+    _save(spec, state)
     restarted = dt.datetime.now(dt.timezone.utc)
     stop(directory)
-    started = [_start(spec, name, argv) for name, argv in argvs.items()]
-    state["processes"] = started
-    _save(spec, state)
+    started: list[dict[str, object]] = []
+    for name, argv in argvs.items():  # each recorded as it starts (the others keep their stopped entries)
+        started.append(_start(spec, name, argv))
+        state["processes"] = started + [p for p in processes if str(p["name"]) not in {s["name"] for s in started}]
+        _save(spec, state)
     say("restarted " + ", ".join(f"{p['name']} (pid {p['pid']})" for p in started))
     # the restarted kubelet renews its node's Lease through `server` (every 10 s), and the Node stays Ready
     deadline = time.monotonic() + timeout
