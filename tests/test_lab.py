@@ -7,6 +7,7 @@ import hashlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -161,6 +162,50 @@ def test_up_and_down_leave_nothing_behind(tmp_path: Path) -> None:
 
         labmod.down(lab_dir)
 
+
+
+def test_up_replaces_the_network_of_a_lab_that_no_longer_runs_and_nothing_else() -> None:
+    """A lab whose processes all died without `lab down` (a killed test run, a killed sandbox) leaves its
+    namespaces behind; the next `lab up` on that subnet removes them. A lab with a process left, or with a
+    machine powered off, is still a lab: refused."""
+    require_root()
+    from gitops import lab as labmod
+    from gitops.lab import network
+
+    net = network.LabNetwork("127.0.21")
+    old = [net.hypervisor(1, "old-1"), net.hypervisor(7, "old-7")]
+    lab_dir = Path(tempfile.mkdtemp(prefix="gitops-lab-leftover-", dir="/tmp"))
+    sleeper = None
+    try:
+        network.create_lab(net)
+        for m in old:
+            network.create_machine(m)
+        sleeper = subprocess.Popen(network.enter(old[1].netns, ["sleep", "300"]))
+        with pytest.raises(LabError, match="127.0.21 is in use"):
+            labmod.up(lab_dir, hypervisors=1, public=1, subnet="127.0.21", kubernetes_versions=())
+        sleeper.kill()
+        sleeper.wait()
+        network.set_link(old[1], up=False)  # powered off
+        with pytest.raises(LabError, match="127.0.21 is in use"):
+            labmod.up(lab_dir, hypervisors=1, public=1, subnet="127.0.21", kubernetes_versions=())
+        assert network.exists(old[1].netns)
+        network.set_link(old[1], up=True)
+
+        lab = labmod.up(lab_dir, hypervisors=1, public=1, subnet="127.0.21", kubernetes_versions=())
+        assert not network.exists(old[1].netns)  # the leftover machine is gone, the new lab's is there
+        assert sorted(ns for ns in _netns() if ns.startswith("gitops-0-21-")) == ["gitops-0-21-hv1", "gitops-0-21-net"]
+        with CRIClient(lab.hypervisors[0].local().cri_endpoint()) as client:
+            assert client.version()
+    finally:
+        if sleeper is not None and sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+        labmod.down(lab_dir)
+        for m in old:
+            network.remove_machine(m)
+        network.remove_lab(net)
+        shutil.rmtree(lab_dir, ignore_errors=True)
+    assert not [ns for ns in _netns() if ns.startswith("gitops-0-21-")]
 
 
 # ---------------------------------------------------------------------------- control-plane images

@@ -370,6 +370,9 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
 def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port: int,
         first_port: int, versions: tuple[str, ...], etcd_version: str) -> LabInfo:
     net = LabNetwork.for_subnet(subnet)
+    if network.leftover(net):
+        event(log, logging.WARNING, "the lab network of a lab that no longer runs removed", subnet=subnet,
+              removed=network.remove_leftover(net))
     if network.exists(net.netns):
         raise LabError(f"subnet {subnet} is in use (its lab network {net.netns} exists): another lab runs on it; "
                        "choose another subnet or stop that lab first")

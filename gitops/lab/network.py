@@ -205,6 +205,42 @@ def remove_lab(lab: LabNetwork) -> list[str]:
     return done
 
 
+def namespaces(lab: LabNetwork) -> list[str]:
+    """Every namespace of the lab on `lab`'s subnet that is there: its bridge's and its machines'."""
+    prefix = f"gitops-0-{lab.third}-"
+    return sorted(p.name for p in NETNS_DIR.glob(f"{prefix}*")) if NETNS_DIR.is_dir() else []
+
+
+def ports_down(lab: LabNetwork) -> list[str]:
+    """The machines' ports on `lab`'s bridge that are down: machines powered off (`power_off`)."""
+    out = subprocess.run(["ip", "-n", lab.netns, "-o", "link", "show", "master", BRIDGE],
+                         capture_output=True, text=True)
+    down = []
+    for line in out.stdout.splitlines():
+        fields = line.split(":")
+        if len(fields) > 2 and ",UP" not in fields[2].split(">")[0]:
+            down.append(fields[1].strip().split("@")[0])
+    return sorted(port for port in down if port != UPLINK)
+
+
+def leftover(lab: LabNetwork) -> bool:
+    """Whether the lab network on `lab`'s subnet is the leftover of a lab that no longer runs: not one process
+    in any of its namespaces, and no machine of it powered off (a lab whose every machine is powered off is
+    still a lab). Its processes all died without `gitops lab down`: a killed test run or a killed sandbox."""
+    return (exists(lab.netns) and not any(in_namespace(ns) for ns in namespaces(lab))
+            and not ports_down(lab))
+
+
+def remove_leftover(lab: LabNetwork) -> list[str]:
+    """Every namespace and the host link of a `leftover` lab network; what was removed."""
+    done = []
+    for ns in namespaces(lab):
+        if ns != lab.netns:
+            _ip("netns", "del", ns)
+            done.append(f"network namespace {ns}")
+    return done + remove_lab(lab)
+
+
 # ---------------------------------------------------------------------------- machines
 
 def create_machine(m: Machine) -> None:
