@@ -29,6 +29,7 @@ from gitops.coordination.member import Member
 from gitops.coordination.scope import PlacementRaced, Scope
 from gitops.engine import ApplyResult, Planned, apply_repo, desired_for, observe_all
 from gitops.errors import GitopsError
+from gitops.gitclone import clear_stale_locks
 from gitops.notify import Event, Notifier
 from gitops.metrics import Metrics
 from gitops.model.config import Coordination, NotificationTarget, RepoConfig
@@ -205,6 +206,8 @@ class Controller:
         self.sealer = Sealer(config.identity, config.insecure_plaintext_secrets)
         self.store = ControllerStateStore(self.sealer, config.workdir / "state-cache")
         self._workdir_lock = lock_workdir(config.workdir)
+        for lock in clear_stale_locks(config.workdir):  # no git of ours runs yet: a killed one's
+            log.warning("git lock left by a killed process removed", extra={"path": str(lock)})
         self.holder = holder_id(config.workdir)
         if config.status_signing_key is not None and not config.status_signing_key.is_file():
             raise TrustError(f"--status-signing-key {config.status_signing_key}: no such file")

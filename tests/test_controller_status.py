@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -97,3 +98,52 @@ def test_a_refused_commit_is_reported_on_the_status_branch_in_force(tmp_path: Pa
     planned = subprocess.run([GITOPS, "plan", str(clone), "--against-status", "origin/something-else", *pinned,
                               "--detailed-exitcode"], capture_output=True, text=True)
     assert planned.returncode == 0, planned.stdout + planned.stderr
+
+
+def _killed_holding_locks(clone: Path) -> list[str]:
+    """Real git processes in `clone` SIGKILLed while they hold its index lock and a ref transaction's locks
+    (HEAD's and its branch's): what a controller killed with -9 in the middle of a commit leaves behind."""
+    head = git(clone, "rev-parse", "HEAD").stdout.strip()
+    holders = [subprocess.Popen(["git", "update-index", "--stdin"], cwd=clone, stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL),
+               subprocess.Popen(["git", "update-ref", "--stdin"], cwd=clone, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)]
+    try:
+        holders[1].stdin.write(f"start\nupdate HEAD {head}\ncreate refs/heads/killed/mid-push {head}\nprepare\n")
+        holders[1].stdin.flush()
+        assert holders[1].stdout.readline() == "start: ok\n" and holders[1].stdout.readline() == "prepare: ok\n"
+        for _ in range(200):
+            if (clone / ".git" / "index.lock").exists():
+                break
+            time.sleep(0.05)
+    finally:
+        for proc in holders:
+            proc.kill()
+            proc.wait()
+            proc.stdin.close()
+    locks = sorted(str(p.relative_to(clone)) for p in (clone / ".git").rglob("*.lock"))
+    assert ".git/index.lock" in locks and ".git/HEAD.lock" in locks and len(locks) >= 3, locks
+    return locks
+
+def test_git_locks_left_by_a_killed_controller_do_not_stop_the_next_one(tmp_path: Path):
+    origin, work, workdir = tmp_path / "origin.git", tmp_path / "work", tmp_path / "controller"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+    work.mkdir()
+    git(work, "init", "-q", "-b", "main")
+    git(work, "remote", "add", "origin", str(origin))
+    (work / "gitops.yaml").write_text(CONFIG)
+    push(work, "first")
+    assert reconcile(origin, workdir).returncode == 0
+
+    clones = sorted(p.parent for p in workdir.glob("*/.git"))
+    assert len(clones) == 2, clones  # the source and the status branch
+    for clone in clones:
+        _killed_holding_locks(clone)
+
+    (work / "README.md").write_text("second\n")
+    second = push(work, "second")
+    again = reconcile(origin, workdir)
+    assert again.returncode == 0 and again.stdout.startswith("Applied: "), again.stdout + again.stderr
+    assert source_on(origin, "something-else")["appliedSHA"] == second
+    assert "git lock left by a killed process removed" in again.stderr
+    assert not [p for clone in clones for p in (clone / ".git").rglob("*.lock")]

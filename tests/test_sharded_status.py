@@ -1,6 +1,7 @@
 """Several writers of one status branch, and what one replica owns (no API server, no lab)."""
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -141,3 +142,37 @@ def test_a_node_placed_on_ports_another_replica_published_first_is_refused():
     mine.nodes["a-1"] = NodeRecord("team-a", "hv1", {"apiserver": 30002})
     theirs.nodes["a-1"] = NodeRecord("team-a", "hv1", {"apiserver": 30002})
     assert SCOPE.clashes(theirs, mine) == []  # ours was on the branch first: the later writer had to avoid it
+
+
+def test_a_lock_left_in_the_remote_by_a_killed_push_is_removed_once_abandoned(origin, tmp_path, monkeypatch,
+                                                                               caplog):
+    """A push killed while the remote's receive-pack held the branch's ref lock (a local remote: the
+    receive-pack is the pusher's child and dies with it) leaves `<ref>.lock` there, and git never removes it.
+    A young lock may be a live push's: left alone, the push retried. An abandoned one is removed."""
+    a = StatusBranch(origin, tmp_path / "a")
+    a.publish(lambda s: s.write_tree({"status/a.yaml": b"1\n"}, ("status/a.yaml",)), "a1")
+    tip = subprocess.run(["git", "rev-parse", f"refs/heads/{a.branch}"], cwd=origin, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    holder = subprocess.Popen(["git", "update-ref", "--stdin"], cwd=origin, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    holder.stdin.write(f"start\nupdate refs/heads/{a.branch} {tip}\nprepare\n")
+    holder.stdin.flush()
+    assert holder.stdout.readline() == "start: ok\n" and holder.stdout.readline() == "prepare: ok\n"
+    holder.kill()  # SIGKILL, in the middle of the transaction
+    holder.wait()
+    holder.stdin.close()
+    lock = Path(origin) / "refs" / "heads" / f"{a.branch}.lock"
+    assert lock.is_file()
+
+    monkeypatch.setattr(branch_module, "PUSH_ATTEMPTS", 2)
+    with pytest.raises(StatusError, match="still racing other writers after 2 attempts"):
+        a.publish(lambda s: s.write_tree({"status/a.yaml": b"2\n"}, ("status/a.yaml",)), "a2")
+    assert lock.is_file()  # young: perhaps a push running now
+
+    old = lock.stat().st_mtime - 3600
+    os.utime(lock, (old, old))
+    with caplog.at_level("WARNING", logger="gitops.status.branch"):
+        assert a.publish(lambda s: s.write_tree({"status/a.yaml": b"2\n"}, ("status/a.yaml",)), "a2") is not None
+    assert not lock.exists()
+    assert commits(origin)[0] == "a2"
+    assert any(r.getMessage() == "abandoned git lock in the remote removed" for r in caplog.records)

@@ -5,8 +5,8 @@ set of files, and commits only when something differs. A push rejected as
 non-fast-forward (another writer got there first: several controllers, each
 writing only its shards' files) is retried on top of the new tip with the files
 written again, at most PUSH_ATTEMPTS times with a randomized backoff that grows
-with the attempt and with what an attempt costs, so concurrent writers never lose a
-commit. A commit's outcome note (`NOTES_REF`) goes in the same atomic push as the
+with the attempt and with what an attempt costs (up to PUSH_BACKOFF_MAX), so
+concurrent writers never lose a commit. A commit's outcome note (`NOTES_REF`) goes in the same atomic push as the
 status commit that records it: both land or neither does. The apply lease (one
 controller applies at a time) is `lease.py`; the branch's name and layout, and
 reading it back, are `reader.py`.
@@ -26,7 +26,7 @@ from pathlib import Path
 import git
 
 from gitops.errors import GitopsError
-from gitops.gitclone import open_clone
+from gitops.gitclone import open_clone, remove_abandoned_remote_locks
 from gitops.safeio import FileRefused, read_text, remove_under, write_atomic, write_under
 from gitops.status.reader import DEFAULT_BRANCH, StatusReader
 from gitops.status.trust import BranchTrust, is_ancestor, newest_trusted
@@ -34,7 +34,11 @@ from gitops.status.trust import BranchTrust, is_ancestor, newest_trusted
 log = logging.getLogger(__name__)
 
 AUTHOR = git.Actor("gitops", "gitops@localhost")
-PUSH_ATTEMPTS = 8
+#: pushes that lose the race to another writer, at most, before a publish gives up: several replicas each
+#: committing every few seconds on a loaded host made a writer lose 8 in a row (its apply failed with it)
+PUSH_ATTEMPTS = 30
+#: the longest pause between two attempts, seconds
+PUSH_BACKOFF_MAX = 5.0
 #: what git says of a push that lost a race with another writer (client side, or in the remote's transaction)
 RACES = ("non-fast-forward", "fetch first", "stale info", "cannot lock ref", "failed to update ref", "failed to lock",
          "atomic transaction failed",
@@ -256,14 +260,17 @@ class StatusBranch:
             try:
                 self._push(refspecs)
             except git.GitCommandError as err:
+                for lock in remove_abandoned_remote_locks(self.url, str(err)):
+                    log.warning("abandoned git lock in the remote removed", extra={"path": str(lock)})
                 if any(race in str(err) for race in RACES):
                     if attempt == PUSH_ATTEMPTS:
                         raise StatusError(f"cannot push {self.branch}: still racing other writers after "
                                           f"{PUSH_ATTEMPTS} attempts") from None
-                    log.info("status push raced another writer; retrying", extra={"attempt": attempt})
+                    log.log(logging.WARNING if attempt >= 8 else logging.INFO,
+                            "status push raced another writer; retrying", extra={"attempt": attempt})
                     # writers racing again at once take turns: back off by up to `attempt` times what an
                     # attempt took (a big tree's attempt takes seconds; retrying at once would race again)
-                    time.sleep(random.uniform(0, min(30.0, attempt * (time.monotonic() - started))))
+                    time.sleep(random.uniform(0, min(PUSH_BACKOFF_MAX, attempt * (time.monotonic() - started))))
                     attempt += 1
                     continue
                 if len(refspecs) > 1:  # refused, not raced: perhaps for the note; neither ref moved

@@ -24,6 +24,7 @@ from git.objects.fun import tree_to_stream
 from gitdb import IStream
 
 from gitops.errors import GitopsError
+from gitops.gitclone import remove_abandoned_remote_locks
 from gitops.safeio import write_atomic
 from gitops.status.branch import StatusError, git_message
 
@@ -109,6 +110,8 @@ class ApplyLease:
         try:
             repo.git.push("origin", lease_arg, f"{commit}:{LOCK_REF}")
         except git.GitCommandError as err:
+            for lock in remove_abandoned_remote_locks(repo.remotes.origin.url, str(err)):
+                log.warning("abandoned git lock in the remote removed", extra={"path": str(lock)})
             raise Locked(f"lost the race for the apply lock: {git_message(err)}") from None
         repo.git.update_ref(LOCK_REF, commit)
         return new
