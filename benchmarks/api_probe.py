@@ -132,7 +132,7 @@ def main() -> None:
         print("lab up (3 hypervisors, real v1.20.2 images) ...", flush=True)
         lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet=SUBNET)
         bench = Bench(base, lab)
-        write_example_repo(lab, bench.repo)
+        write_example_repo(lab, bench.repo, ingress_nodes=1)
         shutil.rmtree(bench.repo / "clusters/team-b")
         shutil.rmtree(bench.repo / "sip")
         bench.edit("gitops.yaml", lambda docs: docs[0]["spec"].update(

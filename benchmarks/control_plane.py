@@ -106,7 +106,7 @@ def main() -> None:
         print("lab up (3 hypervisors, real v1.20.2 images) ...", flush=True)
         lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet=SUBNET)
         repo = base / "repo"
-        write_example_repo(lab, repo)
+        write_example_repo(lab, repo, ingress_nodes=1)
         shutil.rmtree(repo / "clusters/team-b")
         drop_path(repo, "sip")
         state = base / "state"

@@ -81,7 +81,7 @@ def main() -> None:
     try:
         lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet="127.0.26")
         work = base / "work"
-        write_example_repo(lab, work)
+        write_example_repo(lab, work, ingress_nodes=1)
         origin = base / "origin.git"
         subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
         git("init", "-q", "-b", "main", cwd=work)

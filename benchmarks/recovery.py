@@ -107,7 +107,7 @@ def main() -> int:
     try:
         print("lab up: 1 public and 3 private hypervisors ...", flush=True)
         labmod.up(lab_dir, hypervisors=4, public=1, subnet=SUBNET)
-        gitops("lab", "example-repo", "--dir", str(lab_dir), str(repo))
+        gitops("lab", "example-repo", "--ingress-nodes", "1", "--dir", str(lab_dir), str(repo))
         third = repo / "hypervisors" / "hv-private-3.yaml"  # the lab's fourth machine: added empty, later
         held_back = third.read_text()
         third.unlink()

@@ -59,7 +59,7 @@ class FailoverWorld(World):
 def make_world(base: Path, subnet: str) -> FailoverWorld:
     lab = labmod.up(base / "lab", hypervisors=4, public=2, subnet=subnet)
     repo = base / "repo"
-    world_gitops("lab", "example-repo", "--dir", str(base / "lab"), str(repo))
+    world_gitops("lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"), str(repo))
     team_a_only(repo, controlplane=1)
     add_node(repo, CLUSTER, INGRESS[1], "controlplane-ingress")
     world = FailoverWorld(base, repo, base / "state", lab)

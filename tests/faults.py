@@ -62,7 +62,7 @@ def make_world(base: Path, subnet: str) -> FaultWorld:
     """The lab (4 machines, mTLS fronts), the example repo reduced to team-a on it, applied."""
     lab = labmod.up(base / "lab", hypervisors=4, public=1, remote=True, subnet=subnet)
     repo = base / "repo"
-    world_gitops("lab", "example-repo", "--dir", str(base / "lab"), str(repo))
+    world_gitops("lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"), str(repo))
     shutil.rmtree(repo / "clusters" / "team-b")
     names = {"hv-public-1": lab.hypervisors[0], **dict(zip(PRIVATE, lab.hypervisors[1:]))}
     for name, hv in names.items():  # every one over its mTLS front: a partition cuts gitops off too

@@ -139,7 +139,8 @@ def world():
     try:
         lab = labmod.up(base / "lab", hypervisors=3, public=1, remote=True, subnet="127.0.22")
         repo = base / "repo"
-        mapping = world_gitops("lab", "example-repo", "--dir", str(base / "lab"), str(repo)).stderr
+        mapping = world_gitops("lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"),
+                               str(repo)).stderr
         assert mapping.splitlines()[:2] == [
             "hv-private-1 -> lab-hv-2 (" + lab.hypervisors[1].socket + ")",
             "hv-private-2 -> lab-hv-3 (mTLS " + lab.hypervisors[2].remote_uri + ")",

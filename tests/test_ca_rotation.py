@@ -105,7 +105,7 @@ def test_rotation_runs_trust_both_reissue_drop_old_then_forgets_the_old_cas(repo
         *((kind, f"team-a-cp-{n}", c) for n in (1, 2, 3) for kind, c in (
             (Kind.REMOVE_CONTAINER, "kube-apiserver"), (Kind.RECREATE_CONTAINER, "etcd"),
             (Kind.CREATE_CONTAINER, "kube-apiserver"))),
-        (Kind.RECREATE_CONTAINER, "team-a-ingress", "haproxy"),
+        (Kind.RECREATE_CONTAINER, "team-a-ingress", "haproxy"), (Kind.RECREATE_CONTAINER, "team-a-ingress-2", "haproxy"),
         *((Kind.RECREATE_CONTAINER, f"team-a-cp-{n}", c) for c in ("kube-controller-manager", "kube-scheduler")
           for n in (1, 2, 3))]
     assert [a.node for a in actions if a.kind == Kind.UPDATE_OBJECT] == ["cluster-info"] or \

@@ -131,7 +131,7 @@ def loop():
         user_key, controller_key = base / "user.key", base / "controller.key"
         recipient = keygen(user_key)
         # the hypervisors' mTLS client keys go to git encrypted to the controller's identity
-        subprocess.run([GITOPS, "lab", "example-repo", "--dir", str(base / "lab"), str(work),
+        subprocess.run([GITOPS, "lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"), str(work),
                         "--encrypt-to", keygen(controller_key)], check=True, capture_output=True)
         config = work / "gitops.yaml"
         text = config.read_text()

@@ -8,6 +8,7 @@ from repo_helpers import EXAMPLE_REPO
 
 from gitops.compile import compile_desired
 from gitops.hostport import host_port, url_host
+from gitops.model.config import IngressConfig
 from gitops.model.validate import load_model
 from gitops.state import State
 
@@ -22,9 +23,9 @@ def test_a_fleet_on_ipv6_gets_urls_that_parse_to_its_addresses():
     base = load_model(EXAMPLE_REPO)
     hvs = {name: dataclasses.replace(hv, ip_address=f"fd00::{i + 1}")
            for i, (name, hv) in enumerate(sorted(base.hypervisors.items()))}
-    model = dataclasses.replace(base, hypervisors=hvs, sip_clusters={})
+    model = dataclasses.replace(base, hypervisors=hvs, sip_clusters={}, ingress=IngressConfig(("fd00::200-fd00::219",)))
     compiled = compile_desired(model, State())
-    addresses = {hv.ip_address for hv in hvs.values()}
+    addresses = {hv.ip_address for hv in hvs.values()} | {"fd00::200", "fd00::201"}  # and the clusters' virtual IPs
     urls = []
     for cluster in compiled.desired.clusters.values():
         urls.append(cluster.api_endpoint)

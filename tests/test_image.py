@@ -146,7 +146,7 @@ def run(request):
         recipient = subprocess.run(["age-keygen", "-o", str(key)], capture_output=True, text=True,
                                    check=True).stderr.split("Public key:")[1].strip()
         work, origin = base / "work", base / "srv" / "infra.git"
-        subprocess.run([GITOPS, "lab", "example-repo", "--dir", str(base / "lab"), str(work),
+        subprocess.run([GITOPS, "lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"), str(work),
                         "--encrypt-to", recipient], check=True, capture_output=True)
         # team-a alone (its 3 controlplane nodes on the two private machines, its ingress on the public one):
         # every hypervisor, each way of reaching one, and a third of the CPU two clusters and SIP's hosts take

@@ -68,7 +68,7 @@ class IngressWorld(FailoverWorld):
 def make_world(base: Path, subnet: str) -> IngressWorld:
     lab = labmod.up(base / "lab", hypervisors=5, public=3, subnet=subnet)
     repo = base / "repo"
-    world_gitops("lab", "example-repo", "--dir", str(base / "lab"), str(repo))
+    world_gitops("lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"), str(repo))
     team_a_only(repo, controlplane=2)
     world = IngressWorld(base, repo, base / "state", lab)
     world.apply()

@@ -27,9 +27,10 @@ def test_roles_go_to_the_right_hypervisors_and_spread(model):
     state = place(model, State())
     for name, record in state.nodes.items():
         hv = model.hypervisors[record.hypervisor]
-        assert hv.public == name.endswith("ingress"), name
+        assert hv.public == (model.nodes[name].role == "controlplane-ingress"), name
     for cluster in model.clusters:
-        hvs = [r.hypervisor for n, r in state.nodes.items() if r.cluster == cluster and not n.endswith("ingress")]
+        hvs = [r.hypervisor for n, r in state.nodes.items()
+               if r.cluster == cluster and model.nodes[n].role != "controlplane-ingress"]
         assert sorted(set(hvs)) == ["hv-private-1", "hv-private-2"], hvs  # 3 nodes over both private ones
 
 

@@ -104,8 +104,9 @@ def test_empty_hypervisors_plan_every_pod_in_order(repo):
     # all pods before any key, all keys before any file, files before containers
     phases = [a.kind for a in planned.plan.actions]
     assert phases.index(Kind.GENERATE_KEYS) > max(i for i, k in enumerate(phases) if k == Kind.CREATE_POD)
-    # pods, keys, containers, etcd promotions; then the worker-bootstrap objects in each cluster's API
-    assert planned.plan.summary() == {"add": 8 + 6 + 6 * 4 + 2 + 2 * OBJECTS, "change": 8, "remove": 0}
+    # pods (6 control-plane, 4 ingress), keys, containers (4 per control-plane node, haproxy and keepalived per
+    # ingress node), etcd promotions; then the worker-bootstrap objects in each cluster's API
+    assert planned.plan.summary() == {"add": 10 + 6 + 6 * 4 + 4 * 2 + 2 * OBJECTS, "change": 10, "remove": 0}
 
 
 def test_converged_state_plans_nothing(repo):
@@ -528,14 +529,14 @@ def test_mass_delete_is_refused_before_touching_anything(repo, tmp_path):
     store.save(state)
     empty = dataclasses.replace(repo.model, nodes={}, clusters={})
     config = RepoConfig(prune=dataclasses.replace(RepoConfig().prune, max_deletes=3))
-    with pytest.raises(MassDeleteRefused, match="removes 8 pods .* more than prune.maxDeletes=3"):
+    with pytest.raises(MassDeleteRefused, match="removes 10 pods .* more than prune.maxDeletes=3"):
         apply_repo(empty, config, store, observe_fn=lambda m: observed)
 
 
 def test_renderers(repo):
     plan = make_plan(repo.model, repo.repo.config, State(), nothing_observed(repo.model), now=NOW).plan
     md = render_markdown(plan)
-    assert md.startswith(f"### gitops plan\n\n**Plan: {40 + 2 * OBJECTS} to add, 8 to change, 0 to remove.**")
+    assert md.startswith(f"### gitops plan\n\n**Plan: {48 + 2 * OBJECTS} to add, 10 to change, 0 to remove.**")
     assert "#### Cluster `team-a`" in md and "```diff" in md
     assert "+ team-a-cp-1 on hv-private-1: create pod: pod does not exist" in md
     # the cluster's API comes after its nodes, once they run
@@ -543,7 +544,7 @@ def test_renderers(repo):
     assert section.index("team-a-ingress on") < section.index(
         "+ ClusterRoleBinding: create object gitops:kubelet-bootstrap: the cluster's API is new")
     data = json.loads(render_json(plan))
-    assert data["summary"] == {"add": 40 + 2 * OBJECTS, "change": 8, "remove": 0}
+    assert data["summary"] == {"add": 48 + 2 * OBJECTS, "change": 10, "remove": 0}
     assert data["actions"][0]["kind"] == "create-pod"
 
 

@@ -79,7 +79,7 @@ def world():
     try:
         lab = labmod.up(base / "lab", hypervisors=4, public=1, subnet=SUBNET)
         repo = base / "repo"
-        world_gitops("lab", "example-repo", "--dir", str(base / "lab"), str(repo))
+        world_gitops("lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"), str(repo))
         shutil.rmtree(repo / "clusters" / "team-b")  # one cluster is enough here
         assert (repo / "hypervisors" / "hv-private-3.yaml").exists()  # the lab's fourth machine, beyond the example's
         spec = repo / "clusters/team-a/cluster.yaml"

@@ -30,12 +30,13 @@ NODE = "team-a-ingress"
 
 @pytest.fixture(scope="module")
 def model():
-    """The example repo (no SIP) with a second public hypervisor and team-a behind a virtual IP."""
+    """The example repo (no SIP): team-a behind a virtual IP over its two ingress nodes (unpinned), team-b with
+    one ingress node."""
     base = load_model(EXAMPLE_REPO)
-    public_2 = dataclasses.replace(base.hypervisors["hv-public-1"], name="hv-public-2", ip_address="127.0.10.9")
-    nodes = {**base.nodes, "team-a-ingress-2": Node("team-a-ingress-2", "team-a", "controlplane-ingress")}
-    return dataclasses.replace(base, hypervisors={**base.hypervisors, "hv-public-2": public_2}, nodes=nodes,
-                               sip_clusters={}, ingress=IngressConfig(("127.0.10.200-127.0.10.201",)))
+    nodes = {**{k: v for k, v in base.nodes.items() if k != "team-b-ingress-2"},
+             "team-a-ingress-2": Node("team-a-ingress-2", "team-a", "controlplane-ingress")}
+    return dataclasses.replace(base, nodes=nodes, sip_clusters={},
+                               ingress=IngressConfig(("127.0.10.200-127.0.10.201",)))
 
 
 def _settled(model):

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from repo_helpers import make_cert, minimal_repo, pem_cert, pem_key, remote_hypervisor_yaml, write
 
 from gitops.cli import cli
+from gitops.lab.errors import LabError
 from gitops.model.resources import RemoteCRIEndpoint
 from gitops.model.secretedit import EditError, encrypt_fields, find_fields, rekey_fields, write_changes
 from gitops.model.validate import validate_repo
@@ -385,15 +386,16 @@ def test_the_controller_decrypts_with_its_identity_and_writes_no_key_anywhere(re
 
 # --- the lab's example repo (no lab started: the lab's description is made up) -------------
 
-def _fake_lab(tmp_path: Path, kinds: tuple[bool, ...] = (True, False, False)):
+def _fake_lab(tmp_path: Path, kinds: tuple[bool, ...] = (True, True, False, False)):
     from gitops.lab.lab import LabHypervisor, LabInfo
     from gitops.model.resources import PortRange
 
     ca, ca_key = make_cert("lab ca", ca=True)
     client, client_key = make_cert("gitops", issuer_key=ca_key, issuer=ca)
     hvs = []
+    second_private = [n for n, public in enumerate(kinds, start=1) if not public][1:2]
     for n, public in enumerate(kinds, start=1):
-        remote = f"tcp://127.0.99.{n}:10250" if n == 3 else ""
+        remote = f"tcp://127.0.99.{n}:10250" if [n] == second_private else ""  # hv-private-2's, behind mTLS
         hvs.append(LabHypervisor(f"hv-{n}", public, f"127.0.99.{n}", PortRange(30000 + 1000 * n, 30999 + 1000 * n),
                                  str(tmp_path / f"hv-{n}"), str(tmp_path / f"hv-{n}.sock"), remote,
                                  ca_pem=pem_cert(ca), client_cert_pem=pem_cert(client),
@@ -402,20 +404,55 @@ def _fake_lab(tmp_path: Path, kinds: tuple[bool, ...] = (True, False, False)):
 
 
 def test_lab_example_repo_takes_every_machine_of_the_lab(tmp_path: Path):
-    """A lab larger than the example (the demo's 3 private and 2 public): the machines left over join the fleet
-    as hv-private-3 and hv-public-2, so the example clusters' members spread over 3 machines."""
+    """A lab larger than the example (3 private and 3 public): the machines left over join the fleet as
+    hv-private-3 and hv-public-3, so the example clusters' members spread over 3 machines."""
     from gitops.lab.example import write_example_repo
 
-    lab, _key = _fake_lab(tmp_path, (True, True, False, False, False))
+    lab, _key = _fake_lab(tmp_path, (True, True, True, False, False, False))
     mapping = write_example_repo(lab, tmp_path / "repo")
     validation = validate_repo(tmp_path / "repo")
     assert validation.ok, validation.diagnostics
     hvs = validation.model.hypervisors
-    assert sorted(hvs) == ["hv-private-1", "hv-private-2", "hv-private-3", "hv-public-1", "hv-public-2"]
-    assert [hvs[n].public for n in sorted(hvs)] == [False, False, False, True, True]
-    assert mapping[-2:] == [f"hv-public-2 -> hv-2 ({lab.hypervisors[1].socket})",
-                            f"hv-private-3 -> hv-5 ({lab.hypervisors[4].socket})"]
-    assert len({hv.ip_address for hv in hvs.values()}) == 5
+    assert sorted(hvs) == ["hv-private-1", "hv-private-2", "hv-private-3", "hv-public-1", "hv-public-2",
+                           "hv-public-3"]
+    assert [hvs[n].public for n in sorted(hvs)] == [False, False, False, True, True, True]
+    assert mapping[-2:] == [f"hv-public-3 -> hv-3 ({lab.hypervisors[2].socket})",
+                            f"hv-private-3 -> hv-6 ({lab.hypervisors[5].socket})"]
+    assert len({hv.ip_address for hv in hvs.values()}) == 6
+
+
+def test_lab_example_repo_gives_each_cluster_the_examples_two_ingress_nodes_or_as_many_as_asked(tmp_path: Path):
+    """The example's clusters have two ingress nodes each (a virtual IP of the lab's pool); a lab with one
+    public machine takes `ingress_nodes=1`: the second ingress nodes and hv-public-2 are left out. More
+    ingress nodes than public machines is refused before anything is written."""
+    from gitops.lab.example import write_example_repo
+
+    lab, _key = _fake_lab(tmp_path)
+    write_example_repo(lab, tmp_path / "two")
+    two = validate_repo(tmp_path / "two")
+    assert two.ok, two.diagnostics
+    ingress = sorted(n.name for n in two.model.nodes.values() if n.role == "controlplane-ingress")
+    assert ingress == ["team-a-ingress", "team-a-ingress-2", "team-b-ingress", "team-b-ingress-2"]
+    assert "virtualIPs: [127.0.10.200-127.0.10.219]" in (tmp_path / "two" / "gitops.yaml").read_text()
+
+    one_public, _ = _fake_lab(tmp_path / "small", (True, False, False))
+    with pytest.raises(LabError, match="2 ingress nodes per cluster sit on distinct public machines and the lab "
+                                       "has 1 .*--ingress-nodes 1"):
+        write_example_repo(one_public, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").rglob("*.yaml"))
+    mapping = write_example_repo(one_public, tmp_path / "one", ingress_nodes=1)
+    one = validate_repo(tmp_path / "one")
+    assert one.ok, one.diagnostics
+    assert sorted(n.name for n in one.model.nodes.values() if n.role == "controlplane-ingress") == \
+        ["team-a-ingress", "team-b-ingress"]
+    assert sorted(one.model.hypervisors) == ["hv-private-1", "hv-private-2", "hv-public-1"]
+    assert "hv-public-2: left out (no lab machine for it, and no Node pinned to it)" in mapping
+    text = (tmp_path / "one" / "clusters" / "team-a" / "nodes.yaml").read_text()
+    assert text.startswith("# yaml-language-server") and "team-a-ingress-2" not in text
+
+    write_example_repo(lab, tmp_path / "three", ingress_nodes=2)
+    assert (tmp_path / "three" / "clusters" / "team-a" / "nodes.yaml").read_text() == \
+        (tmp_path / "two" / "clusters" / "team-a" / "nodes.yaml").read_text()
 
 
 def test_lab_example_repo_keeps_plaintext_keys_allowed_by_default(tmp_path: Path):

@@ -161,7 +161,7 @@ def world():
             api.ensure_namespace("gitops")
             labmod.up(base / "lab", hypervisors=3, public=1, subnet=SUBNET)
             work, origin = base / "work", base / "origin.git"
-            subprocess.run([GITOPS, "lab", "example-repo", "--dir", str(base / "lab"), str(work)], check=True,
+            subprocess.run([GITOPS, "lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"), str(work)], check=True,
                            capture_output=True)
             shutil.rmtree(work / "sip")
             shutil.rmtree(work / "inventory")

@@ -51,19 +51,20 @@ def test_example_repo_validates_through_the_installed_command():
     assert gitops, "the gitops console script is not installed next to this python"
     proc = subprocess.run([gitops, "validate", str(EXAMPLE_REPO)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "3 Hypervisor" in proc.stdout and "8 Node" in proc.stdout and "10 BareMetalHost" in proc.stdout
+    assert "4 Hypervisor" in proc.stdout and "10 Node" in proc.stdout and "10 BareMetalHost" in proc.stdout
 
 
 def test_example_repo_model_has_what_the_issue_asks_for():
     model = validate_repo(EXAMPLE_REPO).model
     assert model is not None
     hvs = model.hypervisors.values()
-    assert sum(h.public for h in hvs) == 1 and sum(not h.public for h in hvs) == 2
+    assert sum(h.public for h in hvs) == 2 and sum(not h.public for h in hvs) == 2
     assert any(isinstance(h.endpoint, RemoteCRIEndpoint) and not h.public for h in hvs)
     assert len(model.clusters) == 2
     for name in model.clusters:
         roles = sorted(n.role for n in model.nodes_of(name))
-        assert roles == [CONTROLPLANE] * 3 + ["controlplane-ingress"]
+        assert roles == [CONTROLPLANE] * 3 + ["controlplane-ingress"] * 2  # two: a virtual IP (issue #44.6)
+    assert model.ingress.virtual_ips
     assert len(model.sip_clusters) == 1
     racks = {h.labels["sip.airshipit.org/rack"] for h in model.baremetal_hosts.values()}
     assert len(model.baremetal_hosts) >= 8 and len(racks) == 2

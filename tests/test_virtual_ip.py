@@ -109,8 +109,9 @@ def test_validation_refuses_a_pool_that_overlaps_a_hypervisor_or_another_entry(t
     repo = tmp_path / "repo"
     shutil.copytree(EXAMPLE_REPO, repo)
     config = repo / "gitops.yaml"
-    config.write_text(config.read_text() + "  ingress:\n    virtualIPs:\n      - 127.0.10.0/29\n"
-                      "      - 127.0.10.5-127.0.10.20\n      - nonsense\n")
+    example_pool = "    virtualIPs: [127.0.10.200-127.0.10.219]\n"
+    config.write_text(config.read_text().replace(example_pool, "    virtualIPs:\n      - 127.0.10.0/29\n"
+                                                               "      - 127.0.10.5-127.0.10.20\n      - nonsense\n"))
     errors = [str(d) for d in validate_repo(repo).diagnostics]
     assert any("spec.ingress.virtualIPs[0]: '127.0.10.0/29' holds 127.0.10.1, Hypervisor hv-public-1's address" in e
                for e in errors), errors

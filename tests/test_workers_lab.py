@@ -117,7 +117,7 @@ def cluster():
         # two public machines: `test_the_worker_follows_its_cluster_to_a_virtual_ip` gives team-a a second ingress
         lab = labmod.up(base / "lab", hypervisors=4, public=2, subnet=SUBNET)
         repo = base / "repo"
-        subprocess.run([GITOPS, "lab", "example-repo", "--dir", str(base / "lab"), str(repo)], check=True,
+        subprocess.run([GITOPS, "lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"), str(repo)], check=True,
                        capture_output=True)
         shutil.rmtree(repo / "clusters" / "team-b")  # one cluster is enough here, and faster
         c = Cluster(base, repo, base / "state", lab, base / "team-a.kubeconfig", base / "worker",

@@ -107,10 +107,12 @@ def down_cmd(lab_dir: Path | None) -> None:
 @click.option("--encrypt-to", "recipients", multiple=True, metavar="AGE1...",
               help="Write the lab's mTLS client keys age-encrypted to this recipient (repeatable; e.g. the "
                    "controller's), and refuse plaintext keys in gitops.yaml. Default: plaintext, allowed for labs.")
-@click.option("--ingress-nodes", type=click.IntRange(1, 7), default=1, show_default=True,
-              help="Ingress nodes per example cluster: with 2 or more, each cluster is reached at a virtual IP of the "
-                   "lab's pool, its ingress nodes on distinct public machines (the lab needs as many).")
-def example_repo_cmd(target: Path, lab_dir: Path | None, recipients: tuple[str, ...], ingress_nodes: int) -> None:
+@click.option("--ingress-nodes", type=click.IntRange(1, 7), default=None,
+              help="Ingress nodes per example cluster (default: the example's two). With 2 or more, each cluster is "
+                   "reached at a virtual IP of the lab's pool, its ingress nodes on distinct public machines (the lab "
+                   "needs as many); with 1, at its ingress node's machine.")
+def example_repo_cmd(target: Path, lab_dir: Path | None, recipients: tuple[str, ...],
+                     ingress_nodes: int | None) -> None:
     """Write the example repo to TARGET with its Hypervisors pointing at this lab."""
     from gitops.lab.example import write_example_repo
 

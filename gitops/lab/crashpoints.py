@@ -196,7 +196,7 @@ def setup(base: Path, subnet: str, cluster: str = "team-a") -> Workspace:
     base.mkdir(parents=True, exist_ok=True)
     lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet=subnet)
     ws = Workspace(base, base / "repo", base / "state", lab)
-    write_example_repo(lab, ws.repo)
+    write_example_repo(lab, ws.repo, ingress_nodes=1)
     for other in sorted((ws.repo / "clusters").iterdir()):
         if other.name != cluster:
             shutil.rmtree(other)

@@ -23,16 +23,17 @@ def example_source() -> Path:
 
 
 def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None,
-                       recipients: Sequence[str] = (), ingress_nodes: int = 1) -> list[str]:
+                       recipients: Sequence[str] = (), ingress_nodes: int | None = None) -> list[str]:
     """Copy the example repo to `target`, its Hypervisors replaced by the lab's.
 
     Each example Hypervisor keeps its name (Nodes pin them) and takes the next
     lab hypervisor of the same kind (public/private); a remote example
     hypervisor uses the lab's mTLS front when the lab has one; the lab's hypervisors left over join as
-    hv-private-N / hv-public-N after the example's. The lab's mTLS client keys are written in plaintext (the example's gitops.yaml allows it,
-    for labs), or, given age `recipients`, encrypted to them, with gitops.yaml
-    listing them and refusing plaintext. With `ingress_nodes` of 2 or more, each
-    example cluster gets that many ingress nodes (a virtual IP of the lab's pool).
+    hv-private-N / hv-public-N after the example's. The lab's mTLS client keys are written in plaintext
+    (the example's gitops.yaml allows it, for labs), or, given age `recipients`, encrypted to them, with gitops.yaml
+    listing them and refusing plaintext. Each example cluster gets `ingress_nodes` ingress nodes (default:
+    as many as the example has, two; with two or more, a virtual IP of the lab's pool); an example public
+    hypervisor the lab has no machine for is left out when no Node is pinned to it any more.
     Returns the `example name -> lab name` lines for the user.
     """
     if recipients:
@@ -40,12 +41,29 @@ def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None,
     source = source or example_source()
     if target.exists() and any(target.iterdir()):
         raise LabError(f"{target} exists and is not empty")
+    wanted = ingress_nodes if ingress_nodes is not None else max(
+        (len(_ingress_chunks(path.read_text())) for path in source.glob("clusters/*/nodes.yaml")), default=1)
+    public = sum(1 for hv in lab.hypervisors if hv.public)
+    if wanted > max(public, 1):
+        raise LabError(f"{wanted} ingress nodes per cluster sit on distinct public machines and the lab has {public} "
+                       f"(gitops lab up --public {wanted}, or gitops lab example-repo --ingress-nodes {max(public, 1)})")
     shutil.copytree(source, target, dirs_exist_ok=True)
+    mapping, ingress_lines = [], []
+    node_files = sorted((target / "clusters").glob("*/nodes.yaml"))
+    for path in node_files:
+        if _set_ingress_nodes(path, wanted):
+            ingress_lines.append(f"{path.parent.name}: {wanted} ingress node(s)"
+                                 + (" (a virtual IP)" if wanted > 1 else ""))
+    pinned = {doc.data.get("spec", {}).get("hypervisor") for path in node_files
+              for doc in load_yaml_documents(path.read_text())}
     free = {True: [hv for hv in lab.hypervisors if hv.public], False: [hv for hv in lab.hypervisors if not hv.public]}
-    mapping = []
     for path in sorted((target / "hypervisors").glob("*.yaml")):
         doc = yaml.safe_load(path.read_text())
         public = bool(doc["spec"].get("public", False))
+        if not free[public] and public and doc["metadata"]["name"] not in pinned:
+            path.unlink()
+            mapping.append(f"{doc['metadata']['name']}: left out (no lab machine for it, and no Node pinned to it)")
+            continue
         if not free[public]:
             kind = "public" if public else "private"
             raise LabError(f"the example needs more {kind} hypervisors than the lab has "
@@ -84,33 +102,52 @@ def write_example_repo(lab: LabInfo, target: Path, source: Path | None = None,
         _encrypted_secrets_policy(target / CONFIG_FILE, recipients)
     if lab.subnet:
         _virtual_ip_pool(target / CONFIG_FILE, LabNetwork.for_subnet(lab.subnet).virtual_ips)
-    if ingress_nodes > 1:
-        public = sum(1 for hv in lab.hypervisors if hv.public)
-        if public < ingress_nodes:
-            raise LabError(f"--ingress-nodes {ingress_nodes}: a cluster's ingress nodes sit on distinct public "
-                           f"machines and the lab has {public} (gitops lab up --public N)")
-        for nodes in sorted((target / "clusters").glob("*/nodes.yaml")):
-            _more_ingress_nodes(nodes, ingress_nodes)
-            mapping.append(f"{nodes.parent.name}: {ingress_nodes} ingress nodes (a virtual IP)")
-    return mapping
+    return mapping + ingress_lines
 
 
-def _more_ingress_nodes(path: Path, count: int) -> None:
-    """Append ingress Nodes to the cluster's nodes.yaml up to `count` (NAME-2, NAME-3...), comments kept."""
-    docs = [d for d in load_yaml_documents(path.read_text())]
-    ingress = [d.data for d in docs if d.data.get("spec", {}).get("role") == "controlplane-ingress"]
-    if not ingress:
-        return
-    first = ingress[0]
-    extra = []
-    for n in range(len(ingress) + 1, count + 1):
-        extra.append(yaml.safe_dump({
-            "apiVersion": first["apiVersion"], "kind": "Node", "metadata": {"name": f"{first['metadata']['name']}-{n}"},
-            "spec": {"cluster": first["spec"]["cluster"], "role": "controlplane-ingress"}}, sort_keys=False))
-    text = path.read_text().rstrip("\n") + "\n"
-    for doc in extra:
-        text += "---\n# added by gitops lab example-repo --ingress-nodes: on another public machine\n" + doc
+def _chunks(text: str) -> list[str]:
+    """The text of each YAML document of `text` (the part before the first `---` first), comments kept."""
+    chunks, current = [], []
+    for line in text.splitlines(keepends=True):
+        if line.rstrip() == "---":
+            chunks.append("".join(current))
+            current = []
+        else:
+            current.append(line)
+    return chunks + ["".join(current)]
+
+
+def _ingress_chunks(text: str) -> list[int]:
+    """The indexes (in `_chunks`) of the ingress Nodes."""
+    return [i for i, chunk in enumerate(_chunks(text))
+            if ((yaml.safe_load(chunk) or {}).get("spec") or {}).get("role") == "controlplane-ingress"]
+
+
+def _set_ingress_nodes(path: Path, count: int) -> bool:
+    """The cluster's nodes.yaml with `count` ingress Nodes: the last ones dropped, or more appended (NAME-2,
+    NAME-3..., placed by gitops on distinct public machines); comments kept. Whether it changed."""
+    text = path.read_text()
+    chunks, ingress = _chunks(text), _ingress_chunks(text)
+    if not ingress or len(ingress) == count:
+        return False
+    if len(ingress) > count:
+        dropped = set(ingress[count:])
+        path.write_text("---\n".join(c for i, c in enumerate(chunks) if i not in dropped).rstrip("\n") + "\n")
+        return True
+    first = yaml.safe_load(chunks[ingress[0]])
+    base = first["metadata"]["name"].removesuffix("-1")
+    names = {((yaml.safe_load(c) or {}).get("metadata") or {}).get("name") for c in chunks}
+    text, n = text.rstrip("\n") + "\n", 1
+    for _ in range(count - len(ingress)):
+        n += 1
+        while f"{base}-{n}" in names:
+            n += 1
+        doc = {"apiVersion": first["apiVersion"], "kind": "Node", "metadata": {"name": f"{base}-{n}"},
+               "spec": {"cluster": first["spec"]["cluster"], "role": "controlplane-ingress"}}
+        text += ("---\n# added by gitops lab example-repo --ingress-nodes: on another public machine\n"
+                 + yaml.safe_dump(doc, sort_keys=False))
     path.write_text(text)
+    return True
 
 
 def _virtual_ip_pool(path: Path, pool: str) -> None:
@@ -118,8 +155,15 @@ def _virtual_ip_pool(path: Path, pool: str) -> None:
     takes its virtual IP there). Appended as text: `spec` is the example's last key."""
     text = path.read_text()
     [doc] = load_yaml_documents(text, spans=True)
-    if "ingress" in doc.data.get("spec", {}):
-        raise LabError(f"{path}: spec.ingress is already set")
+    if "ingress" in doc.data.get("spec", {}):  # the example's own pool: the lab's instead, comments kept
+        line = doc.positions.get(("spec", "ingress", "virtualIPs"))
+        if line is None:
+            raise LabError(f"{path}: spec.ingress has no virtualIPs to replace")
+        lines = text.splitlines(keepends=True)
+        indent = lines[line - 1][:len(lines[line - 1]) - len(lines[line - 1].lstrip())]
+        lines[line - 1] = f"{indent}virtualIPs: [{pool}]  # the lab's (on its bridge; never on a host interface)\n"
+        path.write_text("".join(lines))
+        return
     last = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")][-1]
     if not last.startswith(" "):
         raise LabError(f"{path}: expected spec to be the last key")
