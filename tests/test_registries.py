@@ -1,6 +1,8 @@
 """The component, role and BareMetalHost provider registries: in step with the schemas, and complete."""
 from __future__ import annotations
 
+import dataclasses
+
 from gitops.compile.components import CONTROLPLANE_CONTAINERS
 from gitops.model.components import COMPONENTS, CONTROLPLANE, NODE_ROLES, ROLES
 from gitops.model.resources import Cluster
@@ -51,3 +53,17 @@ def test_default_images_and_overrides():
         "keepalived": "docker.io/osixia/keepalived:2.0.20",
         "jumphost": "ghcr.io/gitops-infra/gitops-jumphost:0.1.0",
     }
+
+
+def test_a_restore_stops_every_control_plane_component_the_registry_lists(monkeypatch):
+    """issue #45.2: no second list. The restore stops what a control-plane node runs, etcd last; a component
+    added to the role is stopped too."""
+    from gitops.model import components
+    from gitops.plan import restore
+
+    assert restore.STOPPED == ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd")
+    role = components.ROLES[components.CONTROLPLANE]
+    grown = dataclasses.replace(role, components=(*role.components, "kube-newcomer"))
+    monkeypatch.setitem(components.ROLES, components.CONTROLPLANE, grown)
+    assert components.restore_stopped() == ("kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                                            "kube-newcomer", "etcd")

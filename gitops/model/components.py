@@ -120,3 +120,10 @@ ROLES: dict[str, Role] = {r.name: r for r in (
 )}
 #: the roles a Node of the repo may have (node.schema.json's enum); the others are SIP's services
 NODE_ROLES = (CONTROLPLANE, INGRESS)
+
+
+def restore_stopped() -> tuple[str, ...]:
+    """What an etcd restore stops on each member node and starts again, in the order it stops them: every
+    component of a control-plane node (the registry's, so a new one is not missed), etcd last."""
+    components = ROLES[CONTROLPLANE].components
+    return tuple(c for c in components if c != ETCD) + tuple(c for c in components if c == ETCD)

@@ -14,7 +14,7 @@ import dataclasses
 
 from gitops.backup.snapshot import Snapshot
 from gitops.compile.desired import DesiredPod
-from gitops.model.components import APISERVER, CONTROLLER_MANAGER, ETCD, SCHEDULER
+from gitops.model.components import APISERVER, ETCD, restore_stopped
 from gitops.model.resources import LATEST
 from gitops.observe.types import ObservedPod
 from gitops.plan.actions import Action, Kind
@@ -31,8 +31,8 @@ from gitops.pods import (
 )
 from gitops.cri.types import ContainerSpec
 
-#: what a restore stops and starts again, in the order it stops them (etcd last)
-STOPPED = (APISERVER, CONTROLLER_MANAGER, SCHEDULER, ETCD)
+#: what a restore stops and starts again, in the order it stops them (etcd last): from the component registry
+STOPPED = restore_stopped()
 
 
 def pending(inputs: ClusterInputs) -> str:
