@@ -3,13 +3,13 @@
 Starts its own lab (3 containerd hypervisors on 127.0.29.x, 1 public; needs root and the cached
 Kubernetes v1.20.2 binaries of scripts/build-kubernetes.sh), writes the example repo with the team-a
 cluster only (3 controlplane nodes + 1 ingress, real v1.20.2) and applies it. Then for each scenario
-(`gitops.lab.crashpoints.SCENARIOS`: leaf-renewal, etcd-image, node-replacement, ca-rotation,
+(`tests/crashpoints.py` SCENARIOS: leaf-renewal, etcd-image, node-replacement, ca-rotation,
 scale-3-1-3, worker-certificate-signing, for which lab-worker-1 joins first from its own network
 namespace) it makes the scenario's plan again and again, each round from where the last one left
 the lab, and kills `gitops apply` once after every action k = 1..N and once inside every gated action
 (etcd health, `/readyz`), then applies again and checks: converged (plan empty), etcd members as
 recorded, a ConfigMap written before still there, no probe failure through the ingress outside the
-window of a stopped API server (`gitops.lab.crashpoints.run_crash_point`).
+window of a stopped API server (`crashpoints.run_crash_point`, tests/crashpoints.py).
 
 Prints a line per step and a table (scenario, kill point, action killed after, outcome, seconds);
 `--json` ends with one JSON object holding the rows. `--scenario NAME` runs one (repeatable),
@@ -30,7 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from gitops.lab import crashpoints
+REPO_ROOT = Path(__file__).resolve().parents[1]
+for path in (REPO_ROOT, REPO_ROOT / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import crashpoints  # noqa: E402  (tests/crashpoints.py: test and benchmark tooling, not shipped)
 
 SUBNET = "127.0.29"
 

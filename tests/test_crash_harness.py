@@ -1,4 +1,4 @@
-"""The crash-point harness's pure parts (gitops/lab/crashpoints.py, benchmarks/crash_points.py): where it
+"""The crash-point harness's pure parts (tests/crashpoints.py, benchmarks/crash_points.py): where it
 kills, and how an exploration resumed from an earlier run's rows knows a point it already explored."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gitops.lab.crashpoints import KillPoint, kill_points, point_key
+from crashpoints import KillPoint, kill_points, point_key
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ def test_resume_skips_only_points_that_converged(tmp_path: Path) -> None:
 
 
 def _line(at: float, index: int, sign: str, subject: str, verb: str, took: float):
-    from gitops.lab.crashpoints import Line
+    from crashpoints import Line
     return Line(at, f"[{index}/9] {sign} {subject} {verb} ... done ({took:.1f}s)", index, took)
 
 
@@ -69,7 +69,7 @@ def test_a_leaving_api_servers_window_ends_when_the_ingress_is_replaced_without_
     """A probe failure is excused only while an API server is stopped: one stopped and started again, from
     the stop's start to the start's end; one that leaves, until the ingress's haproxy is replaced without
     it (not to the end of the run, which excused real failures in a resumed node replacement)."""
-    from gitops.lab.crashpoints import Line, _stopped_windows
+    from crashpoints import Line, _stopped_windows
     killed = [_line(10, 1, "-", "team-a/team-a-cp-3/kube-apiserver", "remove container: its member leaves", 1.0),
               _line(15, 2, "-", "team-a/team-a-cp-1/kube-apiserver", "remove container: its member changes", 2.0),
               Line(16, "(killed)")]

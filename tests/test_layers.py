@@ -14,9 +14,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gitops"
 RANK = {
     # bottom: no repo model, no I/O policy
     "errors": 0, "__version__": 0, "apipaths": 0, "printable": 0, "memo": 0, "units": 0, "redact": 0, "hostport": 0,
-    "safeio": 1, "pki": 1, "httpserve": 0.5,
+    "safeio": 1, "pki": 1, "httpserve": 0.5, "keypair": 0.5,
     "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1, "procs": 2,
-    "cri": 2, "state": 2, "kubeapi": 2, "pods": 2,
+    "cri": 2, "state": 2, "kubeapi": 2, "pods": 2, "nodefiles": 2.5,
     "agent": 3, "model": 3, "kubeconfig": 3, "coordination": 3, "etcdclient": 3,
     "backup": 4, "notify": 4,
     "sip": 4,
@@ -255,3 +255,18 @@ def test_each_command_is_found_in_the_module_the_cli_loads_for_it():
     for module in _Group.ALL:
         for command in importlib.import_module(f"gitops.cli.{module}").COMMANDS:
             assert _Group.MODULES.get(command.name, module) == module, command.name
+
+
+def test_the_cri_client_stands_alone():
+    """issue #45.4: the CRI client imports nothing of gitops but its own package and the bottom (errors,
+    logs, the key-pair check): not the PKI."""
+    used = set().union(*(_imports(path) for path in (PACKAGE / "cri").glob("*.py"))) - {"cri"}
+    assert used <= {"errors", "logs", "keypair"}, sorted(used)
+
+
+def test_the_plans_data_types_live_below_the_compiler():
+    """issue #45.4: a plan's actions and payloads import no stage: their node-file types live in
+    `gitops.nodefiles`, where compile and plan both may import them."""
+    for name in ("actions.py", "payloads.py"):
+        used = _imports(PACKAGE / "plan" / name)
+        assert not used & {"compile", "observe", "apply", "engine"}, (name, sorted(used))

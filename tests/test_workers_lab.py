@@ -24,10 +24,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+import crashpoints
 from conftest import lab_tempdir, require_root
 from repo_helpers import add_node
 
-from gitops.lab import crashpoints, hostcheck, kubebin
+from gitops.lab import hostcheck, kubebin
 from gitops.lab.network import LabNetwork
 from gitops.lab.workloads import manifest
 

@@ -38,7 +38,7 @@ from gitops.cri.types import (
     SandboxState,
 )
 from gitops.logs import event
-from gitops.pki import key_matches_cert
+from gitops.keypair import key_matches_cert
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gitops.errors import GitopsError
+from gitops.keypair import key_matches_cert
 
 PrivateKey = Union[ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey]
 PublicKey = Union[ec.EllipticCurvePublicKey, rsa.RSAPublicKey, ed25519.Ed25519PublicKey]
@@ -239,17 +240,6 @@ def load_key_pem(pem: str | bytes) -> PrivateKey:
                             ed25519.Ed25519PrivateKey)):
         raise PKIError(f"unsupported private key type {type(key).__name__}")
     return key
-
-
-def key_matches_cert(key: object, cert: x509.Certificate) -> bool:
-    """Whether `key` is the private half of `cert`'s public key (never for a key of a kind gitops does not
-    use: ECDSA, RSA and Ed25519 only). The one check of a key against its certificate: PEM pairs, the
-    repo's Hypervisor client certificates, a CRI endpoint's."""
-    if not isinstance(key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey)):
-        return False
-    pub = serialization.PublicFormat.SubjectPublicKeyInfo
-    enc = serialization.Encoding.DER
-    return key.public_key().public_bytes(enc, pub) == cert.public_key().public_bytes(enc, pub)
 
 
 def is_signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-from gitops.compile.desired import AFTER_APPLY
+from gitops.nodefiles import AFTER_APPLY
 from gitops.plan.payloads import Payload, payload_from_dict, payload_to_dict
 
 

@@ -19,8 +19,8 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Union
 
-from gitops.compile.desired import AFTER_APPLY, CertificateSpec, FileSpec, KeySpec, ServiceAccountBundle
 from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
+from gitops.nodefiles import AFTER_APPLY, CertificateSpec, FileSpec, KeySpec, ServiceAccountBundle
 from gitops.pods import CERTIFICATES_ANNOTATION, COMPONENT, SPEC_ANNOTATION, SPEC_HASH, file_digest
 
 

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gitops.compile.components import INGRESS_COUNTS_IN, SHUTDOWN_DELAY
-from gitops.compile.desired import AFTER_APPLY, DesiredPod, DesiredState
+from gitops.compile.desired import DesiredPod, DesiredState
+from gitops.nodefiles import AFTER_APPLY
 from gitops.memo import Memo
 from gitops.model.components import APISERVER, CONTROLPLANE, ETCD, ETCD_MEMBER, OVERLAP, READYZ, rollout_of
 from gitops.observe.types import ObservedPod, ObservedState
