@@ -55,13 +55,19 @@ def source_on(origin: Path, branch: str) -> dict:
     return yaml.safe_load(shown.stdout)["status"]
 
 
-def test_a_refused_commit_is_reported_on_the_status_branch_in_force(tmp_path: Path):
+def _repos(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A bare origin, a work clone holding gitops.yaml (status on another branch), the controller's workdir."""
     origin, work, workdir = tmp_path / "origin.git", tmp_path / "work", tmp_path / "controller"
     subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
     work.mkdir()
     git(work, "init", "-q", "-b", "main")
     git(work, "remote", "add", "origin", str(origin))
     (work / "gitops.yaml").write_text(CONFIG)
+    return origin, work, workdir
+
+
+def test_a_refused_commit_is_reported_on_the_status_branch_in_force(tmp_path: Path):
+    origin, work, workdir = _repos(tmp_path)
     good = push(work, "status elsewhere, nothing to apply")
 
     applied = reconcile(origin, workdir)
@@ -125,13 +131,9 @@ def _killed_holding_locks(clone: Path) -> list[str]:
     assert ".git/index.lock" in locks and ".git/HEAD.lock" in locks and len(locks) >= 3, locks
     return locks
 
+
 def test_git_locks_left_by_a_killed_controller_do_not_stop_the_next_one(tmp_path: Path):
-    origin, work, workdir = tmp_path / "origin.git", tmp_path / "work", tmp_path / "controller"
-    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
-    work.mkdir()
-    git(work, "init", "-q", "-b", "main")
-    git(work, "remote", "add", "origin", str(origin))
-    (work / "gitops.yaml").write_text(CONFIG)
+    origin, work, workdir = _repos(tmp_path)
     push(work, "first")
     assert reconcile(origin, workdir).returncode == 0
 
