@@ -26,12 +26,44 @@ from gitops.state import State
 NEW_KEY = "-----BEGIN PUBLIC KEY-----\nMFkwEw-new\n-----END PUBLIC KEY-----\n"
 
 
-def test_every_kind_has_one_entry_and_an_executor_method():
-    from gitops.apply.executor import _Runner
+def test_every_kind_has_one_entry_and_one_apply_handler_taking_its_payload():
+    """issue #45.1: an action kind is one unit: its entry (order, title, payload type) and its handler, which
+    apply finds in a table (no `getattr` on a name), each handler's payload the type the entry names."""
+    import inspect
+    import typing
 
-    assert set(KINDS) == set(Kind)
-    for kind in Kind:
-        assert callable(getattr(_Runner, kind.value.replace("-", "_"))), kind
+    from gitops.apply.handlers import HANDLERS
+
+    assert set(KINDS) == set(Kind) == set(HANDLERS)
+    for kind, handler in HANDLERS.items():
+        hints = typing.get_type_hints(handler)
+        payload = list(inspect.signature(handler).parameters)[2]
+        assert hints[payload] is KINDS[kind].payload, (kind, hints[payload], KINDS[kind].payload)
+
+
+def test_apply_refuses_an_action_whose_payload_is_not_its_kinds(tmp_path):
+    """A saved plan is someone else's file: a payload of another kind's type is refused before anything runs."""
+    from gitops.apply.executor import ApplyError, Connections, execute
+    from gitops.plan.actions import Action
+    from gitops.plan.payloads import LabelHost, RotationStep
+    from gitops.state.store import LocalDirStore
+
+    wrong = Action(Kind.ADVANCE_CA_ROTATION, "", "team-a", "", payload=LabelHost("host-1", (), ()))
+    with pytest.raises(ApplyError, match="carries a LabelHost, not the RotationStep a advance-ca-rotation action"):
+        execute(Plan((wrong,)), State(), Connections(cri=lambda name: None, hosts=lambda state: None),
+                LocalDirStore(tmp_path))
+    assert RotationStep.__name__ == KINDS[Kind.ADVANCE_CA_ROTATION].payload.__name__
+
+
+def test_no_class_of_apply_has_more_than_20_methods():
+    import ast
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "gitops" / "apply").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                methods = [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+                assert len(methods) <= 20, (path.name, node.name, len(methods))
 
 
 def test_the_plan_round_trips_through_json_with_its_payloads(repo):

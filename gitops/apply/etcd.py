@@ -162,23 +162,12 @@ class EtcdAdmin:
     def wait_healthy(self, urls: list[str], timeout: float, what: str) -> None:
         """Until every member at `urls` answers /health true (it has a leader, no alarm, and serves a
         quorum read), or raise after `timeout` seconds naming the members that are not."""
-        self._wait_all(urls, timeout, what, "healthy", self._unhealthy)
+        _wait_all(self, urls, timeout, what, "healthy", self._unhealthy)
 
     def wait_serving(self, urls: list[str], timeout: float, what: str) -> None:
         """Until every member at `urls` answers its status with a leader known: what a defragmentation needs
         of the others (unlike /health, true also under a NOSPACE alarm, which the upkeep is there to clear)."""
-        self._wait_all(urls, timeout, what, "serving", self._not_serving)
-
-    def _wait_all(self, urls: list[str], timeout: float, what: str, state: str, why_not: Callable[[str], str]) -> None:
-        """Until `why_not` says "" of every member at `urls`, or raise after `timeout` seconds naming the others."""
-        deadline = time.monotonic() + timeout
-        while True:
-            sick = [f"{url} ({why})" for url in urls if (why := why_not(url))]
-            if not sick:
-                return
-            if time.monotonic() > deadline:
-                raise EtcdError(f"{what}: etcd not {state} after {timeout:.0f}s: {'; '.join(sick)}")
-            self._pause(1.0)
+        _wait_all(self, urls, timeout, what, "serving", self._not_serving)
 
     def _unhealthy(self, url: str) -> str:
         """Why the member at `url` is not healthy, or "" when it is."""
@@ -231,7 +220,7 @@ class EtcdAdmin:
         me, leader = str(status.get("header", {}).get("member_id", "")), str(status.get("leader", ""))
         if not me or me != leader:
             return False
-        return self._move_leadership(me, [client_url], timeout, prefer)
+        return _move_leadership(self, me, [client_url], timeout, prefer)
 
     def hand_off_from(self, name: str, timeout: float = SETTLE, prefer: tuple[str, ...] = (),
                       peer_url: str = "") -> bool:
@@ -243,39 +232,7 @@ class EtcdAdmin:
         member = next((m for m in self.members() if _is(m, name, peer_url)), None)
         if member is None or member.id != leader or not member.client_urls:
             return False
-        return self._move_leadership(member.id, list(member.client_urls), timeout, prefer)
-
-    def _move_leadership(self, leader: str, leader_urls: list[str], timeout: float, prefer: tuple[str, ...]) -> bool:
-        others = [m for m in self.members() if m.id != leader and not m.learner]
-        if not others:
-            return False
-        ranked = sorted(others, key=lambda m: min((prefer.index(u) for u in m.client_urls if u in prefer),
-                                                  default=len(prefer)))
-        try:
-            self._post("/v3/maintenance/transfer-leadership", {"targetID": ranked[0].id}, leader_urls)
-        except EtcdError as err:
-            if err.refused:
-                # stopped (a killed run) while its peers still name it: they elect another without it
-                log.warning("etcd leader at %s refuses connections (%s): not running, nothing to hand off",
-                            leader_urls[0], err)
-                return False
-            # answered with an error or not at all, the transfer may have happened (or still happen): what the
-            # member says now decides (waiting for it only when the error may pass: a timeout, an election)
-            if not self._moved(leader, leader_urls, timeout if err.retryable else 0.0):
-                raise
-            return True
-        if not self._moved(leader, leader_urls, timeout):
-            raise EtcdError(f"etcd leadership did not move away from {leader_urls[0]} in {timeout:.0f}s")
-        return True
-
-    def _moved(self, leader: str, leader_urls: list[str], timeout: float) -> bool:
-        """Whether the member at `leader_urls` names a leader other than `leader` within `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        while str(self._post("/v3/maintenance/status", {}, leader_urls, replay=True).get("leader", "")) == leader:
-            if time.monotonic() > deadline:
-                return False
-            self._pause(0.2)
-        return True
+        return _move_leadership(self, member.id, list(member.client_urls), timeout, prefer)
 
     def remove(self, name: str, peer_url: str = "") -> bool:
         """Remove the member called `name` (the one holding `peer_url`, when given); False when it was absent
@@ -296,6 +253,55 @@ class EtcdAdmin:
                     raise
             return True
         return bool(self._settled(change))
+
+
+def _wait_all(admin: EtcdAdmin, urls: list[str], timeout: float, what: str, state: str,
+              why_not: Callable[[str], str]) -> None:
+    """Until `why_not` says "" of every member at `urls`, or raise after `timeout` seconds naming the others."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sick = [f"{url} ({why})" for url in urls if (why := why_not(url))]
+        if not sick:
+            return
+        if time.monotonic() > deadline:
+            raise EtcdError(f"{what}: etcd not {state} after {timeout:.0f}s: {'; '.join(sick)}")
+        admin._pause(1.0)
+
+
+def _move_leadership(admin: EtcdAdmin, leader: str, leader_urls: list[str], timeout: float,
+                     prefer: tuple[str, ...]) -> bool:
+    """Leadership moved from `leader` (at `leader_urls`) to another voting member, `prefer`'s first."""
+    others = [m for m in admin.members() if m.id != leader and not m.learner]
+    if not others:
+        return False
+    ranked = sorted(others, key=lambda m: min((prefer.index(u) for u in m.client_urls if u in prefer),
+                                              default=len(prefer)))
+    try:
+        admin._post("/v3/maintenance/transfer-leadership", {"targetID": ranked[0].id}, leader_urls)
+    except EtcdError as err:
+        if err.refused:
+            # stopped (a killed run) while its peers still name it: they elect another without it
+            log.warning("etcd leader at %s refuses connections (%s): not running, nothing to hand off",
+                        leader_urls[0], err)
+            return False
+        # answered with an error or not at all, the transfer may have happened (or still happen): what the
+        # member says now decides (waiting for it only when the error may pass: a timeout, an election)
+        if not _moved(admin, leader, leader_urls, timeout if err.retryable else 0.0):
+            raise
+        return True
+    if not _moved(admin, leader, leader_urls, timeout):
+        raise EtcdError(f"etcd leadership did not move away from {leader_urls[0]} in {timeout:.0f}s")
+    return True
+
+
+def _moved(admin: EtcdAdmin, leader: str, leader_urls: list[str], timeout: float) -> bool:
+    """Whether the member at `leader_urls` names a leader other than `leader` within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while str(admin._post("/v3/maintenance/status", {}, leader_urls, replay=True).get("leader", "")) == leader:
+        if time.monotonic() > deadline:
+            return False
+        admin._pause(0.2)
+    return True
 
 
 def _is(member: Member, name: str, peer_url: str) -> bool:

@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Any
 
 from gitops.nodefiles import AFTER_APPLY
+from gitops.plan import payloads
 from gitops.plan.payloads import Payload, payload_from_dict, payload_to_dict
 
 
@@ -37,47 +38,53 @@ class Kind(str, Enum):
 
 @dataclass(frozen=True)
 class KindInfo:
-    """Everything that differs by kind, in one place (apply's handler is the method named after the kind)."""
+    """Everything of a kind the plan knows, in one place: its order, its look in plans, its payload type.
+    (Its apply handler is `gitops.apply.handlers.HANDLERS[kind]`; `tests/test_plan_contract.py` keeps both
+    complete.)"""
 
     #: execution order; within phase 6 a node's etcd member add (as a learner) comes right before
     #: its containers and its promotion right after its etcd container, so members join one at a time
     phase: int
     symbol: str  # + ~ -
     verb: str
+    #: what apply executes (`gitops.plan.payloads`): an action of this kind carries exactly this type
+    payload: type
+    #: what a plan line of an action with no node names as its place
+    about: str = "recorded state"
 
 
 KINDS: dict[Kind, KindInfo] = {
     # before anything of the plan changes a cluster's etcd membership, a CA or its version (spec.backup)
-    Kind.BACKUP_ETCD: KindInfo(-1, "+", "back up etcd"),
+    Kind.BACKUP_ETCD: KindInfo(-1, "+", "back up etcd", payloads.BackupEtcd, about="etcd"),
     # a cluster whose etcd lost its quorum for good: rebuilt from its survivor first (spec.recovery)
-    Kind.RECOVER_ETCD: KindInfo(0, "~", "rebuild etcd"),
+    Kind.RECOVER_ETCD: KindInfo(0, "~", "rebuild etcd", payloads.RecoverEtcd),
     # etcd upkeep, on a cluster whose etcd the plan leaves alone, before anything else of it (a component
     # that exited while etcd was out of space starts again after): members one at a time, then the alarm
-    Kind.DEFRAGMENT_ETCD: KindInfo(0, "~", "defragment etcd"),
-    Kind.DISARM_ETCD_ALARM: KindInfo(0, "~", "clear etcd alarm"),
-    Kind.ETCD_MEMBER_REMOVE: KindInfo(0, "-", "remove etcd member"),
-    Kind.REMOVE_CONTAINER: KindInfo(1, "-", "remove container"),
-    Kind.REMOVE_POD: KindInfo(2, "-", "remove pod"),
-    Kind.CREATE_POD: KindInfo(3, "+", "create pod"),
-    Kind.GENERATE_KEYS: KindInfo(4, "+", "generate keys"),
-    Kind.WRITE_FILES: KindInfo(5, "~", "write files"),
+    Kind.DEFRAGMENT_ETCD: KindInfo(0, "~", "defragment etcd", payloads.EtcdHealth),
+    Kind.DISARM_ETCD_ALARM: KindInfo(0, "~", "clear etcd alarm", payloads.EtcdAlarm),
+    Kind.ETCD_MEMBER_REMOVE: KindInfo(0, "-", "remove etcd member", payloads.EtcdMemberChange),
+    Kind.REMOVE_CONTAINER: KindInfo(1, "-", "remove container", payloads.Remove),
+    Kind.REMOVE_POD: KindInfo(2, "-", "remove pod", payloads.Remove),
+    Kind.CREATE_POD: KindInfo(3, "+", "create pod", payloads.CreatePod),
+    Kind.GENERATE_KEYS: KindInfo(4, "+", "generate keys", payloads.GenerateKeys),
+    Kind.WRITE_FILES: KindInfo(5, "~", "write files", payloads.WriteFiles),
     # a cluster's restore (spec.restore): its control plane stopped, every member's data directory
     # rewritten from a snapshot; its containers start again in phase 6
-    Kind.RESTORE_ETCD: KindInfo(5, "~", "restore etcd"),
-    Kind.ETCD_MEMBER_ADD: KindInfo(6, "+", "add etcd member"),
-    Kind.ETCD_MEMBER_PROMOTE: KindInfo(6, "~", "promote etcd member"),
-    Kind.CREATE_CONTAINER: KindInfo(6, "+", "create container"),
-    Kind.RECREATE_CONTAINER: KindInfo(6, "~", "recreate container"),
+    Kind.RESTORE_ETCD: KindInfo(5, "~", "restore etcd", payloads.RestoreEtcd, about="etcd"),
+    Kind.ETCD_MEMBER_ADD: KindInfo(6, "+", "add etcd member", payloads.EtcdMemberChange),
+    Kind.ETCD_MEMBER_PROMOTE: KindInfo(6, "~", "promote etcd member", payloads.EtcdMemberChange),
+    Kind.CREATE_CONTAINER: KindInfo(6, "+", "create container", payloads.CreateContainer),
+    Kind.RECREATE_CONTAINER: KindInfo(6, "~", "recreate container", payloads.CreateContainer),
     # a component that takes new files in place (keepalived: SIGHUP), after every file is written and before
     # the cluster's containers start (`Action.sort_key`)
-    Kind.RELOAD_CONTAINER: KindInfo(6, "~", "reload container"),
-    Kind.LABEL_HOST: KindInfo(7, "~", "label host"),
+    Kind.RELOAD_CONTAINER: KindInfo(6, "~", "reload container", payloads.Reload),
+    Kind.LABEL_HOST: KindInfo(7, "~", "label host", payloads.LabelHost),
     # inside each cluster's own API, once its control plane runs
-    Kind.CREATE_OBJECT: KindInfo(8, "+", "create object"),
-    Kind.UPDATE_OBJECT: KindInfo(8, "~", "update object"),
-    Kind.SIGN_CERTIFICATE_REQUEST: KindInfo(9, "+", "sign certificate request"),
+    Kind.CREATE_OBJECT: KindInfo(8, "+", "create object", payloads.PutObject),
+    Kind.UPDATE_OBJECT: KindInfo(8, "~", "update object", payloads.PutObject),
+    Kind.SIGN_CERTIFICATE_REQUEST: KindInfo(9, "+", "sign certificate request", payloads.SignRequest),
     # the recorded state only, once every action of the cluster's CA rotation phase ran
-    Kind.ADVANCE_CA_ROTATION: KindInfo(10, "~", "record CA rotation phase"),
+    Kind.ADVANCE_CA_ROTATION: KindInfo(10, "~", "record CA rotation phase", payloads.RotationStep),
 }
 
 

@@ -80,9 +80,6 @@ def describe(action: Action) -> str:
 #: a cluster's own sections that come before its nodes
 _FIRST = (Kind.BACKUP_ETCD, Kind.RECOVER_ETCD, Kind.RESTORE_ETCD)
 #: what a cluster-wide action is about, where a node's name would go
-_ABOUT = {Kind.BACKUP_ETCD: "etcd", Kind.RESTORE_ETCD: "etcd"}
-
-
 @dataclass(frozen=True)
 class Section:
     """One group of a plan as people read it: a cluster's node on a hypervisor (a node that moves has one
@@ -182,7 +179,7 @@ def render_markdown(plan: Plan) -> str:
             cluster = cluster_name
             lines += [f"#### Cluster `{cluster_name}`", "", "```diff"]
         for action in actions:
-            where = (node or _ABOUT.get(action.kind, "recorded state")) + (f" on {action.hypervisor}" if action.hypervisor else "")
+            where = (node or action.info.about) + (f" on {action.hypervisor}" if action.hypervisor else "")
             lines.append(f"{symbol[action.symbol]} {where}: {describe(action)}")
             lines += [f"    {d}" for d in action.details]
     if cluster is not None:
