@@ -27,7 +27,8 @@ from gitops.plan.cluster_api import cluster_api_actions
 from gitops.plan.diff import DiffOptions
 from gitops.plan import converged, recorded, recovery
 from gitops.plan.hosts import label_actions, sip_warnings
-from gitops.plan.rollout import ordered, plan_nodes
+from gitops.plan.clusters import plan_nodes
+from gitops.plan.rollout import ordered
 from gitops.plan.endpoints import endpoint_notes
 from gitops.plan.rotation import rotation_notes, rotation_steps
 from gitops.plan.upgrades import check_versions

@@ -28,7 +28,7 @@ from gitops.pki import cert_to_pem, generate_key, sign_public_key
 from gitops.plan.actions import Kind, Plan, Unknown, UnknownKind
 from gitops.pki.facts import CERTIFICATE_FACTS
 from gitops.plan.diff import certificates_read
-from gitops.plan.rollout import CLUSTER_DIFFS
+from gitops.plan.clusters import CLUSTER_DIFFS
 from gitops.plan.render import headline, render_json, render_markdown, render_text
 from gitops.pods import NodeFiles, file_digest
 from gitops.state import LocalDirStore, State

@@ -12,7 +12,7 @@ compiled, verified nor diffed, and its observation is not even loaded. Anything 
 cluster with no record, is planned as always.
 
 Why that is exact: a cluster's part of a plan is a pure function of these inputs and the clock
-(`gitops.plan.rollout.plan_nodes` memoizes it on a digest of the same things, valid until the
+(`gitops.plan.clusters.plan_nodes` memoizes it on a digest of the same things, valid until the
 renewal time). What a cluster's part could read from another cluster is covered by how records are
 made: no record exists after a plan with a cluster's warning or unknown, and an observed pod of one cluster's
 node labeled with another cluster is an action of that other cluster (so neither is recorded), and

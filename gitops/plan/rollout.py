@@ -1,31 +1,25 @@
-"""Rollout: the order and the health gates of each cluster's actions (pure).
+"""Rollout: the order and the health gates of one cluster's actions (pure).
 
 `gitops.plan.diff` says what differs, as raw actions; this module decides how they roll out (as
 gitops-engine's `pkg/sync` orders what its `pkg/diff` finds): the health gate each container change
 gets, etcd members joining (as learners) and leaving one at a time, each API server stopped around its
 own etcd member, the changes that wait for a vote or a quorum, where etcd leadership goes, and the
-plan's order. Each cluster is compared and rolled out once per content of its inputs.
+plan's order. `gitops.plan.clusters` drives each cluster through it.
 """
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 from gitops.compile.components import INGRESS_COUNTS_IN, SHUTDOWN_DELAY
-from gitops.compile.desired import DesiredPod, DesiredState
-from gitops.nodefiles import AFTER_APPLY
-from gitops.memo import Memo
+from gitops.compile.desired import DesiredPod
 from gitops.model.components import APISERVER, CONTROLPLANE, ETCD, ETCD_MEMBER, OVERLAP, READYZ, rollout_of
-from gitops.observe.types import ObservedPod, ObservedState
-from gitops.plan.actions import Action, Kind, Plan, Unknown, UnknownKind
-from gitops.plan.diff import ClusterInputs, DiffOptions, cluster_inputs, compare, unreachable
-from gitops.plan import recovery, restore
-from gitops.plan.upkeep import leaves_etcd_alone, upkeep
+from gitops.nodefiles import AFTER_APPLY
+from gitops.observe.types import ObservedPod
+from gitops.plan.actions import Action, Kind
+from gitops.plan.diff import ClusterInputs
 from gitops.plan.payloads import ApiReady, BackupEtcd, CreateContainer, EtcdHealth, EtcdMemberChange, Remove
 from gitops.pods import AGENT
-from gitops.state.records import State
 
 #: how long a new container replaced with `OVERLAP` (the ingress) runs beside the one it replaces
 INGRESS_OVERLAP = 2
@@ -37,95 +31,6 @@ _GRACEFUL_STOP = (f"stops gracefully: fails /readyz for {SHUTDOWN_DELAY}s first,
 def ordered(actions: Iterable[Action]) -> tuple[Action, ...]:
     """The plan's order (`Action.sort_key`: phase by kind, then the anchors and steps set here)."""
     return tuple(sorted(actions, key=Action.sort_key))
-
-
-def plan_nodes(desired: DesiredState, observed: ObservedState, state: State, options: DiffOptions,
-               now: dt.datetime | None = None, skip: frozenset[str] = frozenset(),
-               renew_at: dict[str, dt.datetime] | None = None) -> Plan:
-    """Every cluster's actions on its hypervisors (its pods, files, containers and etcd membership),
-    compared then rolled out once per content of its inputs (see `ClusterInputs`), plus what is unknown.
-    `skip`: clusters known to plan nothing (`gitops.plan.converged`), left out; `renew_at` gets each
-    cluster's first certificate renewal time."""
-    now = now or dt.datetime.now(dt.timezone.utc)
-    down = set(observed.unreachable)
-    unknowns = tuple(unreachable(name, observed, desired, state) for name in sorted(down))
-    actions: list[Action] = []
-    warnings: list[tuple[str, str]] = []
-    settings = repr(options)
-    unchecked: list[str] = []
-    for inputs in cluster_inputs(desired, observed, state, down, set(observed.lost)):
-        if inputs.cluster in skip:
-            continue
-        part = CLUSTER_DIFFS.get(inputs.key(settings), lambda: _cluster_plan(inputs, options, now),
-                                 fresh=lambda part: part.fresh_at(now))
-        if renew_at is not None and part.until is not None:
-            renew_at[inputs.cluster] = part.until
-        actions.extend(part.actions)
-        warnings.extend(part.warnings)
-        if (inputs.etcd is not None and inputs.want is not None
-                and leaves_etcd_alone(part.actions, {m.node for m in inputs.want.etcd_members})):
-            done, said = upkeep(inputs.cluster, inputs.want, inputs.etcd, {p.node: p.hypervisor for p in inputs.wants},
-                                options.health_timeout)
-            actions.extend(done)
-            warnings.extend(("", w) for w in said)
-        unchecked.extend(part.unchecked)
-    warnings.sort(key=lambda item: item[0])  # by node, as the pods were walked
-    if unchecked:
-        unknowns += (Unknown(UnknownKind.NODE_FILES, "files agent", nodes=tuple(sorted(unchecked))),)
-    return Plan(actions=ordered(actions), warnings=tuple(text for _, text in warnings), unknowns=unknowns)
-
-
-@dataclass(frozen=True)
-class ClusterDiff:
-    """One cluster's actions and (node, warning)s, valid from `since` until `until` (the first moment a
-    certificate found fine enters its renewal window; None: no certificate involved)."""
-
-    actions: tuple[Action, ...]
-    warnings: tuple[tuple[str, str], ...]
-    since: dt.datetime
-    until: dt.datetime | None
-    #: nodes whose files were not checked: their files agent starts again in this plan
-    unchecked: tuple[str, ...] = ()
-
-    def fresh_at(self, now: dt.datetime) -> bool:
-        return self.since <= now and (self.until is None or now < self.until)
-
-
-#: per-cluster diffs by a digest of their inputs: a plan diffs again only the clusters that changed
-CLUSTER_DIFFS: Memo[bytes, ClusterDiff] = Memo(maxsize=1 << 16)
-
-
-def _cluster_plan(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
-    if inputs.record is not None and inputs.record.forcing:
-        return _recovery_plan(inputs, options, now)
-    value = restore.pending(inputs)
-    waits = restore.hold(inputs, value) if value else ""
-    if value and not waits:
-        return _restore_plan(inputs, value, options, now)
-    waiting = ((min(inputs.record.etcd_members), waits),) if waits and inputs.record else ()
-    return _diff(inputs, options, now, waiting=waiting)
-
-
-def _diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime,
-          then: Callable[[list[Action]], list[Action]] = lambda actions: actions,
-          waiting: tuple[tuple[str, str], ...] = ()) -> ClusterDiff:
-    """`inputs` compared and rolled out, the actions passed through `then`, with (node, warning)s `waiting`."""
-    found = compare(inputs, options, now)
-    actions, held = roll_out(inputs, found.actions, found.keepers, options.health_timeout)
-    return ClusterDiff(tuple(then(actions)), (*found.warnings, *held, *waiting), now, found.until, found.unchecked)
-
-
-def _recovery_plan(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
-    """The survivor's etcd rebuilt first, then the cluster's diff against it (`gitops.plan.recovery`)."""
-    return _diff(recovery.stopped_view(inputs), options, now,
-                 then=lambda actions: recovery.recover_action(inputs, actions, options.health_timeout))
-
-
-def _restore_plan(inputs: ClusterInputs, value: str, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
-    """The restore, then the cluster's diff against what it leaves (`gitops.plan.restore`)."""
-    view = restore.stopped_view(inputs)
-    return _diff(view, options, now, then=lambda actions: [
-        restore.restore_action(inputs, value), *restore.restart_gates(view, actions, options.health_timeout)])
 
 
 def roll_out(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, ObservedPod],
@@ -611,5 +516,5 @@ def hold_quorum(inputs: ClusterInputs, actions: list[Action]) -> tuple[list[Acti
     return [a for a in actions if a.node not in waiting], held
 
 
-__all__ = ["CLUSTER_DIFFS", "count_joined", "drain_api_servers", "etcd_membership", "gate", "hold_quorum",
-           "hold_votes", "leadership_order", "ordered", "plan_nodes", "roll_out"]
+__all__ = ["count_joined", "drain_api_servers", "etcd_membership", "gate", "hold_quorum", "hold_votes",
+           "leadership_order", "ordered", "roll_out"]
