@@ -69,9 +69,12 @@ def pod(lab, request):  # type: ignore[no-untyped-def]
 
 #: The lab groups (`pytest.mark.lab(NAME)` on a module), in the order they run, and what each owns: the `127.0.T`
 #: labs and addresses its modules use (`tests/test_lab_groups.py` checks that no two groups share one, so two
-#: groups can run at once). Under pytest-xdist they run in two lanes (`SECOND_LANE`), one per worker.
+#: groups could run at once). Under pytest-xdist they all run on one worker, one after another
+#: (`LAB_WORKERS`), the Python-only tests on the other beside them: two labs at once on the 2 cores CI has ran
+#: each about 1.5x slower (38:34 and 44:09 for the suite instead of about 50) and timing-sensitive lab tests
+#: failed (an mTLS front's TLS handshake past its 10 s deadline, a joining kubelet's request past 60 s).
 LAB_GROUPS = {
-    "image": "127.0.26: the controller image, built and run",
+    "image": "127.0.26: the controller image, built (beside the Python-only tests) and run",
     "apply": "127.0.22: the example clusters, applied and changed (test_apply_lab)",
     "workers": "127.0.24: the controller's lab and the workers' lab",
     "recovery": "127.0.34",
@@ -83,12 +86,8 @@ LAB_GROUPS = {
     "etcd": "127.0.38, 127.0.39: real etcd, restic's servers (backups, etcd upkeep, write answers)",
     "onboarding": "127.0.44",
 }
-#: The groups the second xdist worker runs, one after another, before its share of the Python-only tests: the
-#: controller image (its build alone took the first worker 4 to 5 minutes) and the real servers that need no lab
-#: of hypervisors. The other groups, the labs of hypervisors, run on the first worker one after another. Any two
-#: of those labs at once on the 2 cores CI has ran each about 1.5x slower, and timing-sensitive lab tests failed
-#: (an mTLS front's TLS handshake past its 10 s deadline, a joining kubelet's request past 60 s).
-SECOND_LANE = ("image", "kubeapi", "etcd")
+#: how many xdist workers the lab groups share: 1, every group on one worker (2: one group per free worker)
+LAB_WORKERS = 1
 #: tests using these fixtures use the session's lab: group `session`
 LAB_FIXTURES = {"lab", "pod"}
 
@@ -129,37 +128,31 @@ def require_lab_group() -> None:
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Under pytest-xdist: an item of a lab group gets xdist's group, its lane (`lab`, or `lab-2` for the
-    `SECOND_LANE`; marked as each test is collected: xdist reads the marks in its own collection hook)."""
+    """Under pytest-xdist: an item of a lab group gets xdist's group `lab` (`lab-NAME` with `LAB_WORKERS` 2;
+    marked as each test is collected: xdist reads the marks in its own collection hook)."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return
     group = lab_group(item)
     if group is not None:
-        item.add_marker(pytest.mark.xdist_group(lane(group)))
-
-
-def lane(group: str) -> str:
-    """The xdist group a lab group runs in: the worker that runs it, one group after another."""
-    return "lab-2" if group in SECOND_LANE else "lab"
+        item.add_marker(pytest.mark.xdist_group(f"lab-{group}" if LAB_WORKERS > 1 else "lab"))
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they deselect
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order tests run in.
 
-    Under pytest-xdist (`scripts/test.sh`: two workers, `--dist loadgroup --no-loadscope-reorder`): the first
-    lane's lab groups in `LAB_GROUPS` order (xdist hands that lane to the first worker), the second lane's (to
-    the second worker: `SECOND_LANE`), then the Python-only tests, shared out one by one to whichever worker
-    is free. Without xdist: the Python-only tests first, then the image tests,
+    Under pytest-xdist (`scripts/test.sh`: two workers, `--dist loadgroup --no-loadscope-reorder`): the lab
+    groups in `LAB_GROUPS` order, on one worker (each group whole on one worker with `LAB_WORKERS` 2), then
+    the Python-only tests, shared out one by one to whichever worker is free. Without xdist: the Python-only tests first, then the image tests,
     then the other lab groups; with an image test selected the images start building now, beside the
     Python-only tests (`imagebuild`). Under xdist the image test starts the build itself."""
     order = list(LAB_GROUPS)
     xdist = os.environ.get("PYTEST_XDIST_WORKER") is not None
 
-    def rank(item: pytest.Item) -> tuple[int, ...]:  # (stable: each group keeps the collected order)
+    def rank(item: pytest.Item) -> tuple[int, int]:  # (stable: each group keeps the collected order)
         group = lab_group(item)
         if xdist:
-            return (0, lane(group) != "lab", order.index(group)) if group is not None else (1, 0, 0)
+            return (0, order.index(group)) if group is not None else (1, 0)
         if group is None:
             return (0, 0)
         return (1, 0) if item.get_closest_marker("image") else (2, order.index(group))

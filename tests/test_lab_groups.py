@@ -1,6 +1,5 @@
-"""The suite's lab groups (tests/conftest.py LAB_GROUPS): two pytest-xdist workers run two groups at once (one
-per lane), so no two groups may share a lab or an address, and every module that starts a lab or real servers
-is in one.
+"""The suite's lab groups (tests/conftest.py LAB_GROUPS): two pytest-xdist workers run two groups at once, so
+no two groups may share a lab or an address, and every module that starts a lab or real servers is in one.
 
 `conftest.require_lab_group` fails such a test at run time under xdist; this reads the modules' source so
 that a module left out is found by any run, with or without xdist.
