@@ -46,6 +46,11 @@ class Loop:
     controller_key: Path
 
     @property
+    def example_team_b(self) -> Path:
+        """The example's team-b as `gitops lab example-repo --ingress-nodes 1` wrote it for this lab."""
+        return self.base / "example-team-b"
+
+    @property
     def workdir(self) -> Path:
         return self.base / "controller"
 
@@ -80,7 +85,7 @@ class Loop:
         target = self.work / "clusters" / name
         if not target.exists():
             if name == "team-b":
-                shutil.copytree(Path(__file__).resolve().parents[1] / "example-repo/clusters/team-b", target)
+                shutil.copytree(self.example_team_b, target)
             else:
                 shutil.copytree(self.work / "clusters/team-a", target)
                 for path in target.iterdir():
@@ -138,7 +143,8 @@ def loop():
         start = text.index("  kubeconfigRecipients:")
         end = text.index("  prune:")
         config.write_text(text[:start] + f"  kubeconfigRecipients:\n    - {recipient}\n" + text[end:])
-        shutil.rmtree(work / "clusters" / "team-b")  # added by a later commit
+        # added by a later commit: as `lab example-repo` wrote it (one ingress node, on the lab's one public machine)
+        shutil.move(work / "clusters" / "team-b", base / "example-team-b")
         origin = base / "origin.git"
         subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
         world = Loop(base, origin, work, lab, user_key, controller_key)
@@ -217,7 +223,7 @@ def test_first_commit_is_applied_and_reported(loop):
 
 
 def test_pushing_a_cluster_gets_it_ready_with_an_encrypted_kubeconfig(loop):
-    shutil.copytree(Path(__file__).resolve().parents[1] / "example-repo/clusters/team-b", loop.work / "clusters/team-b")
+    shutil.copytree(loop.example_team_b, loop.work / "clusters/team-b")
     sha = loop.push("add team-b")
     loop.reconcile()
     cluster = yaml.safe_load(loop.status_file("status/Cluster/team-b.yaml"))["status"]
