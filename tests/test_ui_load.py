@@ -33,7 +33,10 @@ from gitops.ui import source as ui_source
 from gitops.ui import views
 from gitops.ui.source import StatusSource
 
-HEALTHZ_BUDGET = 0.1
+#: a /healthz queued behind a slow page (each holds a server thread for 1 s or more) waits at least about half
+#: a page on average: one this long was delayed by the UI, not merely slowed by a busy machine (the suite runs
+#: labs on the other core; a speed figure would be a benchmark's, not a test's)
+QUEUED = 0.5
 
 
 def timed(url: str) -> tuple[float, int, dict[str, str]]:
@@ -91,10 +94,11 @@ def healthz_while(url: str, busy: threading.Event) -> list[tuple[float, float]]:
 
 
 def check_healthz(samples: list[tuple[float, float]], stalls: Stalls) -> None:
-    """Every /healthz answered within `HEALTHZ_BUDGET`, unless the machine stalled this process meanwhile."""
-    slow = [(round(b - a, 3), stalls.explain(a, b)) for a, b in samples if b - a >= HEALTHZ_BUDGET]
+    """No /healthz waited behind the slow pages (`QUEUED`), unless the machine stalled this process meanwhile;
+    and most answered at once."""
+    slow = [(round(b - a, 3), stalls.explain(a, b)) for a, b in samples if b - a >= QUEUED]
     assert len(samples) >= 10 and all(explained for _, explained in slow), slow
-    assert statistics.median(b - a for a, b in samples) < HEALTHZ_BUDGET / 4
+    assert statistics.median(b - a for a, b in samples) < QUEUED / 5
 
 
 def test_the_page_limit_leaves_the_server_threads_for_healthz():
