@@ -10,9 +10,12 @@ import git
 
 def as_url(repo: str) -> str:
     """A repo given as a URL (kept) or as a local path (made absolute: clones live elsewhere)."""
-    if "://" not in repo and ":" not in repo.split("/")[0]:
-        return str(Path(repo).absolute())
-    return repo
+    return str(Path(repo).absolute()) if is_path(repo) else repo
+
+
+def is_path(repo: str) -> bool:
+    """Whether `repo` names a repository on this machine by its path (not a URL, not scp-like `host:path`)."""
+    return "://" not in repo and ":" not in repo.split("/")[0]
 
 
 def open_clone(url: str, directory: Path) -> git.Repo:
@@ -56,7 +59,7 @@ def remove_abandoned_remote_locks(url: str, message: str, age: float | None = No
     and that are older than `age` seconds, removed: a push killed in the middle of updating the remote (its
     receive-pack runs as the pusher's child on a local remote, and dies with it) leaves one, and every
     later push to that ref fails. A remote reached over the network keeps its own locks: nothing is done."""
-    if "://" in url or ":" in url.split("/")[0]:
+    if not is_path(url):
         return []
     remote = Path(url).resolve()
     age = ABANDONED_LOCK_AGE if age is None else age
