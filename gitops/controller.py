@@ -29,7 +29,7 @@ from gitops.coordination.member import Member
 from gitops.coordination.scope import PlacementRaced, Scope
 from gitops.engine import ApplyResult, Planned, apply_repo, desired_for, observe_all
 from gitops.errors import GitopsError
-from gitops.gitclone import clear_stale_locks
+from gitops.gitrepo import clear_stale_locks
 from gitops.notify import Event, Notifier
 from gitops.metrics import Metrics
 from gitops.model.config import Coordination, NotificationTarget, RepoConfig

@@ -1,6 +1,6 @@
 """Credentials out of text: the userinfo of every URL in it goes (`https://user:token@host/x` becomes
 `https://host/x`). Apply it to whatever is printed, logged or rendered that may hold a repo URL: the URL itself,
-an error quoting it (git's, GitPython's command lines), a traceback."""
+an error quoting it (git's command lines and messages), a traceback."""
 from __future__ import annotations
 
 import re

@@ -10,10 +10,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
 from gitops.errors import GitopsError
-from gitops.gitclone import open_clone
+from gitops.gitrepo import GitError, Repo, open_clone
 
 log = logging.getLogger(__name__)
 
@@ -54,70 +52,58 @@ class GitSource:
         self.branch = branch
         self.dir = workdir / "source"
         self.signatures = signatures
-        self._repo: git.Repo | None = None
+        self._repo: Repo | None = None
 
     @property
-    def repo(self) -> git.Repo:
+    def repo(self) -> Repo:
         if self._repo is None:
             try:
                 self._repo = open_clone(self.url, self.dir)
-            except (git.GitCommandError, ValueError) as err:
-                raise SourceError(f"cannot clone {self.url}: {_git_message(err)}") from None
+            except GitError as err:
+                raise SourceError(f"cannot clone {self.url}: {err.detail}") from None
         return self._repo
 
     def fetch(self) -> str:
         """Fetch and return the SHA at the tip of the followed branch."""
+        tracking = f"refs/remotes/origin/{self.branch}"
         try:
-            self.repo.remote("origin").fetch(f"+refs/heads/{self.branch}:refs/remotes/origin/{self.branch}",
-                                             prune=False)
-            return self.repo.commit(f"refs/remotes/origin/{self.branch}").hexsha
-        except (git.GitCommandError, git.BadName, ValueError) as err:
-            raise SourceError(f"cannot fetch {self.branch} from {self.url}: {_git_message(err)}") from None
+            if not self.repo.fetch_ref("origin", f"refs/heads/{self.branch}", tracking):
+                raise SourceError(f"cannot fetch {self.branch} from {self.url}: there is no such branch")
+        except GitError as err:
+            raise SourceError(f"cannot fetch {self.branch} from {self.url}: {err.detail}") from None
+        sha = self.repo.commit_of(tracking)
+        if not sha:
+            raise SourceError(f"cannot fetch {self.branch} from {self.url}: its tip is not a commit")
+        return sha
 
     def checkout(self, sha: str) -> Revision:
         """Detach the working tree at `sha`, discarding anything else in it."""
         try:
-            self.repo.git.checkout("--force", "--detach", sha)
-            self.repo.git.clean("-ffdxq")
-            commit = self.repo.commit(sha)
-        except git.GitCommandError as err:
-            raise SourceError(f"cannot check out {sha[:12]}: {_git_message(err)}") from None
-        return Revision(sha=sha, path=self.dir, subject=str(commit.summary))
+            self.repo.run("checkout", "--quiet", "--force", "--detach", sha)
+            self.repo.run("clean", "-ffdxq")
+            subject = self.repo.subject(sha)
+        except GitError as err:
+            raise SourceError(f"cannot check out {sha[:12]}: {err.detail}") from None
+        return Revision(sha=sha, path=self.dir, subject=subject)
 
     def on_branch(self, sha: str) -> bool:
         """Whether `sha` is the fetched tip of the followed branch or one of its ancestors."""
-        status, _, _ = self.repo.git.execute(
-            ["git", "merge-base", "--is-ancestor", sha, f"refs/remotes/origin/{self.branch}"],
-            with_extended_output=True, with_exceptions=False)
-        return status == 0
+        return self.repo.is_ancestor(sha, f"refs/remotes/origin/{self.branch}")
 
     def verify(self, sha: str) -> str:
         """Check the commit's signature against the policy; returns git's description of the signer."""
         policy = self.signatures
         if policy is None:
             return ""
-        argv = ["git"]
-        env = {}
-        if policy.allowed_signers is not None:
-            argv += ["-c", f"gpg.ssh.allowedSignersFile={policy.allowed_signers}"]
-        if policy.gpg_home is not None:
-            env["GNUPGHOME"] = str(policy.gpg_home)
-        argv += ["verify-commit", "-v", sha]
-        status, _, stderr = self.repo.git.execute(argv, with_extended_output=True, with_exceptions=False, env=env,
-                                                  kill_after_timeout=60)
-        if status != 0:
+        done = self.repo.verify_commit(sha, policy.allowed_signers, policy.gpg_home)
+        stderr = done.err
+        if not done.ok:
             detail = " ".join(line.strip() for line in stderr.splitlines()
                               if line.strip() and not line.startswith(("tree ", "parent ", "author ", "committer ")))
-            if not self.repo.commit(sha).gpgsig:
+            if not self.repo.commit_signature(sha):
                 raise SignatureError(f"commit {sha[:12]} is not signed")
             raise SignatureError(f"commit {sha[:12]} has no valid signature from an allowed signer: "
                                  f"{detail[-300:] or 'verification failed'}")
         signer = next((line.strip() for line in stderr.splitlines() if "Good" in line), "good signature")
         return signer
 
-
-def _git_message(err: Exception) -> str:
-    if isinstance(err, git.GitCommandError):
-        text = (err.stderr or str(err)).strip()
-        return " ".join(text.replace("stderr:", "").split())[:300]
-    return str(err)

@@ -15,7 +15,7 @@ RANK = {
     # bottom: no repo model, no I/O policy
     "errors": 0, "__version__": 0, "apipaths": 0, "printable": 0, "memo": 0, "units": 0, "redact": 0, "hostport": 0,
     "safeio": 1, "pki": 1, "httpserve": 0.5, "keypair": 0.5,
-    "logs": 1, "gitclone": 1, "secrets": 1, "metrics": 1, "procs": 2,
+    "logs": 1, "gitrepo": 1, "secrets": 1, "metrics": 1, "procs": 2,
     "cri": 2, "state": 2, "kubeapi": 2, "pods": 2, "nodefiles": 2.5,
     "agent": 3, "model": 3, "kubeconfig": 3, "coordination": 3, "etcdclient": 3,
     "backup": 4, "notify": 4,
@@ -270,3 +270,21 @@ def test_the_plans_data_types_live_below_the_compiler():
     for name in ("actions.py", "payloads.py"):
         used = _imports(PACKAGE / "plan" / name)
         assert not used & {"compile", "observe", "apply", "engine"}, (name, sorted(used))
+
+
+def test_every_git_command_goes_through_the_one_git_adapter():
+    """Only `gitops/gitrepo.py` runs git: no other module imports GitPython (or gitdb) or starts a process
+    whose argv begins with "git"."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == PACKAGE / "gitrepo.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            imported = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                        else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(name.split(".")[0] in ("git", "gitdb") for name in imported):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} imports {imported}")
+            if (isinstance(node, (ast.List, ast.Tuple)) and node.elts and isinstance(node.elts[0], ast.Constant)
+                    and node.elts[0].value == "git"):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} runs git itself")
+    assert not offenders, offenders

@@ -19,7 +19,7 @@ from gitops.cli.secrets import read_identity
 from gitops.units import human_age, human_size
 from gitops.controller import Controller, ControllerConfig, CoordinationFlags
 from gitops.errors import GitopsError
-from gitops.gitclone import as_url
+from gitops.gitrepo import as_url
 from gitops.metrics import serve
 from gitops.source import SignaturePolicy
 from gitops.status.backups import BACKUPS_DIR

@@ -10,7 +10,7 @@ from gitops.cli.reconcile import STATE_ENV
 from gitops.cli.secrets import IDENTITY_ENV, read_identity
 from gitops.cli.trust import reader_options, reader_verifier
 from gitops.errors import GitopsError
-from gitops.gitclone import as_url
+from gitops.gitrepo import as_url
 from gitops.state import LocalDirStore
 from gitops.state.store import STATE_FILE
 from gitops.status.branch import StatusBranch

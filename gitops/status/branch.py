@@ -23,17 +23,16 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import git
-
 from gitops.errors import GitopsError
-from gitops.gitclone import open_clone, remove_abandoned_remote_locks
+from gitops.gitrepo import GitError, Repo, open_clone, remove_abandoned_remote_locks
 from gitops.safeio import FileRefused, read_text, remove_under, write_atomic, write_under
 from gitops.status.reader import DEFAULT_BRANCH, StatusReader
-from gitops.status.trust import BranchTrust, is_ancestor, newest_trusted
+from gitops.status.trust import BranchTrust, newest_trusted
 
 log = logging.getLogger(__name__)
 
-AUTHOR = git.Actor("gitops", "gitops@localhost")
+#: the status commits' author and committer (name, email)
+AUTHOR = ("gitops", "gitops@localhost")
 #: pushes that lose the race to another writer, at most, before a publish gives up: several replicas each
 #: committing every few seconds on a loaded host made a writer lose 8 in a row (its apply failed with it)
 PUSH_ATTEMPTS = 30
@@ -73,7 +72,7 @@ class StatusBranch:
         self.trust = trust
         #: the last `sync` found the tip not trusted: (tip, why); its tree was set aside for the last trusted one
         self.untrusted: tuple[str, str] | None = None
-        self._repo: git.Repo | None = None
+        self._repo: Repo | None = None
         self._pushed: str | None = None  # the commit this worktree holds exactly, as last pushed by it
         #: the last sync found history rolled back: the next commit has this one (verified) as a parent too,
         #: so the branch descends from it again (and no older commit can pass as newer)
@@ -82,34 +81,33 @@ class StatusBranch:
     # ------------------------------------------------------------------ worktree
 
     @property
-    def repo(self) -> git.Repo:
+    def repo(self) -> Repo:
         if self._repo is None:
             try:
-                self._repo = open_clone(self.url, self.dir)
-                with self._repo.config_writer() as config:
-                    config.set_value("user", "name", AUTHOR.name)
-                    config.set_value("user", "email", AUTHOR.email)
-                    key = self.trust.key if self.trust is not None else None
-                    config.set_value("commit", "gpgsign", "true" if key is not None else "false")
-                    if key is not None:  # git's own SSH signing (ssh-keygen -Y sign, namespace "git")
-                        config.set_value("gpg", "format", "ssh")
-                        config.set_value("user", "signingkey", str(key.path.absolute()))
-                    # a link pushed to the branch is checked out as a plain file holding its text, never as a
-                    # link: nothing written into the worktree can land outside it
-                    config.set_value("core", "symlinks", "false")
-                    config.set_value("core", "untrackedCache", "true")  # `add -A` over thousands of files
-            except (git.GitCommandError, ValueError) as err:
-                raise StatusError(f"cannot clone {self.url} for the status branch: {git_message(err)}") from None
+                repo = open_clone(self.url, self.dir)
+                key = self.trust.key if self.trust is not None else None
+                config = {"user.name": AUTHOR[0], "user.email": AUTHOR[1],
+                          "commit.gpgsign": "true" if key is not None else "false",
+                          # a link pushed to the branch is checked out as a plain file holding its text, never
+                          # as a link: nothing written into the worktree can land outside it
+                          "core.symlinks": "false",
+                          "core.untrackedCache": "true"}  # `add -A` over thousands of files
+                if key is not None:  # git's own SSH signing (ssh-keygen -Y sign, namespace "git")
+                    config.update({"gpg.format": "ssh", "user.signingkey": str(key.path.absolute())})
+                repo.configure(config)
+                self._repo = repo
+            except GitError as err:
+                raise StatusError(f"cannot clone {self.url} for the status branch: {err.detail}") from None
         return self._repo
 
     def _remote_tip(self) -> str | None:
+        tracking = f"refs/remotes/origin/{self.branch}"
         try:
-            self.repo.remote("origin").fetch(f"+refs/heads/{self.branch}:refs/remotes/origin/{self.branch}")
-        except git.GitCommandError as err:
-            if "couldn't find remote ref" in str(err).lower():
+            if not self.repo.fetch_ref("origin", f"refs/heads/{self.branch}", tracking):
                 return None
-            raise StatusError(f"cannot fetch {self.branch}: {git_message(err)}") from None
-        return self.repo.commit(f"refs/remotes/origin/{self.branch}").hexsha
+        except GitError as err:
+            raise StatusError(f"cannot fetch {self.branch}: {err.detail}") from None
+        return self.repo.commit_of(tracking) or None
 
     def sync(self) -> str | None:
         """Reset the worktree to the remote tip (an empty orphan branch if there is none). With `trust`, a
@@ -125,26 +123,26 @@ class StatusBranch:
                                   "is read instead")
             log.warning("status branch deleted: the last trusted status is written back",
                         extra={"branch": self.branch, "reading": known})
-            repo.git.checkout("--force", "-B", self.branch, known)
-            repo.git.clean("-ffdxq")
+            repo.run("checkout", "--quiet", "--force", "-B", self.branch, known)
+            repo.run("clean", "-ffdxq")
         elif tip is None:
-            repo.git.checkout("--force", "--orphan", f"gitops-local-{uuid.uuid4().hex[:6]}")
-            repo.git.rm("-rfq", "--cached", "--ignore-unmatch", ".")
+            repo.run("checkout", "--quiet", "--force", "--orphan", f"gitops-local-{uuid.uuid4().hex[:6]}")
+            repo.run("rm", "-rfq", "--cached", "--ignore-unmatch", ".")
             for entry in self.dir.iterdir():
                 if entry.name != ".git":
                     shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         elif tip != self._pushed:  # else the worktree already is the tip
             base = self._trusted_base(tip) if self.trust is not None else tip
             if base == tip:
-                repo.git.checkout("--force", "-B", self.branch, tip)
+                repo.run("checkout", "--quiet", "--force", "-B", self.branch, tip)
             else:  # the tip's tree is never checked out: the branch points at it, the worktree is the base's
-                repo.git.update_ref(f"refs/heads/{self.branch}", tip)
-                repo.git.symbolic_ref("HEAD", f"refs/heads/{self.branch}")
+                repo.run("update-ref", f"refs/heads/{self.branch}", tip)
+                repo.run("symbolic-ref", "HEAD", f"refs/heads/{self.branch}")
                 if base:
-                    repo.git.read_tree("--reset", "-u", base)
+                    repo.run("read-tree", "--reset", "-u", base)
                 else:
-                    repo.git.read_tree("--empty")
-            repo.git.clean("-ffdxq")
+                    repo.run("read-tree", "--empty")
+            repo.run("clean", "-ffdxq")
         self._pushed = None  # the caller writes now
         return tip
 
@@ -152,9 +150,9 @@ class StatusBranch:
         """`tip` when a pinned key signed it and it descends from the last commit verified here, else the
         newest trusted commit to read instead ("" when there is none), the tip noted in `untrusted`."""
         assert self.trust is not None
-        repo, ref = Path(self.repo.working_tree_dir or self.dir), f"{TRUSTED_REFS}/{self.branch}"
+        repo, ref = self.repo, f"{TRUSTED_REFS}/{self.branch}"
         known = self._known()
-        if known and not is_ancestor(repo, known, tip):
+        if known and not repo.is_ancestor(known, tip):
             self.untrusted = (tip, f"its history does not descend from {known[:12]}, the last status commit "
                                    "verified here (rewritten or rolled back)")
             base = self._keep = known
@@ -166,7 +164,7 @@ class StatusBranch:
                 self.untrusted = (tip, problem)
                 base = newest_trusted(repo, tip, self.trust.verifier, since=known)
         if base:
-            self.repo.git.update_ref(ref, base)
+            repo.run("update-ref", ref, base)
         if self.untrusted is not None:
             log.warning("status branch tip not trusted: it is set aside", extra={
                 "sha": tip, "reason": self.untrusted[1], "reading": base or "(nothing)", "branch": self.branch})
@@ -174,8 +172,7 @@ class StatusBranch:
 
     def _known(self) -> str:
         """The last status commit verified in this worktree's clone ("" when none)."""
-        return self.repo.git.rev_parse("--verify", "--quiet", f"{TRUSTED_REFS}/{self.branch}",
-                                       with_exceptions=False).strip()
+        return self.repo.ref(f"{TRUSTED_REFS}/{self.branch}")
 
     def read(self, rel: str) -> bytes | None:
         return self.reader.read(rel)
@@ -222,7 +219,7 @@ class StatusBranch:
     def _tracked(self) -> dict[str, str]:
         """path -> blob id of every file in the index."""
         out = {}
-        for entry in self.repo.git.ls_files("-s", "-z").split("\0"):
+        for entry in self.repo.run("ls-files", "-s", "-z").split("\0"):
             if entry:
                 meta, rel = entry.split("\t", 1)
                 out[rel] = meta.split()[1]
@@ -238,31 +235,31 @@ class StatusBranch:
             tip = self.sync()
             write(self)
             repo = self.repo
-            repo.git.add("-A")
-            if tip is not None and not repo.is_dirty(index=True, working_tree=False, untracked_files=False):
+            repo.run("add", "-A")
+            if tip is not None and repo.succeeds("diff", "--cached", "--quiet"):
                 self._pushed = tip  # nothing to commit: the worktree is the tip
                 return None
-            if tip is None and not repo.git.status("--porcelain"):
+            if tip is None and not repo.run("status", "--porcelain"):
                 return None
             try:
-                repo.git.commit("-q", "-m", message, "--no-verify")
+                repo.run("commit", "-q", "-m", message, "--no-verify")
                 if self._keep and tip is not None:  # rolled back: the commit descends from what was verified too
                     signed = ["-S"] if self.trust is not None and self.trust.key is not None else []
-                    merged = repo.git.commit_tree(repo.git.rev_parse("HEAD^{tree}"), "-p", tip, "-p", self._keep,
-                                                  *signed, "-m", message)
-                    repo.git.reset("--soft", merged)
-            except git.GitCommandError as err:  # (signing with the status key among the causes)
-                raise StatusError(f"cannot commit to {self.branch}: {git_message(err)}") from None
-            sha = repo.head.commit.hexsha
+                    merged = repo.run("commit-tree", repo.run("rev-parse", "HEAD^{tree}"), "-p", tip, "-p",
+                                      self._keep, *signed, "-m", message)
+                    repo.run("reset", "--soft", merged)
+            except GitError as err:  # (signing with the status key among the causes)
+                raise StatusError(f"cannot commit to {self.branch}: {err.detail}") from None
+            sha = repo.commit_of("HEAD")
             refspecs = [f"HEAD:refs/heads/{self.branch}"]
             if with_note is not None and self._add_note(with_note, sha):
                 refspecs.append(f"{NOTES_REF}:{NOTES_REF}")
             try:
                 self._push(refspecs)
-            except git.GitCommandError as err:
-                for lock in remove_abandoned_remote_locks(self.url, str(err)):
+            except GitError as err:
+                for lock in remove_abandoned_remote_locks(self.url, err.said):
                     log.warning("abandoned git lock in the remote removed", extra={"path": str(lock)})
-                if any(race in str(err) for race in RACES):
+                if any(race in err.said for race in RACES):
                     if attempt == PUSH_ATTEMPTS:
                         raise StatusError(f"cannot push {self.branch}: still racing other writers after "
                                           f"{PUSH_ATTEMPTS} attempts") from None
@@ -275,13 +272,13 @@ class StatusBranch:
                     continue
                 if len(refspecs) > 1:  # refused, not raced: perhaps for the note; neither ref moved
                     log.info("status push with its note refused; trying the status commit alone",
-                             extra={"error": git_message(err)})
+                             extra={"error": err.detail})
                     with_note = None
                     continue
-                raise StatusError(f"cannot push {self.branch}: {git_message(err)}") from None
+                raise StatusError(f"cannot push {self.branch}: {err.detail}") from None
             self._pushed = sha
             if self.trust is not None and self.trust.key is not None:  # signed here: what the next sync reads
-                repo.git.update_ref(f"{TRUSTED_REFS}/{self.branch}", sha)
+                repo.run("update-ref", f"{TRUSTED_REFS}/{self.branch}", sha)
             log.info("status committed", extra={"sha": sha, "branch": self.branch})
             if note is not None and with_note is None:
                 log.warning("commit note refused by the remote", extra={"sha": note.commit})
@@ -292,32 +289,32 @@ class StatusBranch:
         first, then the others, the old way; their failure is logged). Raises git's error."""
         repo = self.repo
         try:
-            repo.git.push("--porcelain", *(["--atomic"] if len(refspecs) > 1 else []), "origin", *refspecs)
-        except git.GitCommandError as err:
-            if len(refspecs) < 2 or "does not support --atomic" not in str(err):
+            repo.run("push", "--porcelain", *(["--atomic"] if len(refspecs) > 1 else []), "origin", *refspecs)
+        except GitError as err:
+            if len(refspecs) < 2 or "does not support --atomic" not in err.said:
                 raise
             log.warning("the remote takes no atomic push: the note goes after the status commit")
-            repo.git.push("--porcelain", "origin", refspecs[0])
+            repo.run("push", "--porcelain", "origin", refspecs[0])
             try:
-                repo.git.push("--porcelain", "origin", *refspecs[1:])
-            except git.GitCommandError as late:
-                log.warning("commit note not pushed", extra={"error": git_message(late)})
+                repo.run("push", "--porcelain", "origin", *refspecs[1:])
+            except GitError as late:
+                log.warning("commit note not pushed", extra={"error": late.detail})
 
     def _add_note(self, note: Note, status_commit: str) -> bool:
         """`note` added locally on top of the remote's notes (fetched now: a push that raced another
         writer's note is made again on top of it); False, logged, when it cannot be made."""
         repo = self.repo
         try:
-            repo.git.fetch("origin", f"+refs/heads/{note.source_branch}:refs/remotes/origin/{note.source_branch}")
-            if repo.git.ls_remote("origin", NOTES_REF).strip():
-                repo.git.fetch("origin", f"+{NOTES_REF}:{NOTES_REF}")
+            repo.run("fetch", "origin", f"+refs/heads/{note.source_branch}:refs/remotes/origin/{note.source_branch}")
+            if repo.run("ls-remote", "origin", NOTES_REF).strip():
+                repo.run("fetch", "origin", f"+{NOTES_REF}:{NOTES_REF}")
             else:
-                repo.git.update_ref("-d", NOTES_REF)  # none there: start from nothing
-            repo.git.notes(f"--ref={NOTES_REF}", "add", "-f", "-m", f"{note.text}\nstatus commit {status_commit}",
-                           note.commit)
+                repo.run("update-ref", "-d", NOTES_REF)  # none there: start from nothing
+            repo.run("notes", f"--ref={NOTES_REF}", "add", "-f", "-m", f"{note.text}\nstatus commit {status_commit}",
+                     note.commit)
             return True
-        except git.GitCommandError as err:
-            log.warning("commit note not written", extra={"sha": note.commit, "error": git_message(err)})
+        except GitError as err:
+            log.warning("commit note not written", extra={"sha": note.commit, "error": err.detail})
             return False
 
 
@@ -375,8 +372,3 @@ def _remove_empty(root: Path, folder: str) -> None:
         path.rmdir()
         path = path.parent
 
-
-def git_message(err: Exception) -> str:
-    """A GitPython error as one short line (git's stderr)."""
-    text = getattr(err, "stderr", None) or str(err)
-    return " ".join(str(text).replace("stderr:", "").split())[:300]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
-import io
 import json
 import logging
 import socket
@@ -19,14 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import git
-from git.objects.fun import tree_to_stream
-from gitdb import IStream
-
 from gitops.errors import GitopsError
-from gitops.gitclone import remove_abandoned_remote_locks
+from gitops.gitrepo import GitError, Repo, remove_abandoned_remote_locks
 from gitops.safeio import write_atomic
-from gitops.status.branch import StatusError, git_message
+from gitops.status.branch import StatusError
 
 log = logging.getLogger(__name__)
 
@@ -51,37 +46,34 @@ class Lease:
 class ApplyLease:
     """The lease on `LOCK_REF` of `repo`'s `origin` (any local clone of the infra repo)."""
 
-    def __init__(self, repo: git.Repo):
+    def __init__(self, repo: Repo):
         self.repo = repo
         #: lease commit -> when this process first saw it (a lease not renewed since ends LONGEST_HOLD after)
         self._seen: dict[str, dt.datetime] = {}
 
     def _current(self) -> tuple[str | None, Lease | None]:
         try:
-            self.repo.remote("origin").fetch(f"+{LOCK_REF}:{LOCK_REF}")
-        except git.GitCommandError as err:
-            if "couldn't find remote ref" in str(err).lower():
+            if not self.repo.fetch_ref("origin", LOCK_REF, LOCK_REF):
                 return None, None
-            raise StatusError(f"cannot fetch the lock: {git_message(err)}") from None
-        sha = self.repo.git.rev_parse(LOCK_REF)
+        except GitError as err:
+            raise StatusError(f"cannot fetch the lock: {err.detail}") from None
+        sha = self.repo.ref(LOCK_REF)
         try:
-            kind, size = self._header(f"{sha}:lock.json")
-            if kind != "blob" or size > MAX_LOCK_BYTES:
-                raise ValueError(f"lock.json is a {kind} of {size} bytes")
-            data = json.loads(self.repo.git.show(f"{sha}:lock.json"))
+            kind, size = self.repo.object_type(f"{sha}:lock.json"), self.repo.object_size(f"{sha}:lock.json")
+            if kind != "blob" or size is None or size > MAX_LOCK_BYTES:
+                raise ValueError(f"lock.json is a {kind or 'missing object'} of {size} bytes")
+            found = self.repo.read_objects([f"{sha}:lock.json"])[0]
+            if found is None:
+                raise ValueError("lock.json is gone")
+            data = json.loads(found[1])
             expires = dt.datetime.fromisoformat(data["expires"])
             if expires.tzinfo is None:
                 raise ValueError("expiry without a time zone")
             return sha, Lease(str(data["holder"]), expires)
-        except (git.GitCommandError, ValueError, TypeError, KeyError, AttributeError) as err:
+        except (GitError, ValueError, TypeError, KeyError, AttributeError) as err:
             log.warning("the apply lock holds no lease gitops wrote: taken as free", extra={"sha": sha,
                                                                                           "error": str(err)[:200]})
             return sha, None
-
-    def _header(self, name: str) -> tuple[str, int]:
-        """(type, size) of the object `name` names."""
-        kind = self.repo.git.cat_file("-t", name).strip()
-        return kind, int(self.repo.git.cat_file("-s", name).strip())
 
     def acquire(self, holder: str, ttl: dt.timedelta, now: dt.datetime | None = None) -> Lease:
         """Take or renew the apply lease; raises Locked while another holder's lease runs."""
@@ -103,17 +95,15 @@ class ApplyLease:
         new = Lease(holder, now + ttl)
         body = json.dumps({"holder": new.holder, "expires": new.expires.isoformat()}, sort_keys=True) + "\n"
         repo = self.repo
-        tree = io.BytesIO()
-        tree_to_stream([(self._store("blob", body.encode()), 0o100644, "lock.json")], tree.write)
-        commit = repo.git.commit_tree(self._store("tree", tree.getvalue()).hex(), "-m", f"lock: {holder}")
+        commit = repo.run("commit-tree", repo.tree_of_blobs({"lock.json": body.encode()}), "-m", f"lock: {holder}")
         lease_arg = f"--force-with-lease={LOCK_REF}:{old_sha or ''}"
         try:
-            repo.git.push("origin", lease_arg, f"{commit}:{LOCK_REF}")
-        except git.GitCommandError as err:
-            for lock in remove_abandoned_remote_locks(repo.remotes.origin.url, str(err)):
+            repo.run("push", "origin", lease_arg, f"{commit}:{LOCK_REF}")
+        except GitError as err:
+            for lock in remove_abandoned_remote_locks(repo.run("remote", "get-url", "origin"), err.said):
                 log.warning("abandoned git lock in the remote removed", extra={"path": str(lock)})
-            raise Locked(f"lost the race for the apply lock: {git_message(err)}") from None
-        repo.git.update_ref(LOCK_REF, commit)
+            raise Locked(f"lost the race for the apply lock: {err.detail}") from None
+        repo.run("update-ref", LOCK_REF, commit)
         return new
 
     def release(self, holder: str) -> None:
@@ -121,13 +111,9 @@ class ApplyLease:
         if lease is None or lease.holder != holder:
             return
         try:
-            self.repo.git.push("origin", f"--force-with-lease={LOCK_REF}:{old_sha}", f":{LOCK_REF}")
-        except git.GitCommandError as err:
-            log.warning("could not release the apply lock: %s", git_message(err))
-
-    def _store(self, kind: str, data: bytes) -> bytes:
-        """Write a `kind` object of `data` into the clone's object database; its binary id."""
-        return self.repo.odb.store(IStream(kind, len(data), io.BytesIO(data))).binsha
+            self.repo.run("push", "origin", f"--force-with-lease={LOCK_REF}:{old_sha}", f":{LOCK_REF}")
+        except GitError as err:
+            log.warning("could not release the apply lock: %s", err.detail)
 
 
 def lock_workdir(workdir: Path) -> IO[str]:

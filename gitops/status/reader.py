@@ -3,14 +3,13 @@
 Which branch (`statusBranch` in gitops.yaml, default `gitops/status`), which paths hold
 what, and what was applied: the controller reads its own worktree of the branch with it,
 `gitops status` and `gitops plan --against-status` read a ref of a clone with it (through
-GitPython: one `git cat-file --batch` answers every file). The documents themselves are
+`gitops.gitrepo`: one `git cat-file --batch` answers every file). The documents themselves are
 built by `report.py` (status; `commit.py` gathers one commit's) and `state.py` (state
 files), and pushed by `branch.py`.
 """
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gitops.errors import GitopsError
+from gitops.gitrepo import GitError, Repo, as_repo
 from gitops.model.config import CONFIG_FILE, DEFAULT_STATUS_BRANCH
 from gitops.model.yamlload import MAX_FILE_BYTES, YamlError, load_yaml_documents
 from gitops.observe.types import ObservedState
@@ -127,17 +127,18 @@ class StatusReader:
         return cls(str(root), get, names)
 
     @classmethod
-    def at_ref(cls, repo: Path, ref: str, verifier: "Verifier | None" = None) -> "StatusReader":
-        """The tree at `ref` of the clone `repo`, read with git itself: `git cat-file --batch` given every
-        path of a read at once, `git ls-tree` for a folder. No GitPython: its import alone is a tenth of a
-        cold `gitops plan`, and one process per read is safe from any thread (the UI serves with several).
+    def at_ref(cls, repo: Repo | Path, ref: str, verifier: "Verifier | None" = None) -> "StatusReader":
+        """The tree at `ref` of the clone `repo`, read through `gitops.gitrepo`: `git cat-file --batch` given
+        every path of a read at once, `git ls-tree` for a folder (one process per read: safe from any thread,
+        and the UI serves with several).
         A ref that names a commit is resolved once: every read of the reader sees the same commit, however
         the ref moves meanwhile (a fetch by another request of the UI). `verifier`: that commit must be
         signed by a pinned status signer (`TrustError` otherwise). Only regular files are read: a link (or
         a submodule) where a file or a folder is read is `FileRefused`, naming it."""
-        label, ref = ref, _commit_of(repo, ref) or ref
+        where, git = repo, as_repo(repo)
+        label, ref = ref, git.commit_of(ref) or ref
         if verifier is not None:
-            verifier.require(repo, ref, f"status commit of {label}")
+            verifier.require(git, ref, f"status commit of {label}")
 
         def get(rel: str) -> bytes:
             folder, _, name = rel.rpartition("/")
@@ -145,7 +146,7 @@ class StatusReader:
             if found_id is None:
                 raise FileNotFoundError(f"no {rel} at {ref}")
             try:
-                found = batch_read(repo, ref, [rel], {rel: found_id})
+                found = batch_read(git, ref, [rel], {rel: found_id})
             except GitopsError as err:
                 raise FileNotFoundError(str(err)) from None
             if rel not in found:
@@ -161,14 +162,13 @@ class StatusReader:
             return listed[folder]
 
         def _listing(folder: str) -> list[tuple[str, str, str]]:
-            done = subprocess.run(["git", "-C", str(repo), "ls-tree", "-z", f"{ref}:{folder}" if folder else ref],
-                                  capture_output=True, check=False)
-            if done.returncode != 0:
-                if folder and _object_type(repo, f"{ref}:{folder}") not in ("", "tree"):
+            done = git.attempt("ls-tree", "-z", f"{ref}:{folder}" if folder else ref)
+            if not done.ok:
+                if folder and git.object_type(f"{ref}:{folder}") not in ("", "tree"):
                     raise FileRefused(folder, "is not a folder in the status tree (a link or a file); refusing it")
                 return []
             out = []
-            for entry in done.stdout.decode(errors="surrogateescape").split("\0"):
+            for entry in done.out.decode(errors="surrogateescape").split("\0"):
                 meta, _, name = entry.partition("\t")
                 fields = meta.split()
                 if len(fields) == 3 and name:
@@ -198,16 +198,16 @@ class StatusReader:
                 if found is not None:
                     ids[path] = found
             wanted = [p for p in paths if p in ids]
-            return batch_read(repo, ref, wanted, ids)  # (git failing is an error, not files missing)
+            return batch_read(git, ref, wanted, ids)  # (git failing is an error, not files missing)
 
-        return cls(f"{label} in {repo}", get, names, label, blobs, many)
+        return cls(f"{label} in {where}", get, names, label, blobs, many)
 
     @classmethod
-    def for_clone(cls, repo: Path, ref: str | None = None, verifier: "Verifier | None" = None) -> "StatusReader":
+    def for_clone(cls, repo: Repo | Path, ref: str | None = None, verifier: "Verifier | None" = None) -> "StatusReader":
         """`ref`, else the clone's status branch: origin/<statusBranch>, else <statusBranch>."""
         if ref is None:
             branch = branch_of_checkout(repo)
-            ref = next((c for c in (f"origin/{branch}", branch) if _commit_of(repo, c)), None)
+            ref = next((c for c in (f"origin/{branch}", branch) if as_repo(repo).commit_of(c)), None)
             if ref is None:
                 raise GitopsError(f"no status branch {branch!r} in {repo} (fetch it, or pass --ref)")
         return cls.at_ref(repo, ref, verifier)
@@ -339,43 +339,14 @@ def signers_of_checkout(repo: Path) -> tuple[str, ...]:
     return tuple(str(s) for s in signers) if isinstance(signers, list) else ()
 
 
-def batch_read(repo: Path, ref: str, paths: list[str], ids: dict[str, str] | None = None) -> dict[str, bytes]:
-    """The contents of those of `paths` at `ref` that are files, through one `git cat-file --batch` that is
-    given every name at once (a round trip per file costs more than the files of a large fleet). `ids`:
-    the object id of some of them, asked for instead of their path."""
+def batch_read(repo: Repo | Path, ref: str, paths: list[str], ids: dict[str, str] | None = None) -> dict[str, bytes]:
+    """The contents of those of `paths` at `ref` that are files, read at once (`Repo.read_objects`). `ids`: the
+    object id of some of them, asked for instead of their path."""
     ids = ids or {}
-    if not paths:
-        return {}
     if any("\n" in p for p in paths):
         raise GitopsError("a status-branch path holds a newline")
-    names = [ids.get(p) or f"{ref}:{p}" for p in paths]
-    done = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch"], check=False, capture_output=True,
-                          input="".join(f"{n}\n" for n in names).encode())
-    if done.returncode != 0:
-        raise GitopsError(f"cannot read {ref} in {repo}: {done.stderr.decode(errors='replace').strip()}")
-    out, data, at = {}, done.stdout, 0
-    for path in paths:
-        end = data.index(b"\n", at)
-        header = data[at:end].split()
-        at = end + 1
-        if len(header) != 3 or header[-1] in (b"missing", b"ambiguous") or not header[2].isdigit():
-            continue  # "<name> missing" (and such): no content follows
-        size = int(header[2])
-        if header[1] == b"blob":
-            out[path] = data[at:at + size]
-        at += size + 1
-    return out
-
-
-def _object_type(repo: Path, name: str) -> str:
-    """The type of the object `name` names in the clone ("" when none)."""
-    done = subprocess.run(["git", "-C", str(repo), "cat-file", "-t", name], capture_output=True, text=True,
-                          check=False)
-    return done.stdout.strip() if done.returncode == 0 else ""
-
-
-def _commit_of(repo: Path, ref: str) -> str:
-    """The commit `ref` names in the clone `repo` ("" when it names none)."""
-    done = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                          capture_output=True, text=True, check=False)
-    return done.stdout.strip() if done.returncode == 0 else ""
+    try:
+        found = as_repo(repo).read_objects([ids.get(p) or f"{ref}:{p}" for p in paths])
+    except GitError as err:
+        raise GitopsError(f"cannot read {ref} in {as_repo(repo).path}: {err.detail}") from None
+    return {path: obj[1] for path, obj in zip(paths, found) if obj is not None and obj[0] == "blob"}

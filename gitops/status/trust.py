@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gitops.errors import GitopsError
+from gitops.gitrepo import Repo, as_repo
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class Verifier:
     insecure: bool = False  # `--insecure-unverified-status`: every commit passes, with a warning
     _answers: dict[str, str | None] = field(default_factory=dict)
 
-    def problem(self, repo: Path, sha: str) -> str | None:
+    def problem(self, repo: Repo | Path, sha: str) -> str | None:
         """None when `sha` is signed by a pinned key, else why not (one line)."""
         if self.insecure:
             return None
@@ -154,7 +155,7 @@ class Verifier:
             self._answers[sha] = self._check(repo, sha)
         return self._answers[sha]
 
-    def require(self, repo: Path, sha: str, what: str = "status commit") -> None:
+    def require(self, repo: Repo | Path, sha: str, what: str = "status commit") -> None:
         """Raise `TrustError` unless `sha` is signed by a pinned key."""
         problem = self.problem(repo, sha)
         if problem is not None:
@@ -162,52 +163,36 @@ class Verifier:
                              f"spec.status.signers of gitops.yaml, or --status-signers; {INSECURE_FLAG} reads it "
                              "unverified)")
 
-    def _check(self, repo: Path, sha: str) -> str | None:
+    def _check(self, repo: Repo | Path, sha: str) -> str | None:
         if not self.signers:
             return "no status signer is pinned"
-        size = subprocess.run(["git", "-C", str(repo), "cat-file", "-s", sha], capture_output=True, text=True,
-                              check=False)
-        if size.returncode != 0 or not size.stdout.strip().isdigit():
+        repo = as_repo(repo)
+        size = repo.object_size(sha)
+        if size is None or repo.object_type(sha) != "commit":
             return f"no commit {sha[:12]} here"
-        if int(size.stdout) > MAX_COMMIT_BYTES:
-            return f"its commit object is {int(size.stdout)} bytes, more than a status commit ever holds"
-        raw = subprocess.run(["git", "-C", str(repo), "cat-file", "commit", sha], capture_output=True, check=False)
-        if raw.returncode != 0:
-            return f"no commit {sha[:12]} here"
-        head = raw.stdout.split(b"\n\n", 1)[0]
-        if b"\ngpgsig " not in b"\n" + head:
+        if size > MAX_COMMIT_BYTES:
+            return f"its commit object is {size} bytes, more than a status commit ever holds"
+        signature = repo.commit_signature(sha)
+        if not signature:
             return "unsigned"
-        if b"-----BEGIN SSH SIGNATURE-----" not in head:
+        if signature != "ssh":
             return "signed, but not with an SSH key"
-        with tempfile.NamedTemporaryFile("w", prefix="gitops-signers-", suffix=".txt") as allowed:
-            allowed.write(self.signers.text())
-            allowed.flush()
-            done = subprocess.run(["git", "-C", str(repo), "-c", f"gpg.ssh.allowedSignersFile={allowed.name}",
-                                   "verify-commit", "--raw", sha], capture_output=True, text=True, check=False,
-                                  timeout=60)
-        if done.returncode == 0:
+        done = repo.verify_commit(sha, allowed_signers=self.signers.text(), raw=True)
+        if done.ok:
             return None
-        key = re.search(r"SHA256:[A-Za-z0-9+/=]+", done.stderr)
+        key = re.search(r"SHA256:[A-Za-z0-9+/=]+", done.err)
         return "signed by a key that is not pinned" + (f" ({key.group(0)})" if key else "")
 
 
-def newest_trusted(repo: Path, tip: str, verifier: Verifier, since: str = "", limit: int = 200) -> str:
+def newest_trusted(repo: Repo | Path, tip: str, verifier: Verifier, since: str = "", limit: int = 200) -> str:
     """The newest first-parent ancestor of `tip` (itself included) signed by a pinned key: one that descends
     from `since` when given (a commit known good: returned when none does; an older signed commit merged
     in beside it is a rollback, never a candidate), else among the `limit` newest; "" when there is none."""
-    span = f"{since}..{tip}" if since else tip
-    done = subprocess.run(["git", "-C", str(repo), "rev-list", "--first-parent", f"--max-count={limit}", span],
-                          capture_output=True, text=True, check=False)
-    for sha in done.stdout.split():
-        if verifier.problem(repo, sha) is None and (not since or is_ancestor(repo, since, sha)):
+    repo = as_repo(repo)
+    for sha in repo.first_parents(f"{since}..{tip}" if since else tip, limit):
+        if verifier.problem(repo, sha) is None and (not since or repo.is_ancestor(since, sha)):
             return sha
     return since
-
-
-def is_ancestor(repo: Path, older: str, newer: str) -> bool:
-    """Whether `older` is `newer` or one of its ancestors."""
-    return subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", older, newer],
-                          capture_output=True, check=False).returncode == 0
 
 
 @dataclass

@@ -7,9 +7,7 @@ files is refused. No message holds the URL's credentials (`gitops.redact`)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import subprocess
 import tarfile
 import tempfile
 import threading
@@ -18,9 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
 from gitops.errors import GitopsError
+from gitops.gitrepo import init_bare
 from gitops.model.config import CONFIG_FILE, DEFAULT_STATUS_BRANCH
 from gitops.model.yamlload import MAX_FILE_BYTES, YamlError, load_yaml_documents
 from gitops.printable import printable, shorten
@@ -33,8 +30,6 @@ from gitops.units import human_size
 #: what a fetch brings: the branches (the status branch among them), a clone's remote-tracking branches, notes
 _REFSPECS = ("+refs/heads/*:refs/heads/*", "+refs/remotes/origin/*:refs/remotes/origin/*",
              "+refs/notes/*:refs/notes/*")
-#: git never asks on a terminal (a page would hang on it); credentials come with the URL or a helper
-_GIT_ENV = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
 
 #: a branch /plan checks out: at most this many bytes of files (the sum of its blobs' sizes) ...
 MAX_BRANCH_BYTES = 64 * 2**20
@@ -105,11 +100,9 @@ class StatusSource:
         self.max_branch_bytes, self.max_branch_files = max_branch_bytes, max_branch_files
         self._status_branch = status_branch
         self._fetched = -1e9
-        #: one page at a time talks to the mirror: GitPython's `cat-file --batch` process is not thread-safe
-        self._lock = threading.RLock()
-        if not (cache / "HEAD").exists():
-            git.Repo.init(cache, bare=True)
-        self.repo = git.Repo(cache)
+        #: one fetch at a time (reads need no lock: each is a git process of its own, `gitops.gitrepo`)
+        self._lock = threading.Lock()
+        self.repo = init_bare(cache)
 
     # ------------------------------------------------------------------ fetching
 
@@ -118,28 +111,21 @@ class StatusSource:
         with self._lock:
             if not force and time.monotonic() - self._fetched < self.refresh:
                 return
-            done = subprocess.run(["git", "-C", str(self.cache), "fetch", "--quiet", "--prune", "--no-tags", self.url,
-                                   *_REFSPECS], capture_output=True, text=True, errors="replace", env=_GIT_ENV,
-                                  check=False)
-            if done.returncode != 0:
-                why = done.stderr.strip() or f"git fetch exited {done.returncode}"
+            done = self.repo.attempt("fetch", "--quiet", "--prune", "--no-tags", self.url, *_REFSPECS)
+            if not done.ok:
+                why = done.err.strip() or f"git fetch exited {done.status}"
                 raise GitopsError(f"cannot fetch {self.shown}: {redact(why)}")
             self._fetched = time.monotonic()
 
     def resolve(self, name: str) -> str | None:
         """The full ref of a branch name in the mirror (its own branch, else a clone's remote-tracking one)."""
-        with self._lock:
-            for ref in (f"refs/heads/{name}", f"refs/remotes/origin/{name}"):
-                try:
-                    self.repo.git.rev_parse("--verify", "--quiet", ref)
-                    return ref
-                except git.GitCommandError:
-                    continue
+        for ref in (f"refs/heads/{name}", f"refs/remotes/origin/{name}"):
+            if self.repo.ref(ref):
+                return ref
         return None
 
     def commit_of(self, ref: str) -> str:
-        with self._lock:
-            return self.repo.git.rev_parse("--verify", "--quiet", f"{ref}^{{commit}}")
+        return self.repo.commit_of(ref)
 
     def branch_commit(self, name: str) -> str:
         """The commit branch `name` is at (`BadRequest` for a name that is no plain branch name, `NotFound`
@@ -153,8 +139,7 @@ class StatusSource:
     def branches(self) -> list[str]:
         """The repo's branch names (the status branch left out)."""
         out = set()
-        with self._lock:
-            names = self.repo.git.for_each_ref("--format=%(refname)", "refs/heads", "refs/remotes/origin").split()
+        names = self.repo.run("for-each-ref", "--format=%(refname)", "refs/heads", "refs/remotes/origin").split()
         for line in names:
             name = line.removeprefix("refs/heads/").removeprefix("refs/remotes/origin/")
             if name != "HEAD" and name != self.status_branch:
@@ -166,10 +151,11 @@ class StatusSource:
         ref = self.resolve(self.branch)
         if ref is None:
             return {}
+        found = self.repo.read_objects([f"{ref}:{CONFIG_FILE}"])[0]
+        if found is None or found[0] != "blob" or len(found[1]) > MAX_FILE_BYTES:
+            return {}
         try:
-            with self._lock:
-                _sha, _kind, _size, data = self.repo.git.get_object_data(f"{ref}:{CONFIG_FILE}")
-            docs = load_yaml_documents(data)
+            docs = load_yaml_documents(found[1])
         except (ValueError, YamlError):
             return {}
         spec = docs[0].data.get("spec") if docs and isinstance(docs[0].data, dict) else None
@@ -205,7 +191,7 @@ class StatusSource:
 
     def verify(self, commit: str) -> None:
         """`TrustError` unless the status commit `commit` is signed by a pinned key."""
-        self.verifier().require(self.cache, commit)
+        self.verifier().require(self.repo, commit)
 
     # ------------------------------------------------------------------ reading
 
@@ -220,49 +206,45 @@ class StatusSource:
         """The status tree at the status branch's tip (or at commit `at` of it). Every read of the status
         branch's documents goes through here (the one place a reader is made)."""
         self.fetch()
-        return StatusReader.at_ref(self.cache, at or self.status_ref(), self.verifier())
+        return StatusReader.at_ref(self.repo, at or self.status_ref(), self.verifier())
 
     def log(self, limit: int = 50) -> list[LogEntry]:
         """The status branch's newest `limit` commits, newest first (two `git log`s, no record read)."""
         self.fetch()
         ref = self.status_ref()
         self.verify(self.commit_of(ref))  # an untrusted tip: the history it shows is someone else's choice
-        with self._lock:
-            lines = self.repo.git.log("--first-parent", f"-n{limit}", "--format=%H%x00%ct%x00%s", ref).splitlines()
-            changed = set(self.repo.git.log("--first-parent", f"-n{limit}", "--format=%H", ref, "--", APPLY).split())
+        lines = self.repo.run("log", "--first-parent", f"-n{limit}", "--format=%H%x00%ct%x00%s", ref).splitlines()
+        changed = set(self.repo.run("log", "--first-parent", f"-n{limit}", "--format=%H", ref, "--", APPLY).split())
         out = []
         verifier = self.verifier()
         for line in lines:
             sha, stamp, subject = line.split("\x00", 2)
-            if verifier.problem(self.cache, sha) is None:  # a commit nobody pinned signed is not shown
+            if verifier.problem(self.repo, sha) is None:  # a commit nobody pinned signed is not shown
                 out.append(LogEntry(sha, int(stamp), subject, sha in changed))
         return out
 
     def records(self, commit: str, with_apply: bool = True) -> tuple[bytes | None, bytes | None]:
         """status/source.yaml and (when `with_apply`) status/apply.yaml as they were at `commit`; None where
         there is none. `Refused` for one over `MAX_RECORD_BYTES`."""
-        with self._lock:
-            return self._blob(commit, SOURCE), self._blob(commit, APPLY) if with_apply else None
+        return self._blob(commit, SOURCE), self._blob(commit, APPLY) if with_apply else None
 
     def last_apply_time(self) -> int | None:
         """When the newest status commit that wrote an apply's record was made (unix time), if any."""
         self.fetch()
         ref = self.status_ref()
-        with self._lock:
-            stamp = self.repo.git.log("--first-parent", "-n1", "--format=%ct", ref, "--", APPLY).strip()
+        stamp = self.repo.run("log", "--first-parent", "-n1", "--format=%ct", ref, "--", APPLY).strip()
         return int(stamp) if stamp else None
 
     def _blob(self, commit: str, rel: str) -> bytes | None:
-        try:
-            _sha, kind, size = self.repo.git.get_object_header(f"{commit}:{rel}")
-        except ValueError:
+        name = f"{commit}:{rel}"
+        if self.repo.object_type(name) != "blob":
             return None
-        if kind != b"blob":
-            return None
+        size = self.repo.object_size(name) or 0
         if size > MAX_RECORD_BYTES:
             raise Refused(f"{rel} of status commit {commit[:12]} is {human_size(size)}, over the "
                           f"{human_size(MAX_RECORD_BYTES)} the UI reads of a record; not shown")
-        return self.repo.git.get_object_data(f"{commit}:{rel}")[3]
+        found = self.repo.read_objects([name])[0]
+        return found[1] if found is not None else None
 
     # ------------------------------------------------------------------ a branch's files
 
@@ -270,23 +252,18 @@ class StatusSource:
         """`Refused` when the tree of `commit` holds more than `max_branch_files` files or
         `max_branch_bytes` bytes of them (`git ls-tree -r -l`, read as it streams: stops at the limit)."""
         files = total = 0
-        args = ["git", "-C", str(self.cache), "ls-tree", "-r", "-l", "-z", "--full-tree", commit]
-        with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+        with self.repo.stream("ls-tree", "-r", "-l", "-z", "--full-tree", commit) as proc:
             out = proc.stdout
             assert out is not None
-            try:
-                rest = b""
-                for chunk in iter(lambda: out.read(1 << 16), b""):
-                    *entries, rest = (rest + chunk).split(b"\0")
-                    for entry in entries:
-                        fields = entry.partition(b"\t")[0].split()
-                        files += 1
-                        total += int(fields[3]) if len(fields) == 4 and fields[3].isdigit() else 0
-                        if files > self.max_branch_files or total > self.max_branch_bytes:
-                            raise Refused(self._too_large(name, files > self.max_branch_files))
-            except BaseException:
-                proc.kill()
-                raise
+            rest = b""
+            for chunk in iter(lambda: out.read(1 << 16), b""):
+                *entries, rest = (rest + chunk).split(b"\0")
+                for entry in entries:
+                    fields = entry.partition(b"\t")[0].split()
+                    files += 1
+                    total += int(fields[3]) if len(fields) == 4 and fields[3].isdigit() else 0
+                    if files > self.max_branch_files or total > self.max_branch_bytes:
+                        raise Refused(self._too_large(name, files > self.max_branch_files))
         if proc.returncode != 0:
             raise GitopsError(f"cannot list branch {printable(name)!r} (commit {commit[:12]}) of {self.shown}")
 
@@ -324,10 +301,9 @@ class StatusSource:
                 raise Refused(self._too_large(name, False))
             return member
 
-        args = ["git", "-C", str(self.cache), "archive", "--format=tar", commit]
         problem = ""
         with tempfile.TemporaryFile() as errors:
-            with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors) as proc:
+            with self.repo.stream("archive", "--format=tar", commit, stderr=errors) as proc:
                 try:
                     with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
                         tar.extractall(into, filter=admit)
@@ -337,9 +313,6 @@ class StatusSource:
                 except tarfile.TarError as err:
                     problem = str(err)
                     proc.kill()
-                except BaseException:
-                    proc.kill()
-                    raise
             errors.seek(0)
             failed = errors.read().decode(errors="replace").strip()
         if problem or proc.returncode != 0:
