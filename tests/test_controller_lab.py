@@ -543,7 +543,7 @@ def test_the_ui_in_chromium_shows_the_fleet_a_cluster_the_applies_and_a_branch_p
     """Issue #30: `gitops watch --ui` beside /metrics, driven in Debian's headless Chromium: the fleet lists
     team-a and team-b Ready, team-a's page shows its 3 etcd members, the applies page leads to the last
     apply's actions, and the plan page shows a change made on a branch. Screenshots of the fleet and a
-    cluster page go to $GITOPS_UI_SCREENSHOTS when set (the README's)."""
+    cluster page go to $GITOPS_UI_SCREENSHOTS when set (docs/assets/ holds the site's)."""
     from browser import chromium
     from selenium.webdriver.common.by import By
 

@@ -126,7 +126,7 @@ def test_exit_code_is_0_without_the_flag_even_when_incomplete(world, monkeypatch
 
 
 def test_the_exit_codes_are_documented():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert "| 3 | incomplete: something could not be observed" in readme
+    page = (Path(__file__).resolve().parents[1] / "docs" / "tutorials" / "first-pull-request.md").read_text()
+    assert "| 3 | incomplete: something could not be observed" in page
     options = {o.name: o for o in plan_cli.plan.params}
     assert "3 when the plan is incomplete" in (options["detailed_exitcode"].help or "")

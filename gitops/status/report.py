@@ -414,7 +414,7 @@ def _service_endpoints(model: RepoModel, name: str, desired: DesiredState | None
             out[key] = host_port(model.hypervisors[hv].ip_address, ports[purpose])
     if sip.auth is not None:
         out["auth"] = {"oidcIssuerURL": sip.auth.oidc_issuer_url,
-                       "note": "no OIDC server runs for it: none is installable here (see README)"}
+                       "note": "no OIDC server runs for it yet (docs/operations/sip.md)"}
     return out
 
 
