@@ -16,7 +16,6 @@ and rss_mib per component (min/max over the 3 nodes).
 from __future__ import annotations
 
 import argparse
-import base64
 import http.client
 import json
 import os
@@ -31,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from gitops import lab as labmod
+from gitops.kubeconfig import admin_tls
 from gitops.lab.example import write_example_repo
 from gitops.lab.network import LabNetwork
 
@@ -38,18 +38,6 @@ SUBNET = "127.0.27"
 MACHINES = LabNetwork.for_subnet(SUBNET).prefixes[0].removesuffix("0/24")  # "10.249.27."
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "haproxy")
 GITOPS = str(Path(sys.executable).parent / "gitops")
-
-
-def readyz_context(kubeconfig: dict, tls: Path) -> tuple[str, int, ssl.SSLContext]:
-    tls.mkdir(exist_ok=True)
-    for name, data in (("ca", kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]),
-                       ("crt", kubeconfig["users"][0]["user"]["client-certificate-data"]),
-                       ("key", kubeconfig["users"][0]["user"]["client-key-data"])):
-        (tls / name).write_bytes(base64.b64decode(data))
-    context = ssl.create_default_context(cafile=str(tls / "ca"))
-    context.load_cert_chain(str(tls / "crt"), str(tls / "key"))
-    host, port = kubeconfig["clusters"][0]["cluster"]["server"].removeprefix("https://").rsplit(":", 1)
-    return host, int(port), context
 
 
 def ready(host: str, port: int, context: ssl.SSLContext) -> bool:
@@ -117,7 +105,7 @@ def main() -> None:
         kubeconfig = yaml.safe_load(subprocess.run(
             [GITOPS, "kubeconfig", str(repo), "--state-dir", str(state), "--cluster", "team-a"],
             check=True, capture_output=True, text=True).stdout)
-        host, port, context = readyz_context(kubeconfig, base / "tls")
+        host, port, context = admin_tls(yaml.safe_dump(kubeconfig))
         while not ready(host, port, context):
             if time.monotonic() - started > 300:
                 raise SystemExit("the API never answered /readyz through the ingress")

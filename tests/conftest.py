@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,20 @@ def require_root() -> None:
 def lab_tempdir(prefix: str) -> Path:
     """A short temp directory (unix socket paths must stay under 108 bytes)."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+def wait_exit(client: "gitops.cri.client.CRIClient", ctr: str, timeout: float = 10) -> int:  # noqa: F821
+    """The exit code of container `ctr` once it has exited (an AssertionError after `timeout` seconds)."""
+    from gitops.cri.types import ContainerState
+
+    end = time.monotonic() + timeout
+    while True:
+        status = client.container_status(ctr)
+        if status.state == ContainerState.EXITED:
+            return status.exit_code
+        if time.monotonic() > end:
+            raise AssertionError(f"container {ctr} still {status.state} after {timeout}s")
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="session")

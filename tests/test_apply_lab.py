@@ -32,6 +32,7 @@ from conftest import lab_tempdir, require_root
 from gitops.compile.authorities import authority
 from gitops.compile.bootstrap import bootstrap_objects
 from gitops.cri.client import CRIClient
+from gitops.kubeconfig import admin_tls as kubeconfig_tls
 from gitops.lab import kubebin
 from gitops.lab.probe import Probe
 from gitops.model.validate import load_model
@@ -209,20 +210,7 @@ def etcd_leader(world: World, cluster: str) -> str:
 
 def admin_tls(world: World, cluster: str, with_credentials: bool = True) -> tuple[str, int, ssl.SSLContext]:
     """(ingress host, port, TLS context) from the admin kubeconfig `gitops kubeconfig` prints."""
-    kubeconfig = yaml.safe_load(kubeconfig_file(world, cluster).read_text())
-    tls = world.dir / f"kube-{cluster}"
-    tls.mkdir(exist_ok=True)
-    files = {"ca.crt": kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"],
-             "admin.crt": kubeconfig["users"][0]["user"]["client-certificate-data"],
-             "admin.key": kubeconfig["users"][0]["user"]["client-key-data"]}
-    for name, data in files.items():
-        (tls / name).write_bytes(base64.b64decode(data))
-    context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
-    if with_credentials:
-        context.load_cert_chain(str(tls / "admin.crt"), str(tls / "admin.key"))
-    server = kubeconfig["clusters"][0]["cluster"]["server"]
-    host, port = server.removeprefix("https://").rsplit(":", 1)
-    return host, int(port), context
+    return kubeconfig_tls(kubeconfig_file(world, cluster).read_text(), with_credentials)
 
 
 def api_get(world: World, cluster: str, path: str, with_credentials: bool = True) -> tuple[int, bytes]:

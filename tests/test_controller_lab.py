@@ -8,7 +8,6 @@ command. The tests share one lab and one origin; each first brings about what it
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 import http.client
 import json
@@ -16,7 +15,6 @@ import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import time
@@ -28,6 +26,7 @@ import yaml
 from conftest import lab_tempdir, require_root
 
 from gitops.cri.client import CRIClient
+from gitops.kubeconfig import admin_tls
 from gitops.pods import MANAGED, MANAGER, NODE
 
 pytestmark = pytest.mark.lab("workers")
@@ -169,15 +168,7 @@ def decrypt_kubeconfig(loop: Loop, cluster: str) -> dict:
 
 
 def get_version(loop: Loop, kubeconfig: dict) -> bytes:
-    tls = loop.base / "tls"
-    tls.mkdir(exist_ok=True)
-    for name, data in (("ca", kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]),
-                       ("crt", kubeconfig["users"][0]["user"]["client-certificate-data"]),
-                       ("key", kubeconfig["users"][0]["user"]["client-key-data"])):
-        (tls / name).write_bytes(base64.b64decode(data))
-    context = ssl.create_default_context(cafile=str(tls / "ca"))
-    context.load_cert_chain(str(tls / "crt"), str(tls / "key"))
-    host, port = kubeconfig["clusters"][0]["cluster"]["server"].removeprefix("https://").rsplit(":", 1)
+    host, port, context = admin_tls(yaml.safe_dump(kubeconfig))
     deadline = time.monotonic() + 120  # a real API server starting, then passing the ingress's /readyz check
     while time.monotonic() < deadline:
         try:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_exit
 import yaml
 from cryptography.hazmat.primitives import serialization
 from ports import free_port_in, wait_listening
@@ -219,16 +220,6 @@ def _start(pod, name: str, image: str, command: tuple[str, ...], args: tuple[str
     return ctr
 
 
-def _wait_exit(client: CRIClient, ctr: str, timeout: float = 10) -> int:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        status = client.container_status(ctr)
-        if status.state == ContainerState.EXITED:
-            return status.exit_code
-        time.sleep(0.1)
-    raise AssertionError(f"container {ctr} still {status.state} after {timeout}s")
-
-
 def _log(pod, name: str) -> str:  # type: ignore[no-untyped-def]
     """The container's output (CRI log lines are `<time> <stream> <tag> <text>`)."""
     path = pod[3] / "logs" / f"{name}.log"
@@ -341,7 +332,7 @@ def test_apiserver_standin_requires_client_certificates(lab, pod, tmp_path: Path
         with pytest.raises((ssl.SSLError, ConnectionError)):
             _https(hv.ip, port, "/version", ca, who, tmp_path)
 
-    assert _wait_exit(client, broken) != 0
+    assert wait_exit(client, broken) != 0
     assert ("kube-apiserver (gitops lab stand-in v1.30.6): --etcd-certfile: "
             "/etc/gitops/apiserver-etcd-client.crt: no such file") in _log(pod, "kube-apiserver-broken")
 
@@ -361,7 +352,7 @@ def test_controller_standins_check_their_kubeconfig(pod) -> None:  # type: ignor
     missing = _start(pod, "kube-controller-manager", "registry.k8s.io/kube-controller-manager:v1.31.2",
                      ("kube-controller-manager",), ("--kubeconfig=/etc/gitops/controller-manager.kubeconfig",
                                                     "--leader-elect=true"), (files,))
-    assert _wait_exit(client, missing) != 0
+    assert wait_exit(client, missing) != 0
     assert "--kubeconfig: /etc/gitops/controller-manager.kubeconfig: no such file" in _log(pod, "kube-controller-manager")
     time.sleep(0.3)
     assert client.container_status(ok).state == ContainerState.RUNNING

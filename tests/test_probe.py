@@ -132,3 +132,27 @@ def test_readyz_must_say_ok_and_its_failed_checks_are_named(server):
         _until(lambda: probe.failures >= 1)
     assert probe.counts().errors[0].endswith("500 [-]shutdown failed: reason withheld; retry: 500 [-]shutdown "
                                               "failed: reason withheld")
+
+
+def test_the_admin_tls_of_a_kubeconfig_presents_its_certificate_only_when_asked(server):
+    """`gitops.kubeconfig.admin_tls`, the one kubeconfig-to-TLS helper (the probe, tests and benchmarks use it):
+    the server is verified with the kubeconfig's CA; a server demanding a client certificate gets the admin's,
+    and refuses the context made without one."""
+    import http.client
+
+    from gitops.kubeconfig import admin_tls
+
+    port, old, _ = server
+    host, got_port, context = admin_tls(_kubeconfig(old, "admin-tls", port))
+    assert (host, got_port) == ("127.0.0.1", port)
+    conn = http.client.HTTPSConnection(host, port, context=context, timeout=5)
+    conn.request("GET", "/readyz")
+    assert conn.getresponse().status == 200 and _Readyz.seen[-1] == "admin-tls"
+    conn.close()
+    _, _, anonymous = admin_tls(_kubeconfig(old, "admin-tls", port), with_credentials=False)
+    with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+        bare = http.client.HTTPSConnection(host, port, context=anonymous, timeout=5)
+        bare.request("GET", "/readyz")
+        bare.getresponse()
+    with pytest.raises(ValueError, match="is not https://host:port"):
+        admin_tls(_kubeconfig(old, "admin-tls", port).replace("https://", "http://"))

@@ -9,10 +9,10 @@ import shlex
 import socket
 import subprocess
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_exit
 from ports import free_port_in, wait_listening
 
 from gitops.cri.client import CRIClient
@@ -140,16 +140,6 @@ def _wait_listening(pod: Pod, ctr: str, name: str, ip: str, port: int, timeout: 
         raise AssertionError(f"{err}:\n{_log(base, name)}") from None
 
 
-def _wait_exit(client: CRIClient, ctr: str, timeout: float = 10) -> int:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        status = client.container_status(ctr)
-        if status.state == ContainerState.EXITED:
-            return status.exit_code
-        time.sleep(0.1)
-    raise AssertionError(f"container {ctr} still running after {timeout}s")
-
-
 def _ssh_argv(key: Path, ip: str, port: int, user: str = "jump", *options: str) -> list[str]:
     return ["ssh", "-F", "/dev/null", "-i", str(key), "-p", str(port), "-o", "StrictHostKeyChecking=no",
             "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
@@ -214,7 +204,7 @@ def test_jump_host_serves_only_declared_keys(lab, pod: Pod, tmp_path: Path) -> N
 
     # restarted (new container, same host directories): same host key, no new one
     client.stop_container(ctr, timeout=5)
-    assert _wait_exit(client, ctr) in (0, 255)  # sshd exits on SIGTERM
+    assert wait_exit(client, ctr) in (0, 255)  # sshd exits on SIGTERM
     client.remove_container(ctr)
     again = _start(pod, dataclasses.replace(spec, name="jumphost-again"))
     _wait_listening(pod, again, "jumphost-again", hv.ip, port)
@@ -234,7 +224,7 @@ def test_stale_authorized_keys_fail_loudly(lab, pod: Pod, tmp_path: Path) -> Non
         (files_dir / name).write_text(text)
     spec = jumphost_container("jumphost", hv.ip, hv.port_range.high, (_keygen(tmp_path / "new"),), str(files_dir))
     ctr = _start(pod, spec)
-    assert _wait_exit(client, ctr) == 1
+    assert wait_exit(client, ctr) == 1
     assert "/etc/gitops/authorized_keys: sha256" in _log(base, "jumphost")
     assert "stale files?" in _log(base, "jumphost")
     assert not (base / "host-keys" / "ssh_host_ed25519_key").exists()  # checked before anything is generated

@@ -15,14 +15,11 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from urllib.parse import urlsplit
 
-from gitops.kubeconfig import admin_credentials
+from gitops.kubeconfig import admin_tls
 
 #: errors kept for the report (the counts are exact; the list is bounded)
 MAX_ERRORS = 50
@@ -40,18 +37,7 @@ class Target:
 
 def target(kubeconfig: str) -> Target:
     """The `Target` of an admin kubeconfig's text (embedded CA, client certificate and key)."""
-    server, ca_pem, cert_pem, key_pem = admin_credentials(kubeconfig)
-    context = ssl.create_default_context(cadata=ca_pem)
-    with tempfile.TemporaryDirectory(prefix="gitops-probe-") as tmp:  # ssl loads a key only from a file
-        cert, key = Path(tmp) / "admin.crt", Path(tmp) / "admin.key"
-        cert.write_text(cert_pem)
-        key.touch(mode=0o600)
-        key.write_text(key_pem)
-        context.load_cert_chain(str(cert), str(key))
-    parts = urlsplit(server)
-    if parts.scheme != "https" or not parts.hostname or not parts.port:
-        raise ValueError(f"kubeconfig server {server!r} is not https://host:port")
-    return Target(parts.hostname, parts.port, context)
+    return Target(*admin_tls(kubeconfig))
 
 
 @dataclass(frozen=True)
