@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 # pyproject leaves the `image` tests (buildah, minutes) out of plain `pytest`; this command, which
 # CI runs, selects them too (a `-m` given here still wins: the last one counts). Two workers
-# (pytest-xdist): one runs the lab groups one after another, the image build first; the other runs
-# the Python-only tests beside them (tests/conftest.py LAB_GROUPS and LAB_WORKERS).
+# (pytest-xdist) in two lanes: one runs the heaviest lab groups one after another; the other runs the
+# Python-only tests, then the other lab groups, the image build first (tests/conftest.py LAB_GROUPS,
+# SECOND_LANE).
 exec .venv/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "image or not image" --durations=25 "$@"

@@ -84,10 +84,10 @@ def pod(lab, request):  # type: ignore[no-untyped-def]
 
 #: The lab groups (`pytest.mark.lab(NAME)` on a module), in the order they run, and what each owns: the `127.0.T`
 #: labs and addresses its modules use (`tests/test_lab_groups.py` checks that no two groups share one, so two
-#: groups could run at once). Under pytest-xdist they all run on one worker, one after another
-#: (`LAB_WORKERS`), the Python-only tests on the other beside them: two labs at once on the 2 cores CI has ran
-#: each about 1.5x slower (38:34 and 44:09 for the suite instead of about 50) and timing-sensitive lab tests
-#: failed (an mTLS front's TLS handshake past its 10 s deadline, a joining kubelet's request past 60 s).
+#: groups can run at once). Under pytest-xdist they run in two lanes, one per worker (`SECOND_LANE`). (Any two
+#: groups at once, each group to whichever worker was free, `LAB_WORKERS` 2, took 38:34 and 44:09 for the suite
+#: and failed timing-sensitive tests: an mTLS front's TLS handshake past its 10 s deadline, a joining
+#: kubelet's request past 60 s.)
 LAB_GROUPS = {
     "image": "127.0.26: the controller image, built (beside the Python-only tests) and run",
     "apply": "127.0.22: the example clusters, applied and changed (test_apply_lab)",
@@ -101,8 +101,17 @@ LAB_GROUPS = {
     "etcd": "127.0.38, 127.0.39: real etcd, restic's servers (backups, etcd upkeep, write answers)",
     "onboarding": "127.0.44",
 }
-#: how many xdist workers the lab groups share: 1, every group on one worker (2: one group per free worker)
+#: how many xdist workers the heavy lab groups share: 1, every one of them on one worker (2: one group per free
+#: worker)
 LAB_WORKERS = 1
+#: the lab groups of the second lane: under xdist, the worker that ran the Python-only tests (about 7 minutes)
+#: runs these next, each whole (xdist group `lab-NAME`), while the first worker runs every other lab group as one
+#: xdist group `lab`. Measured alone on 2 cores (2026-11-29): the first lane's groups take 1,845 s (apply 1,198,
+#: faults 294, ingress 249, failover 86, onboarding 18), the Python-only tests 437 s and these 1,525 s (workers
+#: 705, image 341, recovery 263, session 86, etcd 73, kubeapi 57). A heavy lab uses about one core on average
+#: (half the machine, sampled), so the two lanes share the 2 cores instead of one lane leaving a core idle for
+#: 45 minutes
+SECOND_LANE = ("image", "workers", "recovery", "session", "kubeapi", "etcd")
 #: tests using these fixtures use the session's lab: group `session`
 LAB_FIXTURES = {"lab", "pod"}
 
@@ -149,25 +158,29 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         return
     group = lab_group(item)
     if group is not None:
-        item.add_marker(pytest.mark.xdist_group(f"lab-{group}" if LAB_WORKERS > 1 else "lab"))
+        item.add_marker(pytest.mark.xdist_group(f"lab-{group}" if LAB_WORKERS > 1 or group in SECOND_LANE else "lab"))
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected what they deselect
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order tests run in.
 
-    Under pytest-xdist (`scripts/test.sh`: two workers, `--dist loadgroup --no-loadscope-reorder`): the lab
-    groups in `LAB_GROUPS` order, on one worker (each group whole on one worker with `LAB_WORKERS` 2), then
-    the Python-only tests, shared out one by one to whichever worker is free. Without xdist: the Python-only tests first, then the image tests,
-    then the other lab groups; with an image test selected the images start building now, beside the
-    Python-only tests (`imagebuild`). Under xdist the image test starts the build itself."""
+    Under pytest-xdist (`scripts/test.sh`: two workers, `--dist loadgroup --no-loadscope-reorder`): the heavy lab
+    groups in `LAB_GROUPS` order, as one xdist group on one worker (each group whole on one worker with
+    `LAB_WORKERS` 2); then the Python-only tests, shared out one by one to whichever worker is free (the other
+    one: xdist gives a worker more only when it has 2 tests left); then the `SECOND_LANE` groups, each whole,
+    which that other worker takes next (and the first one too, once its lane is done). Without xdist: the Python-only tests first, then the image tests, then the
+    other lab groups; with an image test selected the images start building now, beside the Python-only tests
+    (`imagebuild`). Under xdist the image test starts the build itself."""
     order = list(LAB_GROUPS)
     xdist = os.environ.get("PYTEST_XDIST_WORKER") is not None
 
     def rank(item: pytest.Item) -> tuple[int, int]:  # (stable: each group keeps the collected order)
         group = lab_group(item)
         if xdist:
-            return (0, order.index(group)) if group is not None else (1, 0)
+            if group is None:
+                return (1, 0)
+            return (2 if group in SECOND_LANE else 0, order.index(group))
         if group is None:
             return (0, 0)
         return (1, 0) if item.get_closest_marker("image") else (2, order.index(group))
