@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from gitops import lab as labmod
-from gitops.kubeconfig import admin_tls
+from gitops.lab.probe import admin_tls
 from gitops.lab.example import write_example_repo
 from gitops.lab.network import LabNetwork
 

@@ -3,13 +3,11 @@ the `cluster-info` kubeconfig (server and CA, no user) workers discover a cluste
 from __future__ import annotations
 
 import base64
-import ssl
 from urllib.parse import urlsplit
 
 import yaml
 
 from gitops.hostport import host_port
-from gitops.kubeapi import MemoryFiles
 from gitops.state.records import ClusterRecord
 
 
@@ -75,18 +73,3 @@ def admin_credentials(text: str) -> tuple[str, str, str, str]:
     except (yaml.YAMLError, KeyError, StopIteration, TypeError, ValueError) as err:
         raise ValueError(f"not a kubeconfig with embedded admin credentials: {type(err).__name__}: {err}") from None
 
-
-def admin_tls(text: str, with_credentials: bool = True) -> tuple[str, int, ssl.SSLContext]:
-    """(host, port, TLS context) to reach the API server of a kubeconfig with embedded credentials (what
-    `admin_kubeconfig` writes): the context verifies the server with the kubeconfig's CA and, `with_credentials`,
-    presents its client certificate (read through anonymous memory files: the key never touches the disk).
-    ValueError for any other kubeconfig."""
-    server, ca, cert, key = admin_credentials(text)
-    context = ssl.create_default_context(cadata=ca)
-    if with_credentials:
-        with MemoryFiles() as files:
-            context.load_cert_chain(files.add("admin-crt", cert), files.add("admin-key", key))
-    url = urlsplit(server)
-    if url.scheme != "https" or not url.hostname or not url.port:
-        raise ValueError(f"kubeconfig server {server!r} is not https://host:port")
-    return url.hostname, url.port, context

@@ -32,7 +32,7 @@ from conftest import lab_tempdir, require_root
 from gitops.compile.authorities import authority
 from gitops.compile.bootstrap import bootstrap_objects
 from gitops.cri.client import CRIClient
-from gitops.kubeconfig import admin_tls as kubeconfig_tls
+from gitops.lab.probe import admin_tls as kubeconfig_tls
 from gitops.lab import kubebin
 from gitops.lab.probe import Probe
 from gitops.model.validate import load_model

@@ -26,7 +26,7 @@ import yaml
 from conftest import lab_tempdir, require_root
 
 from gitops.cri.client import CRIClient
-from gitops.kubeconfig import admin_tls
+from gitops.lab.probe import admin_tls
 from gitops.pods import MANAGED, MANAGER, NODE
 
 pytestmark = pytest.mark.lab("workers")

@@ -135,12 +135,12 @@ def test_readyz_must_say_ok_and_its_failed_checks_are_named(server):
 
 
 def test_the_admin_tls_of_a_kubeconfig_presents_its_certificate_only_when_asked(server):
-    """`gitops.kubeconfig.admin_tls`, the one kubeconfig-to-TLS helper (the probe, tests and benchmarks use it):
+    """`gitops.lab.probe.admin_tls`, the one kubeconfig-to-TLS helper (the probe, tests and benchmarks use it):
     the server is verified with the kubeconfig's CA; a server demanding a client certificate gets the admin's,
     and refuses the context made without one."""
     import http.client
 
-    from gitops.kubeconfig import admin_tls
+    from gitops.lab.probe import admin_tls
 
     port, old, _ = server
     host, got_port, context = admin_tls(_kubeconfig(old, "admin-tls", port))

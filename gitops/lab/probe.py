@@ -18,8 +18,10 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-from gitops.kubeconfig import admin_tls
+from gitops.kubeapi import MemoryFiles
+from gitops.kubeconfig import admin_credentials
 
 #: errors kept for the report (the counts are exact; the list is bounded)
 MAX_ERRORS = 50
@@ -33,6 +35,22 @@ class Target:
     host: str
     port: int
     context: ssl.SSLContext
+
+
+def admin_tls(text: str, with_credentials: bool = True) -> tuple[str, int, ssl.SSLContext]:
+    """(host, port, TLS context) to reach the API server of a kubeconfig with embedded credentials (what
+    `admin_kubeconfig` writes): the context verifies the server with the kubeconfig's CA and, `with_credentials`,
+    presents its client certificate (read through anonymous memory files: the key never touches the disk).
+    ValueError for any other kubeconfig."""
+    server, ca, cert, key = admin_credentials(text)
+    context = ssl.create_default_context(cadata=ca)
+    if with_credentials:
+        with MemoryFiles() as files:
+            context.load_cert_chain(files.add("admin-crt", cert), files.add("admin-key", key))
+    url = urlsplit(server)
+    if url.scheme != "https" or not url.hostname or not url.port:
+        raise ValueError(f"kubeconfig server {server!r} is not https://host:port")
+    return url.hostname, url.port, context
 
 
 def target(kubeconfig: str) -> Target:
