@@ -99,16 +99,19 @@ class Repo:
     def run(self, *args: str, input: bytes | None = None, env: Mapping[str, str] | None = None,
             timeout: float | None = None) -> str:
         """Standard output of `git ARGS` as text (its last newline removed); `GitError` when it fails."""
-        return self.run_bytes(*args, input=input, env=env, timeout=timeout).decode(
-            errors="surrogateescape").removesuffix("\n")
+        return self._ok(args, input, env, timeout).text
 
     def run_bytes(self, *args: str, input: bytes | None = None, env: Mapping[str, str] | None = None,
                   timeout: float | None = None) -> bytes:
         """Standard output of `git ARGS` as bytes; `GitError` when it fails."""
+        return self._ok(args, input, env, timeout).out
+
+    def _ok(self, args: tuple[str, ...], input: bytes | None, env: Mapping[str, str] | None,
+            timeout: float | None) -> Done:
         done = self.attempt(*args, input=input, env=env, timeout=timeout)
         if not done.ok:
             raise GitError(args, done.status, done.err, done.text)
-        return done.out
+        return done
 
     def succeeds(self, *args: str) -> bool:
         """Whether `git ARGS` exits 0 (a question git answers with its status)."""
@@ -166,16 +169,16 @@ class Repo:
 
     # ------------------------------------------------------------------ objects
 
-    def object_type(self, name: str) -> str:
-        """The type of the object `name` names ("" when none)."""
-        done = self.attempt("cat-file", "-t", name)
-        return done.text.strip() if done.ok else ""
-
-    def object_size(self, name: str) -> int | None:
-        """The size in bytes of the object `name` names (None when none)."""
-        done = self.attempt("cat-file", "-s", name)
-        size = done.text.strip()
-        return int(size) if done.ok and size.isdigit() else None
+    def header(self, name: str) -> tuple[str, int] | None:
+        """(type, size in bytes) of the object `name` names, None when there is none: one
+        `git cat-file --batch-check`, which reads no content (check a size before reading what someone else
+        pushed). Raises GitError when git fails, ValueError for a name holding a newline."""
+        if "\n" in name:
+            raise ValueError("an object name holds a newline")
+        fields = self.run("cat-file", "--batch-check", input=f"{name}\n".encode()).split()
+        if len(fields) != 3 or not fields[2].isdigit():
+            return None  # "<name> missing" (and such)
+        return fields[1], int(fields[2])
 
     def read_objects(self, names: list[str]) -> list[tuple[str, bytes] | None]:
         """(type, content) of each object `names` name, None for one that is missing, through one

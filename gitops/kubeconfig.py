@@ -72,4 +72,3 @@ def admin_credentials(text: str) -> tuple[str, str, str, str]:
                 base64.b64decode(user["client-key-data"]).decode())
     except (yaml.YAMLError, KeyError, StopIteration, TypeError, ValueError) as err:
         raise ValueError(f"not a kubeconfig with embedded admin credentials: {type(err).__name__}: {err}") from None
-

@@ -67,8 +67,7 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _fields(schema: dict[str, Any], node: dict[str, Any], prefix: str, required: set[str], rows: list[str],
-            depth: int = 0) -> None:
+def _fields(schema: dict[str, Any], node: dict[str, Any], prefix: str, rows: list[str], depth: int = 0) -> None:
     node = _resolve(schema, node)
     props = node.get("properties")
     if not isinstance(props, dict) or depth > 12:
@@ -77,14 +76,13 @@ def _fields(schema: dict[str, Any], node: dict[str, Any], prefix: str, required:
     for name in props:
         child = _resolve(schema, props[name])
         path = f"{prefix}.{name}" if prefix else name
-        notes = [_limits(child)] if _limits(child) else []
         description = _cell(str(child.get("description", "")))
         rows.append(f"| `{path}` | {_type(child)} | {'yes' if name in needed else ''} | "
-                    f"{_cell('; '.join(notes))} | {description} |")
-        _fields(schema, child, path, needed, rows, depth + 1)
+                    f"{_cell(_limits(child))} | {description} |")
+        _fields(schema, child, path, rows, depth + 1)
         items = child.get("items")
         if child.get("type") == "array" and isinstance(items, dict):
-            _fields(schema, items, f"{path}[]", set(), rows, depth + 1)
+            _fields(schema, items, f"{path}[]", rows, depth + 1)
 
 
 def resources() -> str:
@@ -100,7 +98,7 @@ def resources() -> str:
             out.append(f"{' '.join(str(schema['description']).split())}\n\n")
         out.append(f"Schema: `schemas/{name}.schema.json`.\n\n")
         rows: list[str] = []
-        _fields(schema, schema, "", set(), rows)
+        _fields(schema, schema, "", rows)
         out.append("| field | type | required | limits | what |\n|---|---|---|---|---|\n")
         out.append("\n".join(rows) + "\n")
     return "".join(out)

@@ -38,8 +38,8 @@ def test_reads_answer_what_the_repo_holds_and_missing_objects_are_none(repo: Rep
     sha = _commit(repo, {"a.txt": "alpha\n", "d/b.txt": "beta\n"}, "first")
     assert repo.commit_of("main") == sha and repo.commit_of("nothing") == ""
     assert repo.subject(sha) == "first"
-    assert repo.object_type(f"{sha}:d") == "tree" and repo.object_type(f"{sha}:zz") == ""
-    assert repo.object_size(f"{sha}:a.txt") == 6 and repo.object_size(f"{sha}:zz") is None
+    assert repo.header(f"{sha}:d")[0] == "tree" and repo.header(f"{sha}:zz") is None
+    assert repo.header(f"{sha}:a.txt") == ("blob", 6)
     found = repo.read_objects([f"{sha}:a.txt", f"{sha}:missing", f"{sha}:d/b.txt", f"{sha}:d"])
     assert found[0] == ("blob", b"alpha\n") and found[1] is None and found[2] == ("blob", b"beta\n")
     assert found[3] is not None and found[3][0] == "tree"
@@ -117,7 +117,7 @@ def test_many_threads_read_one_repo_while_its_writer_commits(repo: Repo):
                     names = [f"{sha}:n.txt", f"{sha}:d/x.txt"]
                     got = repo.read_objects(names)
                     assert [g[1] if g else None for g in got] == [expected[sha]["n.txt"], expected[sha]["d/x.txt"]]
-                    assert repo.object_type(f"{sha}:d") == "tree"
+                    assert repo.header(f"{sha}:d")[0] == "tree"
                     assert repo.commit_of(sha) == sha
                     with repo.stream("ls-tree", "-r", "--name-only", sha) as proc:
                         assert proc.stdout.read().split() == [b"d/x.txt", b"n.txt"]

@@ -59,9 +59,9 @@ class ApplyLease:
             raise StatusError(f"cannot fetch the lock: {err.detail}") from None
         sha = self.repo.ref(LOCK_REF)
         try:
-            kind, size = self.repo.object_type(f"{sha}:lock.json"), self.repo.object_size(f"{sha}:lock.json")
+            kind, size = self.repo.header(f"{sha}:lock.json") or ("missing object", None)
             if kind != "blob" or size is None or size > MAX_LOCK_BYTES:
-                raise ValueError(f"lock.json is a {kind or 'missing object'} of {size} bytes")
+                raise ValueError(f"lock.json is a {kind} of {size} bytes")
             found = self.repo.read_objects([f"{sha}:lock.json"])[0]
             if found is None:
                 raise ValueError("lock.json is gone")

@@ -164,7 +164,7 @@ class StatusReader:
         def _listing(folder: str) -> list[tuple[str, str, str]]:
             done = git.attempt("ls-tree", "-z", f"{ref}:{folder}" if folder else ref)
             if not done.ok:
-                if folder and git.object_type(f"{ref}:{folder}") not in ("", "tree"):
+                if folder and (git.header(f"{ref}:{folder}") or ("tree",))[0] != "tree":
                     raise FileRefused(folder, "is not a folder in the status tree (a link or a file); refusing it")
                 return []
             out = []

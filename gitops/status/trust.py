@@ -167,9 +167,10 @@ class Verifier:
         if not self.signers:
             return "no status signer is pinned"
         repo = as_repo(repo)
-        size = repo.object_size(sha)
-        if size is None or repo.object_type(sha) != "commit":
+        header = repo.header(sha)
+        if header is None or header[0] != "commit":
             return f"no commit {sha[:12]} here"
+        size = header[1]
         if size > MAX_COMMIT_BYTES:
             return f"its commit object is {size} bytes, more than a status commit ever holds"
         signature = repo.commit_signature(sha)
