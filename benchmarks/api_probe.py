@@ -31,7 +31,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +41,13 @@ from gitops import lab as labmod
 from gitops.lab import kubebin
 from gitops.lab.example import write_example_repo
 from gitops.lab.probe import Probe
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+for path in (REPO_ROOT, REPO_ROOT / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from conftest import running_lab  # noqa: E402  (tests/conftest.py: test and benchmark tooling)
 
 SUBNET = "127.0.28"
 GITOPS = str(Path(sys.executable).parent / "gitops")
@@ -126,11 +132,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="end with the figures as one JSON object")
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="gitops-bench-probe-", dir="/tmp"))
     results = []
-    try:
-        print("lab up (3 hypervisors, real v1.20.2 images) ...", flush=True)
-        lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet=SUBNET)
+    print("lab up (3 hypervisors, real v1.20.2 images) ...", flush=True)
+    with running_lab("gitops-bench-probe-", hypervisors=3, public=1, subnet=SUBNET) as (base, lab):
         bench = Bench(base, lab)
         write_example_repo(lab, bench.repo, ingress_nodes=1)
         shutil.rmtree(bench.repo / "clusters/team-b")
@@ -205,9 +209,6 @@ def main() -> None:
                                          f"{platform.python_version()}",
                               "load_average": [round(x, 2) for x in os.getloadavg()],
                               "operations": results}, sort_keys=True))
-    finally:
-        labmod.down(base / "lab")
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -23,16 +23,21 @@ import shutil
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-from gitops import lab as labmod
 from gitops.lab.probe import admin_tls
 from gitops.lab.example import write_example_repo
 from gitops.lab.network import LabNetwork
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+for path in (REPO_ROOT, REPO_ROOT / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from conftest import running_lab  # noqa: E402  (tests/conftest.py: test and benchmark tooling)
 
 SUBNET = "127.0.27"
 MACHINES = LabNetwork.for_subnet(SUBNET).prefixes[0].removesuffix("0/24")  # "10.249.27."
@@ -89,10 +94,8 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=20.0, help="seconds after ready before reading RSS")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object last")
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="gitops-bench-cp-", dir="/tmp"))
-    try:
-        print("lab up (3 hypervisors, real v1.20.2 images) ...", flush=True)
-        lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet=SUBNET)
+    print("lab up (3 hypervisors, real v1.20.2 images) ...", flush=True)
+    with running_lab("gitops-bench-cp-", hypervisors=3, public=1, subnet=SUBNET) as (base, lab):
         repo = base / "repo"
         write_example_repo(lab, repo, ingress_nodes=1)
         shutil.rmtree(repo / "clusters/team-b")
@@ -123,9 +126,6 @@ def main() -> None:
             print(json.dumps({"apply_s": round(applied, 2), "ready_after_apply_start_s": round(ready_s, 2),
                               "rss_mib": {n: {"min": round(min(v)), "max": round(max(v)), "n": len(v)}
                                           for n, v in sorted(rss.items()) if v}}, sort_keys=True))
-    finally:
-        labmod.down(base / "lab")
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import os
 import platform
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -94,12 +93,11 @@ def main() -> int:
     skip = explored(args.resume)
     rows: list[crashpoints.Outcome] = []
     started = time.monotonic()
-    base = Path(tempfile.mkdtemp(prefix="gitops-bench-crash-", dir="/tmp"))
     interrupted = False
     try:
-        print(f"lab up in {base} (3 hypervisors, team-a applied) ...", flush=True)
-        with crashpoints.workspace(base, args.subnet) as ws:
-            print(f"team-a applied and ready in {time.monotonic() - started:.1f}s", flush=True)
+        print("lab up (3 hypervisors, team-a applied) ...", flush=True)
+        with crashpoints.workspace("gitops-bench-crash-", args.subnet) as ws:
+            print(f"team-a applied and ready in {ws.dir} in {time.monotonic() - started:.1f}s", flush=True)
             for name in names:
                 crashpoints.explore(ws, crashpoints.SCENARIOS[name], log=lambda s: print(s, flush=True),
                                     limit=args.limit, outcomes=rows, stride=args.stride,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -28,10 +27,8 @@ for path in (REPO_ROOT, REPO_ROOT / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from conftest import lab_tempdir  # noqa: E402
+from conftest import running_lab  # noqa: E402
 from failover import make_world, partition_holder, power_off_holder, public  # noqa: E402
-
-from gitops import lab as labmod  # noqa: E402
 
 SUBNET = "127.0.47"
 
@@ -41,9 +38,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    base = lab_tempdir("gitops-bench-failover-")
     rounds: list[dict[str, object]] = []
-    try:
+    with running_lab("gitops-bench-failover-") as (base, _):
         print("lab up and team-a applied (two ingress nodes, a virtual IP) ...", flush=True)
         world = make_world(base, SUBNET)
         print(f"virtual IP {world.virtual_ip()}, held by {world.wait_holder()}", flush=True)
@@ -53,9 +49,6 @@ def main() -> None:
             print(f"round {n + 1}: {json.dumps(figures, sort_keys=True)}", flush=True)
         partition = public(partition_holder(world))
         print(f"partition: {json.dumps(partition, sort_keys=True)}", flush=True)
-    finally:
-        labmod.down(base / "lab")
-        shutil.rmtree(base, ignore_errors=True)
     outages = [float(r["outage_s"]) for r in rounds]  # type: ignore[arg-type]
     summary = {"outage_s": {"min": min(outages), "median": statistics.median(outages), "max": max(outages)},
                "takeover_s": {"min": min(float(r["takeover_s"]) for r in rounds),  # type: ignore[arg-type]

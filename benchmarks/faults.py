@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ for path in (REPO_ROOT, REPO_ROOT / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from conftest import lab_tempdir  # noqa: E402
+from conftest import running_lab  # noqa: E402
 from faults import make_world, partition_member, power_cycle, public  # noqa: E402
 
 from gitops import lab as labmod  # noqa: E402
@@ -53,9 +52,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    base = lab_tempdir("gitops-bench-faults-")
     results: dict[str, object] = {"member": [], "leader": [], "power": []}
-    try:
+    with running_lab("gitops-bench-faults-") as (base, _):
         print("lab up and team-a applied ...", flush=True)
         world = make_world(base, SUBNET)
         results["rss_mib"] = machine_rss_mib(world.lab)
@@ -67,9 +65,6 @@ def main() -> None:
                 figures = public(run())
                 results[name].append(figures)  # type: ignore[union-attr]
                 print(f"round {n + 1} {name}: {json.dumps(figures, sort_keys=True)}", flush=True)
-    finally:
-        labmod.down(base / "lab")
-        shutil.rmtree(base, ignore_errors=True)
     if args.json:
         print(json.dumps(results, sort_keys=True))
 

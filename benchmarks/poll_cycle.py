@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shutil
 import statistics
 import subprocess
-import tempfile
+import sys
 import time
 from pathlib import Path
 
-from gitops import lab as labmod
 from gitops.controller import Controller, ControllerConfig
 from gitops.engine import cluster_targets
 from gitops.observe.hypervisors import observe
@@ -34,6 +32,13 @@ from gitops.lab.example import write_example_repo
 from gitops.status.branch import StatusBranch
 from gitops.status.poll import live_fingerprint
 from gitops.status.reader import MANAGED
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+for path in (REPO_ROOT, REPO_ROOT / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from conftest import running_lab  # noqa: E402  (tests/conftest.py: test and benchmark tooling)
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -77,9 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--polls", type=int, default=10)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="gitops-bench-poll-", dir="/tmp"))
-    try:
-        lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet="127.0.26")
+    with running_lab("gitops-bench-poll-", hypervisors=3, public=1, subnet="127.0.26") as (base, lab):
         work = base / "work"
         write_example_repo(lab, work, ingress_nodes=1)
         origin = base / "origin.git"
@@ -130,9 +133,6 @@ def main() -> None:
             assert sha is not None
         size = sum(len(v) for v in tree.values())
         print(f"one status commit ({len(tree)} files, {size / 1024:.0f} KiB)          {figures(commits)}")
-    finally:
-        labmod.down(base / "lab")
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import threading
@@ -32,9 +31,8 @@ for path in (REPO_ROOT, REPO_ROOT / "tests"):
         sys.path.insert(0, str(path))
 
 import yaml  # noqa: E402
-from conftest import lab_tempdir  # noqa: E402
+from conftest import running_lab  # noqa: E402
 
-from gitops import lab as labmod  # noqa: E402
 from gitops.lab.probe import target  # noqa: E402
 
 GITOPS = str(Path(sys.executable).parent / "gitops")
@@ -102,11 +100,9 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     out: dict[str, object] = {}
-    base = lab_tempdir("gitops-bench-recovery-")
-    lab_dir, repo, state = base / "lab", base / "repo", base / "state"
-    try:
-        print("lab up: 1 public and 3 private hypervisors ...", flush=True)
-        labmod.up(lab_dir, hypervisors=4, public=1, subnet=SUBNET)
+    print("lab up: 1 public and 3 private hypervisors ...", flush=True)
+    with running_lab("gitops-bench-recovery-", hypervisors=4, public=1, subnet=SUBNET) as (base, _):
+        lab_dir, repo, state = base / "lab", base / "repo", base / "state"
         gitops("lab", "example-repo", "--ingress-nodes", "1", "--dir", str(lab_dir), str(repo))
         third = repo / "hypervisors" / "hv-private-3.yaml"  # the lab's fourth machine: added empty, later
         held_back = third.read_text()
@@ -166,11 +162,6 @@ def main() -> int:
                    drain_failed=sum(w.failed() for w in watches))
         print(f"drain: {out['drain_applies']} applies in {out['drain_s']} s, {out['drain_failed']} of "
               f"{out['drain_requests']} requests failed", flush=True)
-    finally:
-        try:
-            labmod.down(lab_dir)
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
     if args.json:
         print(json.dumps(out, sort_keys=True))
     return 0

@@ -6,7 +6,9 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,24 @@ def lab_tempdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
 
+@contextmanager
+def running_lab(prefix: str, **up: Any) -> Iterator[tuple[Path, Any]]:
+    """`require_root`, a `lab_tempdir(prefix)` `base` and, given `labmod.up`'s keywords `up`, a lab up in
+    `base / "lab"`; yields (base, its LabInfo), or (base, None) without `up`: the caller brings the lab up there.
+    Afterwards, whatever happens: the lab down, then `base` removed."""
+    require_root()
+    from gitops import lab as labmod
+
+    base = lab_tempdir(prefix)
+    try:
+        yield base, (labmod.up(base / "lab", **up) if up else None)
+    finally:
+        try:
+            labmod.down(base / "lab")
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+
 def wait_exit(client: "gitops.cri.client.CRIClient", ctr: str, timeout: float = 10) -> int:  # noqa: F821
     """The exit code of container `ctr` once it has exited (an AssertionError after `timeout` seconds)."""
     from gitops.cri.types import ContainerState
@@ -45,17 +65,8 @@ def wait_exit(client: "gitops.cri.client.CRIClient", ctr: str, timeout: float = 
 @pytest.fixture(scope="session")
 def lab() -> Iterator["gitops.lab.LabInfo"]:  # type: ignore[name-defined]  # noqa: F821
     """A 2-hypervisor lab (first one public) with mTLS fronts, shared by the whole session."""
-    require_root()
-    from gitops import lab as labmod
-
-    lab_dir = lab_tempdir("gitops-lab-")
-    try:
-        yield labmod.up(lab_dir, hypervisors=2, public=1, remote=True, subnet="127.0.20")
-    finally:
-        try:
-            labmod.down(lab_dir)
-        finally:
-            shutil.rmtree(lab_dir, ignore_errors=True)
+    with running_lab("gitops-lab-", hypervisors=2, public=1, remote=True, subnet="127.0.20") as (_, lab):
+        yield lab
 
 
 @pytest.fixture

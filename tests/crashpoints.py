@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+from conftest import running_lab
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -190,48 +191,33 @@ def edit(repo: Path, rel: str, old: str, new: str) -> str:
     return text
 
 
-def setup(base: Path, subnet: str, cluster: str = "team-a") -> Workspace:
-    """A lab of 3 hypervisors (1 public) on `subnet`, the example repo with `cluster` only (3 controlplane
-    nodes + 1 ingress, real v1.20.2) applied, and its API ready through the ingress. `teardown(base)` undoes it."""
-    base.mkdir(parents=True, exist_ok=True)
-    lab = labmod.up(base / "lab", hypervisors=3, public=1, subnet=subnet)
-    ws = Workspace(base, base / "repo", base / "state", lab)
-    write_example_repo(lab, ws.repo, ingress_nodes=1)
-    for other in sorted((ws.repo / "clusters").iterdir()):
-        if other.name != cluster:
-            shutil.rmtree(other)
-    shutil.rmtree(ws.repo / "sip")
-    ws.edit_docs("gitops.yaml", lambda docs: docs[0]["spec"].update(
-        paths=[p for p in docs[0]["spec"]["paths"] if p != "sip"]))
-    ws.apply()
-    ws.wait_ready(cluster, timeout=180)
-    converge(ws)
-    return ws
-
-
-def teardown(base: Path) -> None:
-    """Stop the lab under `base` (its processes, pods, mounts, cgroups; a joined worker leaves first:
-    its kubelet and kube-proxy stop) and delete `base`."""
-    try:
-        if (base / "worker").exists():
-            try:
-                subprocess.run([GITOPS, "lab", "exec", "--dir", str(base / "lab"), WORKER, "--", GITOPS, "leave",
-                                "--dir", str(base / "worker")], capture_output=True, timeout=180)
-            except (OSError, subprocess.SubprocessError):
-                pass  # (the lab goes down anyway: its namespace and its worker's containerd with it)
-        if (base / "lab").exists():
-            labmod.down(base / "lab")
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
 @contextmanager
-def workspace(base: Path, subnet: str, cluster: str = "team-a") -> Iterator[Workspace]:
-    """`setup`, then `teardown` whatever happens (Ctrl-C included)."""
-    try:
-        yield setup(base, subnet, cluster)
-    finally:
-        teardown(base)
+def workspace(prefix: str, subnet: str, cluster: str = "team-a") -> Iterator[Workspace]:
+    """A lab of 3 hypervisors (1 public) on `subnet` in a temp dir (`running_lab(prefix)`), the example repo with
+    `cluster` only (3 controlplane nodes + 1 ingress, real v1.20.2) applied, and its API ready through the ingress.
+    Afterwards, whatever happens (Ctrl-C included), a joined worker leaves (its kubelet and kube-proxy stop), then
+    the lab goes down (its processes, pods, mounts, cgroups) and the dir is deleted."""
+    with running_lab(prefix, hypervisors=3, public=1, subnet=subnet) as (base, lab):
+        try:
+            ws = Workspace(base, base / "repo", base / "state", lab)
+            write_example_repo(lab, ws.repo, ingress_nodes=1)
+            for other in sorted((ws.repo / "clusters").iterdir()):
+                if other.name != cluster:
+                    shutil.rmtree(other)
+            shutil.rmtree(ws.repo / "sip")
+            ws.edit_docs("gitops.yaml", lambda docs: docs[0]["spec"].update(
+                paths=[p for p in docs[0]["spec"]["paths"] if p != "sip"]))
+            ws.apply()
+            ws.wait_ready(cluster, timeout=180)
+            converge(ws)
+            yield ws
+        finally:
+            if (base / "worker").exists():
+                try:
+                    subprocess.run([GITOPS, "lab", "exec", "--dir", str(base / "lab"), WORKER, "--", GITOPS,
+                                    "leave", "--dir", str(base / "worker")], capture_output=True, timeout=180)
+                except (OSError, subprocess.SubprocessError):
+                    pass  # (the lab goes down anyway: its namespace and its worker's containerd with it)
 
 
 # ------------------------------------------------------------------ the checks

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from conftest import lab_tempdir, require_root
+from conftest import running_lab
 from test_apply_lab import World, etcd_client_files, etcd_leader, etcdctl, kubeconfig_file, wait_ready, world_gitops
 
 from gitops import lab as labmod
@@ -279,15 +279,10 @@ def public(figures: dict[str, object]) -> dict[str, object]:
 def lab_world(prefix: str, subnet: str, make: Callable[[Path, str], World]) -> Iterator[World]:
     """A module fixture's body: the world `make` builds in a fresh temp dir on `subnet`, yielded; then the lab
     down, the dir removed, and none of the subnet's namespaces left on the host."""
-    require_root()
-    base = lab_tempdir(prefix)
     try:
-        yield make(base, subnet)
+        with running_lab(prefix) as (base, _):
+            yield make(base, subnet)
     finally:
-        try:
-            labmod.down(base / "lab")
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
         assert lab_leftovers(subnet) == []
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import lab_tempdir, require_root
+from conftest import running_lab
 
 from gitops.compile.authorities import authority
 from gitops.compile.bootstrap import bootstrap_objects
@@ -133,12 +133,7 @@ class World:
 
 @pytest.fixture(scope="module")
 def world():
-    require_root()
-    from gitops import lab as labmod
-
-    base = lab_tempdir("gitops-e2e-")
-    try:
-        lab = labmod.up(base / "lab", hypervisors=3, public=1, remote=True, subnet="127.0.22")
+    with running_lab("gitops-e2e-", hypervisors=3, public=1, remote=True, subnet="127.0.22") as (base, lab):
         repo = base / "repo"
         mapping = world_gitops("lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"),
                                str(repo)).stderr
@@ -147,11 +142,6 @@ def world():
             "hv-private-2 -> lab-hv-3 (mTLS " + lab.hypervisors[2].remote_uri + ")",
         ]
         yield World(base, repo, base / "state", lab)
-    finally:
-        try:
-            labmod.down(base / "lab")
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

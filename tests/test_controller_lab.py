@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import lab_tempdir, require_root
+from conftest import running_lab
 
 from gitops.cri.client import CRIClient
 from gitops.lab.probe import admin_tls
@@ -125,12 +125,7 @@ def keygen(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def loop():
-    require_root()
-    from gitops import lab as labmod
-
-    base = lab_tempdir("gitops-loop-")
-    try:
-        lab = labmod.up(base / "lab", hypervisors=3, public=1, remote=True, subnet="127.0.24")
+    with running_lab("gitops-loop-", hypervisors=3, public=1, remote=True, subnet="127.0.24") as (base, lab):
         work = base / "work"
         user_key, controller_key = base / "user.key", base / "controller.key"
         recipient = keygen(user_key)
@@ -152,11 +147,6 @@ def loop():
         world.push("team-a only")
         (base / "team-b").mkdir()
         yield world
-    finally:
-        try:
-            labmod.down(base / "lab")
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
 
 
 def decrypt_kubeconfig(loop: Loop, cluster: str) -> dict:

@@ -11,7 +11,6 @@ Bad input gets a clear error and changes nothing.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import stat
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import lab_tempdir, require_root
+from conftest import running_lab
 from repo_helpers import write
 
 from gitops.lab import network
@@ -77,48 +76,40 @@ class Box:
 
 @pytest.fixture(scope="module")
 def box():
-    require_root()
-    from gitops import lab as labmod
-
-    base = lab_tempdir("gitops-onboard-")
     machine = network.LabNetwork(SUBNET).hypervisor(9, "new-machine")
-    try:
-        lab = labmod.up(base / "lab", hypervisors=1, public=1, subnet=SUBNET, kubernetes_versions=())
-        network.create_machine(machine)
-        b = Box(base, lab, machine)
-        subprocess.run(["age-keygen", "-o", str(b.identity)], check=True, capture_output=True)
-        recipient = subprocess.run(["age-keygen", "-y", str(b.identity)], check=True, capture_output=True,
-                                   text=True).stdout.strip()
-        write(b.repo, "gitops.yaml", f"""
-            apiVersion: gitops.infra/v1alpha1
-            kind: GitopsConfig
-            spec:
-              secrets:
-                recipients: [{recipient}]
-            """)
-        hv = lab.hypervisors[0]
-        write(b.repo, "hypervisors/hv-1.yaml", f"""
-            apiVersion: gitops.infra/v1alpha1
-            kind: Hypervisor
-            metadata:
-              name: hv-1
-            spec:
-              public: true
-              ipAddress: {hv.ip}
-              portRange: {{low: 30000, high: 30999}}
-              localCRIEndpoint:
-                criEndpointPath: {hv.socket}
-            """)
-        yield b
-    finally:
+    with running_lab("gitops-onboard-", hypervisors=1, public=1, subnet=SUBNET, kubernetes_versions=()) as (base, lab):
         try:
-            network.remove_machine(machine)  # its haproxy front and containerd with it
+            network.create_machine(machine)
+            b = Box(base, lab, machine)
+            subprocess.run(["age-keygen", "-o", str(b.identity)], check=True, capture_output=True)
+            recipient = subprocess.run(["age-keygen", "-y", str(b.identity)], check=True, capture_output=True,
+                                       text=True).stdout.strip()
+            write(b.repo, "gitops.yaml", f"""
+                apiVersion: gitops.infra/v1alpha1
+                kind: GitopsConfig
+                spec:
+                  secrets:
+                    recipients: [{recipient}]
+                """)
+            hv = lab.hypervisors[0]
+            write(b.repo, "hypervisors/hv-1.yaml", f"""
+                apiVersion: gitops.infra/v1alpha1
+                kind: Hypervisor
+                metadata:
+                  name: hv-1
+                spec:
+                  public: true
+                  ipAddress: {hv.ip}
+                  portRange: {{low: 30000, high: 30999}}
+                  localCRIEndpoint:
+                    criEndpointPath: {hv.socket}
+                """)
+            yield b
         finally:
             try:
-                labmod.down(base / "lab")
-            finally:
+                network.remove_machine(machine)  # its haproxy front and containerd with it
+            finally:  # (its mounts, before the lab's temp dir is removed)
                 subprocess.run(["umount", "-R", "-l", str(base / "machine")], capture_output=True)
-                shutil.rmtree(base, ignore_errors=True)
 
 
 def _repo_files(box: Box) -> dict[str, str]:

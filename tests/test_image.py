@@ -27,7 +27,7 @@ from pathlib import Path
 import imagebuild
 import pytest
 import yaml
-from conftest import lab_tempdir, require_root
+from conftest import require_root, running_lab
 from ports import free_port, wait_listening
 from repo_helpers import team_a_only
 
@@ -121,110 +121,108 @@ def run(request):
         assert shutil.which(tool), f"{tool} not found (scripts/install-deps.sh installs it)"
     from gitops import lab as labmod
 
-    base = lab_tempdir("gitops-image-")
-    daemon = None
-    try:
-        # the images build since the session started (tests/imagebuild.py); the lab comes up meanwhile
-        building = imagebuild.start()
-        progress("lab up: 3 containerd hypervisors (1 public, 1 behind mTLS), while the images build")
-        lab = labmod.up(base / "lab", hypervisors=3, public=1, remote=True, subnet=SUBNET)
-        progress("the images: scripts/build-image.sh (mmdebstrap base, buildah), building since the session started")
-        build = building.wait(progress)
-        build_seconds = build["seconds"]["total"]
-        images = building.images
-        controller_id, _ = archive_image(images / "gitops.tar")
-        agent_id, _ = archive_image(images / "gitops-agent.tar")
-        hv = next(h for h in lab.hypervisors if not h.public)  # where the controller's pod runs
-        progress(f"importing gitops.tar into {hv.name}, where the controller runs (ctr images import)")
-        labmod.import_image(images / "gitops.tar", base / "lab", only=[hv.name])
-        progress("importing gitops-agent.tar into every lab hypervisor (ctr images import)")
-        labmod.import_image(images / "gitops-agent.tar", base / "lab")
-        imagebuild.stop()  # (the archives are imported: nothing else reads them)
-
-        # the infra repo: the example wired to the lab, its mTLS key encrypted to the controller's identity
-        key = base / "controller.key"
-        recipient = subprocess.run(["age-keygen", "-o", str(key)], capture_output=True, text=True,
-                                   check=True).stderr.split("Public key:")[1].strip()
-        work, origin = base / "work", base / "srv" / "infra.git"
-        subprocess.run([GITOPS, "lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"), str(work),
-                        "--encrypt-to", recipient], check=True, capture_output=True)
-        # team-a alone (its 3 controlplane nodes on the two private machines, its ingress on the public one):
-        # every hypervisor, each way of reaching one, and a third of the CPU two clusters and SIP's hosts take
-        team_a_only(work)
-        subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
-        subprocess.run(["git", *GIT_ID, "add", "-A"], cwd=work, check=True)
-        subprocess.run(["git", *GIT_ID, "commit", "-q", "-m", "infra"], cwd=work, check=True)
-        subprocess.run(["git", "clone", "-q", "--bare", str(work), str(origin)], check=True)
-        # on a host loopback address the lab's machines reach over the lab bridge (inside a machine, 127.0.0.1
-        # is its own)
-        git_host = f"{SUBNET}.250"
-        git_port = free_port(git_host)
-        daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
-                                   f"--base-path={origin.parent}", f"--listen={git_host}", f"--port={git_port}",
-                                   str(origin.parent)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_listening(git_host, git_port, timeout=20)
-
-        # what the pod gets: the identity (readable by its user only) and the unix sockets of the
-        # hypervisors the repo reaches locally, at the same paths; the sockets' group is the image's
-        # (an admin grants a controller's group a containerd socket the same way: containerd's [grpc] gid)
-        pod_dir = base / "pod"
-        pod_dir.mkdir()
-        identity = pod_dir / "identity.txt"
-        shutil.copy(key, identity)
-        os.chown(identity, UID, UID)
-        os.chmod(identity, 0o400)
-        mounts = [Mount("/etc/gitops/identity.txt", str(identity), readonly=True)]
-        for path in sorted((work / "hypervisors").glob("*.yaml")):
-            endpoint = yaml.safe_load(path.read_text())["spec"].get("localCRIEndpoint")
-            if endpoint:
-                sock = endpoint["criEndpointPath"]
-                os.chown(sock, -1, UID)
-                assert os.stat(sock).st_mode & 0o060 == 0o060, oct(os.stat(sock).st_mode)
-                mounts.append(Mount(sock, sock))
-        assert len(mounts) == 3, mounts  # two hypervisors by socket; the third over mTLS (host network)
-
-        metrics = f"{hv.ip}:{free_port()}"  # the pod lives in the machine's network (host networking there)
-        sandbox = SandboxSpec("gitops-controller", namespace="gitops-system", log_directory=str(base / "podlogs"))
-        container = ContainerSpec(
-            "controller", "ghcr.io/gitops-infra/gitops:0.1.0",
-            args=("--repo", f"git://{git_host}:{git_port}/infra.git", "--interval", "10s"),
-            env={"GITOPS_METRICS_ADDRESS": metrics}, mounts=tuple(mounts), log_path="controller.log")
-        progress(f"running the controller image as a CRI pod on {hv.name}; waiting for it to converge the lab")
-        start = time.monotonic()
-        with CRIClient(hv.local().cri_endpoint(), slow_timeout=60) as client:
-            sandbox_id = client.run_sandbox(sandbox)
-            container_id = client.create_container(sandbox_id, container, sandbox)
-            client.start_container(container_id)
-        r = Run(base, build, build_seconds, lab, origin, work, key, hv, sandbox_id, container_id, metrics,
-                controller_id, agent_id, 0.0)
-        sha = r.git("rev-parse", "HEAD")
-        end = time.monotonic() + CONVERGE_TIMEOUT
-        while True:
-            with r.client() as client:
-                state = client.container_status(container_id).state
-            assert state == ContainerState.RUNNING, f"the controller container is {state.value}:\n{r.logs()}"
-            source = (yaml.safe_load(status_file(origin, "status/source.yaml") or "{}") or {}).get("status", {})
-            record = (yaml.safe_load(status_file(origin, "status/apply.yaml") or "{}") or {}).get("status", {})
-            if source.get("appliedSHA") == sha and source.get("result") == "Applied" and \
-                    record.get("result") == "Applied" and not record.get("followUp"):
-                break
-            assert time.monotonic() < end, f"not converged after {CONVERGE_TIMEOUT}s:\n{source}\n{r.logs()}"
-            time.sleep(3)
-        r.converged_seconds = time.monotonic() - start
-        progress(f"converged in {r.converged_seconds:.0f} s")
-        yield r
-    finally:
-        progress("tearing down: controller pod, lab, git daemon, temp dir")
-        imagebuild.stop()
+    with running_lab("gitops-image-") as (base, _):  # (the lab comes up while the images build)
+        daemon = None
         try:
+            # the images build since the session started (tests/imagebuild.py); the lab comes up meanwhile
+            building = imagebuild.start()
+            progress("lab up: 3 containerd hypervisors (1 public, 1 behind mTLS), while the images build")
+            lab = labmod.up(base / "lab", hypervisors=3, public=1, remote=True, subnet=SUBNET)
+            progress("the images: scripts/build-image.sh (mmdebstrap base, buildah), "
+                     "building since the session started")
+            build = building.wait(progress)
+            build_seconds = build["seconds"]["total"]
+            images = building.images
+            controller_id, _ = archive_image(images / "gitops.tar")
+            agent_id, _ = archive_image(images / "gitops-agent.tar")
+            hv = next(h for h in lab.hypervisors if not h.public)  # where the controller's pod runs
+            progress(f"importing gitops.tar into {hv.name}, where the controller runs (ctr images import)")
+            labmod.import_image(images / "gitops.tar", base / "lab", only=[hv.name])
+            progress("importing gitops-agent.tar into every lab hypervisor (ctr images import)")
+            labmod.import_image(images / "gitops-agent.tar", base / "lab")
+            imagebuild.stop()  # (the archives are imported: nothing else reads them)
+
+            # the infra repo: the example wired to the lab, its mTLS key encrypted to the controller's identity
+            key = base / "controller.key"
+            recipient = subprocess.run(["age-keygen", "-o", str(key)], capture_output=True, text=True,
+                                       check=True).stderr.split("Public key:")[1].strip()
+            work, origin = base / "work", base / "srv" / "infra.git"
+            subprocess.run([GITOPS, "lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"),
+                            str(work), "--encrypt-to", recipient], check=True, capture_output=True)
+            # team-a alone (its 3 controlplane nodes on the two private machines, its ingress on the public one):
+            # every hypervisor, each way of reaching one, and a third of the CPU two clusters and SIP's hosts take
+            team_a_only(work)
+            subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
+            subprocess.run(["git", *GIT_ID, "add", "-A"], cwd=work, check=True)
+            subprocess.run(["git", *GIT_ID, "commit", "-q", "-m", "infra"], cwd=work, check=True)
+            subprocess.run(["git", "clone", "-q", "--bare", str(work), str(origin)], check=True)
+            # on a host loopback address the lab's machines reach over the lab bridge (inside a machine, 127.0.0.1
+            # is its own)
+            git_host = f"{SUBNET}.250"
+            git_port = free_port(git_host)
+            daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
+                                       f"--base-path={origin.parent}", f"--listen={git_host}", f"--port={git_port}",
+                                       str(origin.parent)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_listening(git_host, git_port, timeout=20)
+
+            # what the pod gets: the identity (readable by its user only) and the unix sockets of the
+            # hypervisors the repo reaches locally, at the same paths; the sockets' group is the image's
+            # (an admin grants a controller's group a containerd socket the same way: containerd's [grpc] gid)
+            pod_dir = base / "pod"
+            pod_dir.mkdir()
+            identity = pod_dir / "identity.txt"
+            shutil.copy(key, identity)
+            os.chown(identity, UID, UID)
+            os.chmod(identity, 0o400)
+            mounts = [Mount("/etc/gitops/identity.txt", str(identity), readonly=True)]
+            for path in sorted((work / "hypervisors").glob("*.yaml")):
+                endpoint = yaml.safe_load(path.read_text())["spec"].get("localCRIEndpoint")
+                if endpoint:
+                    sock = endpoint["criEndpointPath"]
+                    os.chown(sock, -1, UID)
+                    assert os.stat(sock).st_mode & 0o060 == 0o060, oct(os.stat(sock).st_mode)
+                    mounts.append(Mount(sock, sock))
+            assert len(mounts) == 3, mounts  # two hypervisors by socket; the third over mTLS (host network)
+
+            metrics = f"{hv.ip}:{free_port()}"  # the pod lives in the machine's network (host networking there)
+            sandbox = SandboxSpec("gitops-controller", namespace="gitops-system", log_directory=str(base / "podlogs"))
+            container = ContainerSpec(
+                "controller", "ghcr.io/gitops-infra/gitops:0.1.0",
+                args=("--repo", f"git://{git_host}:{git_port}/infra.git", "--interval", "10s"),
+                env={"GITOPS_METRICS_ADDRESS": metrics}, mounts=tuple(mounts), log_path="controller.log")
+            progress(f"running the controller image as a CRI pod on {hv.name}; waiting for it to converge the lab")
+            start = time.monotonic()
+            with CRIClient(hv.local().cri_endpoint(), slow_timeout=60) as client:
+                sandbox_id = client.run_sandbox(sandbox)
+                container_id = client.create_container(sandbox_id, container, sandbox)
+                client.start_container(container_id)
+            r = Run(base, build, build_seconds, lab, origin, work, key, hv, sandbox_id, container_id, metrics,
+                    controller_id, agent_id, 0.0)
+            sha = r.git("rev-parse", "HEAD")
+            end = time.monotonic() + CONVERGE_TIMEOUT
+            while True:
+                with r.client() as client:
+                    state = client.container_status(container_id).state
+                assert state == ContainerState.RUNNING, f"the controller container is {state.value}:\n{r.logs()}"
+                source = (yaml.safe_load(status_file(origin, "status/source.yaml") or "{}") or {}).get("status", {})
+                record = (yaml.safe_load(status_file(origin, "status/apply.yaml") or "{}") or {}).get("status", {})
+                if source.get("appliedSHA") == sha and source.get("result") == "Applied" and \
+                        record.get("result") == "Applied" and not record.get("followUp"):
+                    break
+                assert time.monotonic() < end, f"not converged after {CONVERGE_TIMEOUT}s:\n{source}\n{r.logs()}"
+                time.sleep(3)
+            r.converged_seconds = time.monotonic() - start
+            progress(f"converged in {r.converged_seconds:.0f} s")
+            yield r
+        finally:
+            progress("tearing down: controller pod, lab, git daemon, temp dir")
+            imagebuild.stop()
             if daemon is not None:
                 daemon.terminate()
                 daemon.wait(10)
-            labmod.down(base / "lab")  # drains every sandbox, the controller's too
-        finally:
-            leftover = mounts_under(base)
-            shutil.rmtree(base, ignore_errors=True)
-        assert not leftover, leftover
+            # then the lab down: it drains every sandbox, the controller's too
+    leftover = mounts_under(base)  # (the removal of `base` leaves a mount left under it: a mount point stays)
+    assert not leftover, leftover
 
 
 def test_image_config_and_sizes(run):

@@ -14,7 +14,7 @@ from conftest import LAB_FIXTURES, LAB_GROUPS
 
 TESTS = Path(__file__).resolve().parent
 #: what starts a lab or real servers, as the test modules call it
-STARTS = re.compile(r"\b(require_root|lab_world|lab_tempdir|kube_api_server|etcd_binary|labmod\.up)\(")
+STARTS = re.compile(r"\b(require_root|running_lab|lab_world|lab_tempdir|kube_api_server|etcd_binary|labmod\.up)\(")
 #: `127.0.T` for the third octet T, in a string
 ADDRESS = re.compile(r"127\.0\.([1-9]\d*)(\.\d+)?")
 #: addresses a module binds that no lab of its octet ever takes (a lab takes `127.0.T.254` on the host

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import lab_tempdir, require_root
+from conftest import running_lab
 from test_apply_lab import (
     World,
     assert_converged,
@@ -72,12 +72,7 @@ class Recovery(World):
 
 @pytest.fixture(scope="module")
 def world():
-    require_root()
-    from gitops import lab as labmod
-
-    base = lab_tempdir("gitops-recovery-")
-    try:
-        lab = labmod.up(base / "lab", hypervisors=4, public=1, subnet=SUBNET)
+    with running_lab("gitops-recovery-", hypervisors=4, public=1, subnet=SUBNET) as (base, lab):
         repo = base / "repo"
         world_gitops("lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"), str(repo))
         shutil.rmtree(repo / "clusters" / "team-b")  # one cluster is enough here
@@ -88,11 +83,6 @@ def world():
         world = Recovery(base, repo, base / "state", lab)
         world.apply()
         yield world
-    finally:
-        try:
-            labmod.down(base / "lab")
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_drained_hypervisor_hands_its_member_over_with_no_failed_request(world):

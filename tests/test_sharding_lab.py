@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import lab_tempdir, require_root
+from conftest import require_root, running_lab
 
 from gitops.coordination.shards import shard_lease, shard_of
 from gitops.engine import make_plan, observe_all
@@ -153,13 +153,9 @@ def live_plan(base: Path, origin: Path, work: Path):
 @pytest.fixture(scope="module")
 def world():
     require_root()
-    from gitops import lab as labmod
-
-    base = lab_tempdir("gitops-shards-")
-    try:
-        with kube_api_server(API_IP) as api:
-            api.ensure_namespace("gitops")
-            labmod.up(base / "lab", hypervisors=3, public=1, subnet=SUBNET)
+    with kube_api_server(API_IP) as api:
+        api.ensure_namespace("gitops")
+        with running_lab("gitops-shards-", hypervisors=3, public=1, subnet=SUBNET) as (base, _):
             work, origin = base / "work", base / "origin.git"
             subprocess.run([GITOPS, "lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"), str(work)], check=True,
                            capture_output=True)
@@ -183,12 +179,7 @@ def world():
             try:
                 yield base, origin, work, replicas
             finally:
-                try:
-                    replicas.stop()
-                finally:
-                    labmod.down(base / "lab")
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+                replicas.stop()  # the controllers first, then the lab
 
 
 def test_kill_takeover_cut_off_and_convergence(world):

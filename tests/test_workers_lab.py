@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 import crashpoints
-from conftest import lab_tempdir, require_root
+from conftest import running_lab
 from repo_helpers import add_node
 
 from gitops.lab import hostcheck, kubebin
@@ -108,34 +108,28 @@ def _host_leftovers(base: Path) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    require_root()
     from gitops import lab as labmod
 
-    base = lab_tempdir("gitops-workers-")
-    before = _host_leftovers(base)
-    assert before["chains"] == [] and NET.netns not in before["netns"], before
-    try:
-        # two public machines: `test_the_worker_follows_its_cluster_to_a_virtual_ip` gives team-a a second ingress
-        lab = labmod.up(base / "lab", hypervisors=4, public=2, subnet=SUBNET)
-        repo = base / "repo"
-        subprocess.run([GITOPS, "lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"), str(repo)], check=True,
-                       capture_output=True)
-        shutil.rmtree(repo / "clusters" / "team-b")  # one cluster is enough here, and faster
-        c = Cluster(base, repo, base / "state", lab, base / "team-a.kubeconfig", base / "worker",
-                    lab.images["busybox"])
-        c.apply()
-        c.kubeconfig.write_text(c.gitops("kubeconfig", str(repo), "--state-dir", str(c.state),
-                                         "--cluster", "team-a").stdout)
-        yield c
-    finally:
+    with running_lab("gitops-workers-") as (base, _):  # (the lab comes up after `before`)
+        before = _host_leftovers(base)
+        assert before["chains"] == [] and NET.netns not in before["netns"], before
         try:
+            # two public machines: `test_the_worker_follows_its_cluster_to_a_virtual_ip` gives team-a a second
+            # ingress
+            lab = labmod.up(base / "lab", hypervisors=4, public=2, subnet=SUBNET)
+            repo = base / "repo"
+            subprocess.run([GITOPS, "lab", "example-repo", "--ingress-nodes", "1", "--dir", str(base / "lab"),
+                            str(repo)], check=True, capture_output=True)
+            shutil.rmtree(repo / "clusters" / "team-b")  # one cluster is enough here, and faster
+            c = Cluster(base, repo, base / "state", lab, base / "team-a.kubeconfig", base / "worker",
+                        lab.images["busybox"])
+            c.apply()
+            c.kubeconfig.write_text(c.gitops("kubeconfig", str(repo), "--state-dir", str(c.state),
+                                             "--cluster", "team-a").stdout)
+            yield c
+        finally:
             subprocess.run([GITOPS, "lab", "exec", "--dir", str(base / "lab"), "lab-worker-1", "--", GITOPS, "leave",
                             "--dir", str(base / "worker")], capture_output=True, timeout=120)
-        finally:
-            try:
-                labmod.down(base / "lab")
-            finally:
-                shutil.rmtree(base, ignore_errors=True)
     assert _host_leftovers(base) == before
 
 
