@@ -32,7 +32,7 @@ from gitops.errors import GitopsError
 from gitops.gitrepo import clear_stale_locks
 from gitops.notify import Event, Notifier
 from gitops.metrics import Metrics
-from gitops.model.config import Coordination, NotificationTarget, RepoConfig
+from gitops.model.config import Coordination, NotificationTarget, RepoConfig, Rollout
 from gitops.model.resources import Hypervisor, RepoModel
 from gitops.model.validate import Validation, validate_repo
 from gitops.observe.clusters import ClusterReader
@@ -103,6 +103,9 @@ class Target:
 
     sha: str
     validation: Validation
+    #: the commit in force put back after the tip's rollout halted: planned without waves (a retreat is not
+    #: held up by soaks, nor halted itself)
+    put_back: bool = False
 
     @property
     def model(self) -> RepoModel:
@@ -326,6 +329,9 @@ class Controller:
         log.info("state restored", extra={"from": origin, "generation": self.store.generation})
         applied_before = status.reader.applied_sha()
         refused: Outcome | None = None
+        halted = self._halted(revision.sha) if not refusal else ""
+        if halted:
+            refusal = [halted]
         if refusal:
             in_force_ok = True
             try:
@@ -339,7 +345,7 @@ class Controller:
                                    in_force_ok)
             if good is None:
                 return refused
-            target = Target(applied_before, good)  # keeps healing drift
+            target = Target(applied_before, good, put_back=bool(halted))  # keeps healing drift
             scope = self.replica.scope(target.model)
         else:
             assert validation is not None
@@ -350,6 +356,15 @@ class Controller:
         outcome = self._report(target, applied, refused, applied_before, status, now, scope, untrusted)
         self._remember(target, applied, outcome, refused, scope)
         return outcome
+
+    def _halted(self, sha: str) -> str:
+        """Why `sha` is held: its rollout halted (the recorded state says where), "" when it did not."""
+        rollout = self.store.load().rollout
+        wave = rollout.halted if rollout is not None and rollout.commit == sha else None
+        if wave is None:
+            return ""
+        return (f"its rollout halted at wave {wave.name}: cluster {wave.breached_cluster}: {wave.breach} (the "
+                "clusters it reached are put back; a new commit, a fix or a revert, rolls out again)")
 
     def _fetch(self) -> tuple[str, ObservedState | None, Outcome | None]:
         """(the branch tip, the live state observed meanwhile for the commit in force, the last outcome
@@ -441,6 +456,8 @@ class Controller:
         actions of its shards, each fenced); failures become data for the report. `live`: this poll's
         observation already made, for the first plan (later ones observe again)."""
         model, config = scoped_model(target.model, scope), target.config
+        if target.put_back:
+            config = dataclasses.replace(config, rollout=Rollout())
         if scope is None:
             ApplyLease(status.repo).acquire(self.holder, self.config.lock_ttl)
         sha = target.sha
@@ -463,8 +480,11 @@ class Controller:
                                 observe_fn=watch, restrict=restrict, fence=fence)
         except ApplyError as err:
             log.error("apply failed", extra={"sha": sha, "error": str(err)})
-            return Applied(Result.FAILED, str(err), len(err.executed), err.plan, error=str(err),
-                           seconds=tuple(err.seconds), duration=round(time.monotonic() - began, 1))
+            if err.halted is not None:
+                self.trigger.set()  # the next reconcile puts back what the rollout reached
+            return Applied(Result.HALTED if err.halted is not None else Result.FAILED, str(err), len(err.executed),
+                           err.plan, error=str(err), seconds=tuple(err.seconds),
+                           duration=round(time.monotonic() - began, 1))
         except PlacementRaced as err:  # nothing ran; plan again at once, from the branch as it is now
             log.warning("placement raced another replica", extra={"sha": sha, "error": str(err)})
             self.trigger.set()
@@ -506,7 +526,7 @@ class Controller:
 
         def write(branch: StatusBranch) -> None:
             files = commit_documents(report, record, model, compiled.desired, observed, sip, placements,
-                                     branch.read, now)
+                                     branch.read, now, self.store.state.rollout)
             files.update(converged_files(last, model, config, self.store.state, files))
             files.update(kubeconfig_files(compiled.desired, self.store.state, self.sealer,
                                           config.kubeconfig_recipients, branch.read))
@@ -541,7 +561,7 @@ class Controller:
             result = "Incomplete"
         elif report.result == Result.APPLIED and not applied.actions:
             return
-        if result not in ("Applied", "Failed", "Incomplete"):
+        if result not in ("Applied", "Failed", "Incomplete", "Halted"):
             return
         self.notifier.send(targets, Event(
             sha, result, report.message, actions_done=applied.actions, actions_failed=1 if applied.error else 0,

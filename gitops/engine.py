@@ -32,6 +32,7 @@ from gitops.plan.rollout import ordered
 from gitops.plan.endpoints import endpoint_notes
 from gitops.plan.rotation import rotation_notes, rotation_steps
 from gitops.plan.upgrades import check_versions
+from gitops.plan.waves import in_waves
 from gitops.sip.providers import planned_hosts, provider_for, provider_kind
 from gitops.sip.selection import HostSelection, select_hosts
 from gitops.state.records import State
@@ -94,9 +95,11 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     unknowns += [*inside_unknowns, *_orphans(model, compiled.state)]
     actions = [*found.actions, *label_actions(sip), *inside]
     steps = rotation_steps(model, compiled.state, actions, unknowns)
-    plan = Plan(actions=ordered(actions + steps),
+    placed, rollout_warnings = in_waves(actions + steps, model, config.rollout, compiled.desired, observed,
+                                        compiled.state, source, config.health_timeout)
+    plan = Plan(actions=ordered(placed),
                 warnings=tuple(list(found.warnings) + warnings + inside_warnings + list(compiled.deferred)
-                               + recovery_warnings),
+                               + recovery_warnings + rollout_warnings),
                 source=source, unknowns=tuple(unknowns),
                 notes=tuple(rotation_notes(compiled.state) + recovery_notes
                             + endpoint_notes(model, learned, compiled.state)),

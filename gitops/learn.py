@@ -14,7 +14,7 @@ def learn(state: State, observed: ObservedState, desired_nodes: dict[str, str]) 
     are shared with `state`, not copied (compile copies what it changes).
     """
     new = State(clusters=dict(state.clusters), nodes=dict(state.nodes), sip_labels=dict(state.sip_labels),
-                hypervisor_ca=state.hypervisor_ca)
+                hypervisor_ca=state.hypervisor_ca, rollout=state.rollout)
     copied: set[str] = set()
 
     def record(cluster: str) -> ClusterRecord:

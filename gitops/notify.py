@@ -29,7 +29,7 @@ from gitops.safeio import FileRefused, read_regular, write_atomic
 log = logging.getLogger(__name__)
 
 #: the outcomes a target may ask for (`events`)
-EVENTS = ("Applied", "Failed", "Refused", "Incomplete", "UntrustedStatus")
+EVENTS = ("Applied", "Failed", "Refused", "Incomplete", "UntrustedStatus", "Halted")
 #: events waiting at most (beyond: dropped with a log line), and the size read of one spooled event
 MAX_QUEUED = 1000
 MAX_SPOOLED_BYTES = 1 << 20
@@ -37,8 +37,9 @@ MAX_SPOOLED_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class Event:
-    """One commit's outcome, as sent: `result` is Applied, Failed, Refused or Incomplete (applied, but some
-    source could not be observed: `incomplete` names them)."""
+    """One commit's outcome, as sent: `result` is Applied, Failed, Refused, Incomplete (applied, but some
+    source could not be observed: `incomplete` names them), Halted (a rollout wave breached its SLO) or
+    UntrustedStatus."""
 
     commit: str
     result: str
@@ -62,7 +63,7 @@ def webhook_payload(event: Event) -> dict:
 
 
 _ICON = {"Applied": ":white_check_mark:", "Failed": ":x:", "Refused": ":no_entry:", "Incomplete": ":warning:",
-         "UntrustedStatus": ":rotating_light:"}
+         "UntrustedStatus": ":rotating_light:", "Halted": ":octagonal_sign:"}
 
 
 def slack_escape(text: str) -> str:

@@ -108,7 +108,7 @@ LAB_GROUPS = {
     "session": "127.0.20, 127.0.21: the session's `lab` fixture (and `pod`), lab up and down",
     "failover": "127.0.46",
     "ingress": "127.0.48: a live cluster's ingress changed under load",
-    "kubeapi": "127.0.31, 127.0.32: real API servers (SIP providers, the cluster reader, etcd leadership)",
+    "kubeapi": "127.0.31, 127.0.32, 127.0.33: real API servers (SIP providers, cluster reader, etcd leadership, waves)",
     "etcd": "127.0.38, 127.0.39: real etcd, restic's servers (backups, etcd upkeep, write answers)",
     "onboarding": "127.0.44",
 }

@@ -10,7 +10,7 @@ import pytest
 
 from gitops.errors import GitopsError
 from gitops.state import CertRecord, ClusterRecord, LocalDirStore, NodeRecord, State
-from gitops.state.records import CARotation
+from gitops.state.records import CARotation, RolloutRecord, WaveRecord
 
 
 def test_round_trip_is_exact_and_private(tmp_path):
@@ -48,9 +48,11 @@ def test_copy_is_deep_and_misses_no_field():
                                    "https://x:0", {"etcd-client": 30000})},
         sip_labels={"metal3/host-1": {"role": "lb", "gone": None}},
         hypervisor_ca=CertRecord("HVCA", "HVKEY"),
+        rollout=RolloutRecord("c0ffee", [WaveRecord("canary", "Halted", "t0", "t1", {"c1": {"failed": 3}},
+                                                    "success ratio 0.5 < 0.999", "c1")]),
     )
     for record in (state, *state.clusters.values(), *state.nodes.values(), state.clusters["c1"].admin,
-                   state.clusters["c1"].rotation):
+                   state.clusters["c1"].rotation, state.rollout, *state.rollout.waves):
         for f in fields(record):
             default = f.default_factory() if f.default_factory is not MISSING else f.default
             assert getattr(record, f.name) != default, (type(record).__name__, f.name)
@@ -68,6 +70,7 @@ def test_copy_is_deep_and_misses_no_field():
     copied.nodes["n1"].ports["etcd-peer"] = 31001
     copied.nodes["n1"].leaving_ports["etcd-peer"] = 30001
     copied.sip_labels["metal3/host-1"]["role"] = "jump"
+    copied.rollout.waves[0].figures["c1"]["failed"] = 4
     assert state.to_dict() == State.from_dict(state.to_dict()).to_dict() and copied != state
     assert state.clusters["c1"] == ClusterRecord(authorities={"etcd": CertRecord("CERT", "KEY")},
                                                  admin=CertRecord("A", "AK"), service_account_keys={"n1": "PUB"},

@@ -162,14 +162,14 @@ class EtcdAdmin:
     def wait_healthy(self, urls: list[str], timeout: float, what: str) -> None:
         """Until every member at `urls` answers /health true (it has a leader, no alarm, and serves a
         quorum read), or raise after `timeout` seconds naming the members that are not."""
-        _wait_all(self, urls, timeout, what, "healthy", self._unhealthy)
+        _wait_all(self, urls, timeout, what, "healthy", self.unhealthy)
 
     def wait_serving(self, urls: list[str], timeout: float, what: str) -> None:
         """Until every member at `urls` answers its status with a leader known: what a defragmentation needs
         of the others (unlike /health, true also under a NOSPACE alarm, which the upkeep is there to clear)."""
         _wait_all(self, urls, timeout, what, "serving", self._not_serving)
 
-    def _unhealthy(self, url: str) -> str:
+    def unhealthy(self, url: str) -> str:
         """Why the member at `url` is not healthy, or "" when it is."""
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=TIMEOUT, context=self._ctx) as response:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from gitops.apply.handlers import HANDLERS
-from gitops.apply.run import ApplyError, Connections, Execution, Fence, Progress, Run
+from gitops.apply.run import ApplyError, Connections, Execution, Fence, Progress, Run, StopRequested
 from gitops.errors import GitopsError
 from gitops.plan.actions import KINDS, Action, Plan
 from gitops.state.records import State
@@ -38,7 +38,7 @@ def execute(plan: Plan, state: State, connections: Connections, store: StateStor
     """Run `plan`'s actions in order against `state` (the plan's recorded state, saved as it changes).
     `fence`: checked before each action; a refusal stops the run there (the call in flight finished)."""
     run = Run(state.copy(), connections, store)
-    run.fence = fence
+    run.fence, run.should_stop = fence, should_stop
     try:
         return _run(run, plan.actions, should_stop, progress)
     finally:
@@ -68,11 +68,16 @@ def _run(run: Run, actions: tuple[Action, ...], should_stop: Callable[[], bool],
                 raise ApplyError(f"the action carries a {type(action.payload).__name__}, not the "
                                  f"{expected.__name__} a {action.kind.value} action takes")
             HANDLERS[action.kind](run, action, action.payload)
+        except StopRequested as err:
+            log.info("%s; %d of %d actions done", err, index, len(actions))
+            outcome.stopped = True
+            return outcome
         except (GitopsError, OSError) as err:
             _report(progress, index, len(actions), action, "failed")
             failed = ApplyError(f"action {index + 1}/{len(actions)} failed: {action.symbol} {action.subject} "
                                 f"{action.kind.value}: {err}", outcome.executed)
             failed.seconds = [*outcome.seconds, round(time.monotonic() - began, 3)]
+            failed.halted = getattr(err, "halted", None)
             raise failed from None
         outcome.seconds.append(round(time.monotonic() - began, 3))
         outcome.executed.append(action)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gitops.apply import cluster_api, containers, etcd_care, hosts, membership, records
+from gitops.apply import cluster_api, containers, etcd_care, hosts, membership, records, waves
 from gitops.apply.run import Run
 from gitops.plan.actions import Action, Kind
 
@@ -39,4 +39,7 @@ HANDLERS: dict[Kind, Handler] = {
     Kind.LABEL_HOST: hosts.label_host,
     # the recorded state alone
     Kind.ADVANCE_CA_ROTATION: records.advance_ca_rotation,
+    # a rollout wave: its clusters watched, the rollout halted on a breach
+    Kind.START_WAVE: waves.start_wave,
+    Kind.SOAK_WAVE: waves.soak_wave,
 }

@@ -7,6 +7,7 @@ import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gitops import agent
 from gitops.apply.etcd import EtcdAdmin
@@ -29,6 +30,10 @@ Progress = Callable[[int, int, Action, str], None]
 Fence = Callable[[Action], "str | None"]
 
 
+class StopRequested(GitopsError):
+    """A stop was asked for during a long wait (a wave's soak): the run ends there as stopped, not failed."""
+
+
 class ApplyError(GitopsError):
     """An action failed; the run stopped there. `executed` holds the actions done before it."""
 
@@ -39,6 +44,8 @@ class ApplyError(GitopsError):
         self.plan: Plan | None = None
         #: seconds each action took, the failed one last
         self.seconds: list[float] = []
+        #: a rollout wave breached its SLO: (wave, cluster, breach), None for any other failure
+        self.halted: tuple[str, str, str] | None = None
 
 
 def _no_target(name: str) -> BackupTarget:
@@ -84,8 +91,15 @@ class Run:
         self.outcome = Execution()
         self.now = dt.datetime.now(dt.timezone.utc)
         self.fence: Fence | None = None
+        #: asked during long waits (a soak): True ends the run as stopped
+        self.should_stop: Callable[[], bool] = lambda: False
+        #: rollout waves being watched, by name (`gitops.apply.waves`: each has a stop())
+        self.watches: dict[str, Any] = {}
 
     def close(self) -> None:
+        for watch in self.watches.values():
+            watch.stop()
+        self.watches.clear()
         for client in self.clients.values():
             client.close()
 

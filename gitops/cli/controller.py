@@ -256,7 +256,7 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str, status
     if cluster is not None and cluster not in docs["Cluster"]:
         raise GitopsError(f"no status for Cluster {cluster!r} on {ref} (known: {', '.join(docs['Cluster']) or 'none'})")
     if output == "json":
-        data = {"ref": ref, "source": src.status,
+        data = {"ref": ref, "source": src.status, "rollout": reader.rollout(),
                 "clusters": {n: d["status"] for n, d in docs["Cluster"].items() if cluster in (None, n)},
                 "nodes": {n: d["status"] for n, d in docs["Node"].items()
                           if cluster is None or d.get("spec", {}).get("cluster") == cluster},
@@ -269,6 +269,9 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str, status
     console.print(f"source: {src.result or '?'}  seen {src.last_seen_sha[:12]}  in force {src.applied_sha[:12]}")
     for error in src.errors:
         console.print(f"  [red]{error}[/red]")
+    rollout = reader.rollout()
+    if rollout is not None and cluster is None:
+        console.print(rollout_table(rollout))
     if cluster is None:
         table = clusters_table(docs["Cluster"], backups)
     else:
@@ -305,6 +308,22 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str, status
             shards.add_row(name, st.get("holder", ""), ", ".join(st.get("clusters", [])) or "-",
                            st.get("result", ""), str(st.get("actions", 0)), str(st.get("observedSourceSHA", ""))[:12])
         console.print(shards)
+
+
+def rollout_table(rollout: dict) -> Table:
+    """The last rollout through spec.rollout.waves: each wave started, its clusters' figures, a halt's reason."""
+    halted = rollout.get("halted") or {}
+    title = f"rollout of {str(rollout.get('commit', ''))[:12]}: {rollout.get('phase', '?')}"
+    if halted:
+        title += f" at wave {halted.get('wave')} (cluster {halted.get('cluster')}: {halted.get('reason')})"
+    table = Table("WAVE", "PHASE", "CLUSTER", "PROBED", "FAILED", "SUCCESS", "READY WORKERS", title=title,
+                  title_justify="left")
+    for wave in rollout.get("waves") or []:
+        for name, f in sorted((wave.get("clusters") or {}).items()):
+            table.add_row(str(wave.get("name")), str(wave.get("phase")), name, str(f.get("requests", "-")),
+                          str(f.get("failed", "-")), str(f.get("success_ratio", "-")),
+                          f"{f.get('workers_ready_before', '-')} -> {f.get('workers_ready_min', '-')}")
+    return table
 
 
 def _shard_order(name: str) -> tuple[int, str]:

@@ -51,7 +51,8 @@ class Scope:
         (placement counts every recorded port on a hypervisor), the SIP labels if it owns shard 0.
         Compile and plan then never walk the other shards' clusters."""
         return State(clusters={n: r for n, r in state.clusters.items() if self.owns(n)}, nodes=state.nodes,
-                     sip_labels=state.sip_labels if self.owns_global else {}, hypervisor_ca=state.hypervisor_ca)
+                     sip_labels=state.sip_labels if self.owns_global else {}, hypervisor_ca=state.hypervisor_ca,
+                     rollout=state.rollout if self.owns_global else None)
 
     def merge(self, theirs: State, mine: State) -> State:
         """The state to publish: our records for what we own, the branch's (`theirs`) for the rest."""
@@ -69,6 +70,8 @@ class Scope:
         out.sip_labels = {host: dict(values) for host, values in labels.items()}
         ca = (mine if self.owns_global else theirs).hypervisor_ca or theirs.hypervisor_ca  # (no replica makes one)
         out.hypervisor_ca = ca.copy() if ca else None
+        rollout = mine.rollout if self.owns_global else theirs.rollout  # (waves need one replica: leader mode)
+        out.rollout = rollout.copy() if rollout else None
         return out
 
     def clashes(self, theirs: State, mine: State) -> list[str]:

@@ -89,6 +89,7 @@ def cluster(doc: Document) -> Cluster:
     api = spec.get("apiServer", {})
     return Cluster(
         name=doc.name,
+        labels=dict(doc.get(("metadata", "labels")) or {}),
         kubernetes_version="v" + spec["kubernetesVersion"].lstrip("v"),
         etcd_version=spec.get("etcdVersion", DEFAULT_ETCD_VERSION).lstrip("v"),
         image_overrides=dict(sorted(spec.get("images", {}).items())),

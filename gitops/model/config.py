@@ -66,7 +66,29 @@ class NotificationTarget:
     kind: str  # webhook | slack
     #: decrypted in memory when the repo was loaded with an identity (a secret field)
     url: str = field(repr=False)
-    events: tuple[str, ...] = ("Applied", "Failed", "Refused", "Incomplete", "UntrustedStatus")
+    events: tuple[str, ...] = ("Applied", "Failed", "Refused", "Incomplete", "UntrustedStatus", "Halted")
+
+
+@dataclass(frozen=True)
+class Wave:
+    """One of `spec.rollout.waves`: the clusters a commit reaches together, and how long it then watches them."""
+
+    name: str
+    #: a Kubernetes label selector over Cluster labels, as written (None: every cluster no earlier wave took)
+    selector: dict | None = field(default=None, hash=False)
+    soak_seconds: int = 300
+    #: clusters of the wave rolled together (their actions interleaved phase by phase; 1: one after another)
+    max_concurrent: int = 1
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """`spec.rollout`: how a commit reaches the fleet (`gitops.plan.waves`). No waves: every cluster at once."""
+
+    waves: tuple[Wave, ...] = ()
+    #: spec.rollout.slo.minSuccessRatio: the share of probe requests through each cluster's ingress that must
+    #: succeed from a wave's start to the end of its soak
+    min_success_ratio: float = 0.999
 
 
 #: the port of a virtual IP's API endpoint unless gitops.yaml or the Cluster (spec.apiServer.port) says otherwise
@@ -132,6 +154,7 @@ class RepoConfig:
     #: spec.notifications.targets
     notifications: tuple[NotificationTarget, ...] = ()
     ingress: IngressConfig = field(default_factory=IngressConfig)
+    rollout: Rollout = field(default_factory=Rollout)
 
     @property
     def allow_plaintext(self) -> bool:
@@ -162,6 +185,7 @@ class RepoConfig:
                 namespace=spec.get("bareMetal", {}).get("namespace"),
             ),
             coordination=_coordination(spec.get("coordination")),
+            rollout=_rollout(spec.get("rollout", {})),
             ingress=IngressConfig(tuple(spec.get("ingress", {}).get("virtualIPs", ())),
                                   spec.get("ingress", {}).get("port", DEFAULT_VIRTUAL_IP_PORT)),
             secrets=SecretsPolicy(
@@ -191,6 +215,12 @@ def backup_targets(spec: dict) -> dict[str, BackupTarget]:
     return {t["name"]: BackupTarget(t["name"], t["repository"], t["password"].removesuffix("\n"),
                                     tuple(t.get("sshCommand", ())))
             for t in spec.get("backup", {}).get("targets", ())}
+
+
+def _rollout(raw: dict) -> Rollout:
+    waves = tuple(Wave(w["name"], w.get("selector"), w.get("soakSeconds", Wave.soak_seconds),
+                       w.get("maxConcurrent", Wave.max_concurrent)) for w in raw.get("waves", ()))
+    return Rollout(waves, float(raw.get("slo", {}).get("minSuccessRatio", Rollout.min_success_ratio)))
 
 
 def _coordination(raw: dict | None) -> Coordination:

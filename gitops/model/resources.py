@@ -169,6 +169,8 @@ class Cluster:
     ca_generation: int = 1
     #: where caGeneration is written ("file:line"), for errors about it
     ca_generation_at: str = field(default="", compare=False)
+    #: metadata.labels: which rollout wave it is in (gitops.model.waves); nothing it runs depends on them
+    labels: dict[str, str] = field(default_factory=dict, compare=False, repr=False, hash=False)
     #: spec.backup: etcd snapshots (None: none taken)
     backup: ClusterBackup | None = None
     #: spec.restore: restore etcd from a snapshot (None: no restore asked)

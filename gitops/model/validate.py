@@ -19,6 +19,7 @@ from gitops.model.repo import LoadedRepo, load_repo, read_documents, schema_erro
 from gitops.model.resources import Hypervisor, RepoModel
 from gitops.model.secretfields import IDENTITY_HINT, Opened, open_secrets
 from gitops.model.semantics import check_all
+from gitops.model.waves import rollout_waves
 from gitops.model.yamlload import MAX_FILE_BYTES
 from gitops.printable import printable
 from gitops.safeio import FileRefused, read_text
@@ -76,7 +77,7 @@ def _validate(root: str | os.PathLike[str], identity: str | None, sealed_ok: boo
     if config_docs:  # the settings with secret fields again, as decrypted
         repo.config = dataclasses.replace(repo.config, **secret_settings(config_docs[0].spec))
     diagnostics = (list(repo.diagnostics) + opened.errors + check_all(repo.valid, repo.documents)
-                   + backup_references(repo) + virtual_ips(repo))
+                   + backup_references(repo) + virtual_ips(repo) + rollout_waves(repo))
     if not sealed_ok:
         diagnostics += [_needs_identity(d) for d in opened.sealed]
     diagnostics = sorted(set(diagnostics))

@@ -34,6 +34,8 @@ class Kind(str, Enum):
     UPDATE_OBJECT = "update-object"
     SIGN_CERTIFICATE_REQUEST = "sign-certificate-request"
     ADVANCE_CA_ROTATION = "advance-ca-rotation"
+    START_WAVE = "start-wave"
+    SOAK_WAVE = "soak-wave"
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,10 @@ KINDS: dict[Kind, KindInfo] = {
     Kind.SIGN_CERTIFICATE_REQUEST: KindInfo(9, "+", "sign certificate request", payloads.SignRequest),
     # the recorded state only, once every action of the cluster's CA rotation phase ran
     Kind.ADVANCE_CA_ROTATION: KindInfo(10, "~", "record CA rotation phase", payloads.RotationStep),
+    # a rollout wave (spec.rollout.waves): watched from before its first action to the end of its soak, which
+    # halts the rollout on a breach (`gitops.plan.waves`); they change nothing, so count in no summary
+    Kind.START_WAVE: KindInfo(-2, "=", "start wave", payloads.WaveGate, about="rollout"),
+    Kind.SOAK_WAVE: KindInfo(11, "=", "soak wave", payloads.WaveGate, about="rollout"),
 }
 
 
@@ -111,6 +117,10 @@ class Action:
     #: a pod's files agent (re)starts right after where its pod is created, before its keys and files.
     anchor: Kind | None = None
     step: int = 0
+    #: its rollout wave (1 the first of spec.rollout.waves; 0: none, before them all) and its batch of
+    #: maxConcurrent clusters within the wave: the plan runs wave by wave, batch by batch (`gitops.plan.waves`)
+    wave: int = 0
+    batch: int = 0
     #: what apply executes (see `gitops.plan.payloads`)
     payload: Payload | None = field(default=None, compare=False)
 
@@ -127,7 +137,11 @@ class Action:
         return "/".join(p for p in (self.cluster, self.node, self.component) if p)
 
     def sort_key(self) -> tuple:
-        """Where the action goes in the plan, from its own fields only (`gitops.plan.rollout.ordered`)."""
+        """Where the action goes in the plan, from its own fields only (`gitops.plan.rollout.ordered`): wave
+        by wave and batch by batch (`gitops.plan.waves`), then as `_in_batch`."""
+        return (self.wave, self.batch, *self._in_batch())
+
+    def _in_batch(self) -> tuple:
         kind = self.anchor or self.kind
         phase = KINDS[kind].phase
         if kind == Kind.RECREATE_CONTAINER:
@@ -148,7 +162,8 @@ class Action:
                 self.component, self.target_id)
 
     def to_dict(self, payload: bool = True) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "payload"}
+        data = {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "payload" and (f.name not in _ROLLOUT or getattr(self, f.name))}
         data["kind"] = self.kind.value
         data["anchor"] = self.anchor.value if self.anchor is not None else None
         data["details"] = list(self.details)
@@ -163,7 +178,12 @@ class Action:
                    data.get("reason", ""), tuple(data.get("details", ())), data.get("target_id", ""),
                    bool(data.get("prune", False)), int(data.get("order", 0)),
                    Kind(data["anchor"]) if data.get("anchor") else None, int(data.get("step", 0)),
+                   int(data.get("wave", 0)), int(data.get("batch", 0)),
                    payload_from_dict(raw) if raw is not None else None)
+
+
+#: fields a saved plan holds only when set (a plan without waves reads as before them)
+_ROLLOUT = ("wave", "batch")
 
 
 class UnknownKind(str, Enum):

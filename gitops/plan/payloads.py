@@ -320,12 +320,40 @@ class RecoverEtcd:
     record: str
 
 
+@dataclass(frozen=True)
+class WaveCluster:
+    """A cluster a rollout wave watches, as its admin (credentials from the recorded state)."""
+
+    cluster: str
+    #: its API through its ingress (or virtual IP): where the probe's reads and writes go
+    server: str
+    #: each control-plane node's own API server (`/readyz`) and the etcd members' client URLs
+    api_servers: tuple[str, ...]
+    etcd_members: tuple[str, ...]
+    #: its API answered when the plan was made: probed from the wave's start (else from its soak's)
+    serving: bool = True
+
+
+@dataclass(frozen=True)
+class WaveGate:
+    """A rollout wave of commit `commit`: `start-wave` begins watching its clusters, `soak-wave` watches them
+    `soak_seconds` more, then halts the rollout unless each kept the SLO (`gitops.apply.waves`)."""
+
+    wave: str
+    commit: str
+    clusters: tuple[WaveCluster, ...]
+    soak_seconds: int
+    min_success_ratio: float
+    #: health waits and probe requests time out after this many seconds (spec.rollout.healthTimeoutSeconds)
+    timeout: int = 60
+
+
 Payload = Union[CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange, CreateContainer, Remove, Reload, LabelHost,
-                PutObject, SignRequest, RotationStep, BackupEtcd, RestoreEtcd, RecoverEtcd, EtcdAlarm]
+                PutObject, SignRequest, RotationStep, BackupEtcd, RestoreEtcd, RecoverEtcd, EtcdAlarm, WaveGate]
 TYPES: dict[str, type] = {t.__name__: t for t in (CreatePod, GenerateKeys, WriteFiles, EtcdMemberChange,
                                                    CreateContainer, Remove, Reload, LabelHost, PutObject, SignRequest,
                                                    RotationStep, BackupEtcd, RestoreEtcd, RecoverEtcd, EtcdAlarm,
-                                                   EtcdHealth)}
+                                                   EtcdHealth, WaveGate)}
 
 
 def payload_to_dict(payload: Payload) -> dict[str, Any]:
@@ -362,6 +390,7 @@ _NESTED: dict[tuple[type, str], Any] = {
     (RecoverEtcd, "create"): CreateContainer,
     (RestoreEtcd, "members"): (RestoreMember,), (RestoreMember, "pod"): PodRef,
     (RestoreMember, "sandbox"): SandboxSpec, (RestoreMember, "restorer"): ContainerSpec,
+    (WaveGate, "clusters"): (WaveCluster,),
 }
 
 

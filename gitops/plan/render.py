@@ -11,7 +11,7 @@ from rich.markup import escape
 from gitops.plan.actions import KINDS, Action, Kind, Plan, UnknownKind
 from gitops.printable import printable
 
-COLOUR = {"+": "green", "~": "yellow", "-": "red"}
+COLOUR = {"+": "green", "~": "yellow", "-": "red", "=": "cyan"}
 
 
 def safe(text: str) -> str:
@@ -105,10 +105,11 @@ def _groups(plan: Plan) -> "OrderedDict[tuple[str, str, str, str], list[Action]]
     groups: OrderedDict[tuple[str, str, str, str], list[Action]] = OrderedDict()
     # a cluster's backup first, its nodes, what happens inside its API (objects, workers' certificates),
     # then its recorded state
-    for action in sorted(plan.actions, key=lambda a: (a.cluster, a.kind not in _FIRST, a.kind != Kind.BACKUP_ETCD,
-                                                      a.info.phase >= API_PHASE, a.kind == Kind.ADVANCE_CA_ROTATION,
-                                                      a.node)):
-        section = action.kind.value if action.kind in (*_FIRST, Kind.ADVANCE_CA_ROTATION) else ""
+    # (with spec.rollout.waves: wave by wave, each between its start and its soak)
+    for action in sorted(plan.actions, key=lambda a: (a.wave, _GATE.get(a.kind, 1), a.cluster, a.kind not in _FIRST,
+                                                      a.kind != Kind.BACKUP_ETCD, a.info.phase >= API_PHASE,
+                                                      a.kind == Kind.ADVANCE_CA_ROTATION, a.node)):
+        section = action.kind.value if action.kind in (*_FIRST, Kind.ADVANCE_CA_ROTATION, *_GATE) else ""
         # a node that moves has a group on each hypervisor (where it leaves, where it comes)
         where = action.hypervisor if action.node else ""
         groups.setdefault((action.cluster, action.node, section, where), []).append(action)
@@ -117,8 +118,14 @@ def _groups(plan: Plan) -> "OrderedDict[tuple[str, str, str, str], list[Action]]
     return groups
 
 
+#: a wave's start before its clusters, its soak after them
+_GATE = {Kind.START_WAVE: 0, Kind.SOAK_WAVE: 2}
+
+
 def _what(actions: list[Action]) -> str:
     kinds = {a.kind for a in actions}
+    if kinds & set(_GATE):
+        return f"Wave {actions[0].component}:"
     if Kind.BACKUP_ETCD in kinds:
         return "Backup:"
     if Kind.RESTORE_ETCD in kinds:
@@ -132,6 +139,10 @@ def _what(actions: list[Action]) -> str:
     if Kind.SIGN_CERTIFICATE_REQUEST in kinds:
         return "Worker"
     return "In its API:" if kinds & {Kind.CREATE_OBJECT, Kind.UPDATE_OBJECT} else "Node"
+
+
+def _header(section: Section) -> str:
+    return f"Cluster {section.cluster}" if section.cluster else "Rollout"
 
 
 def render_text(plan: Plan, console: Console) -> None:
@@ -148,7 +159,7 @@ def render_text(plan: Plan, console: Console) -> None:
     for section in sections(plan):
         if section.cluster != cluster:
             cluster = section.cluster
-            console.print(f"\n[bold]Cluster {safe(cluster)}[/bold]")
+            console.print(f"\n[bold]{safe(_header(section))}[/bold]")
         hv = section.hypervisor
         console.print(f"  {safe(section.title)}" + (f" [dim]on {safe(hv)}[/dim]" if hv else ""))
         for action in section.actions:
@@ -170,14 +181,14 @@ def render_markdown(plan: Plan) -> str:
         lines += [f"- :question: {u.describe()}" for u in plan.unknowns] + [""]
     if plan.notes:
         lines += [f"- :arrows_counterclockwise: {n}" for n in plan.notes] + [""]
-    symbol = {"+": "+", "-": "-", "~": "!"}
+    symbol = {"+": "+", "-": "-", "~": "!", "=": "#"}
     cluster = None
     for (cluster_name, node, _, _), actions in _groups(plan).items():
         if cluster_name != cluster:
             if cluster is not None:
                 lines += ["```", ""]
             cluster = cluster_name
-            lines += [f"#### Cluster `{cluster_name}`", "", "```diff"]
+            lines += [f"#### Cluster `{cluster_name}`" if cluster_name else "#### Rollout", "", "```diff"]
         for action in actions:
             where = (node or action.info.about) + (f" on {action.hypervisor}" if action.hypervisor else "")
             lines.append(f"{symbol[action.symbol]} {where}: {describe(action)}")

@@ -181,6 +181,48 @@ class NodeRecord:
 
 
 @dataclass
+class WaveRecord:
+    """One rollout wave of a commit as apply left it (`gitops.apply.waves`)."""
+
+    name: str
+    #: Rolling (started, not yet soaked), Soaked, or Halted
+    phase: str
+    started: str = ""
+    ended: str = ""
+    #: per cluster: what the wave measured (requests, failed, success_ratio, workers_ready_before, ...)
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the cluster and measurement that halted it, against its threshold ("" when none)
+    breach: str = ""
+    breached_cluster: str = ""
+
+    def copy(self) -> WaveRecord:
+        return WaveRecord(self.name, self.phase, self.started, self.ended,
+                          {c: dict(f) for c, f in self.figures.items()}, self.breach, self.breached_cluster)
+
+
+@dataclass
+class RolloutRecord:
+    """The rollout of `commit` through spec.rollout.waves: each wave started so far, in order."""
+
+    commit: str
+    waves: list[WaveRecord] = field(default_factory=list)
+
+    def copy(self) -> RolloutRecord:
+        return RolloutRecord(self.commit, [w.copy() for w in self.waves])
+
+    def wave(self, name: str) -> WaveRecord | None:
+        return next((w for w in self.waves if w.name == name), None)
+
+    @property
+    def halted(self) -> WaveRecord | None:
+        return next((w for w in self.waves if w.phase == HALTED), None)
+
+
+#: WaveRecord.phase values
+ROLLING, SOAKED, HALTED = "Rolling", "Soaked", "Halted"
+
+
+@dataclass
 class State:
     clusters: dict[str, ClusterRecord] = field(default_factory=dict)
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
@@ -189,6 +231,8 @@ class State:
     #: the fleet's hypervisor CA (`gitops hypervisor`): signs each onboarded machine's CRI front certificate
     #: and gitops's client certificate for it; None until the first `gitops hypervisor` command makes it
     hypervisor_ca: CertRecord | None = None
+    #: the last rollout through spec.rollout.waves (None: none yet)
+    rollout: RolloutRecord | None = None
 
     def copy(self) -> State:
         """A deep copy, field by field (deepcopy's bookkeeping costs seconds for a large fleet)."""
@@ -197,6 +241,7 @@ class State:
             nodes={name: record.copy() for name, record in self.nodes.items()},
             sip_labels={host: dict(labels) for host, labels in self.sip_labels.items()},
             hypervisor_ca=self.hypervisor_ca.copy() if self.hypervisor_ca else None,
+            rollout=self.rollout.copy() if self.rollout else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -204,6 +249,8 @@ class State:
         data["version"] = SCHEMA_VERSION
         if data["hypervisor_ca"] is None:
             del data["hypervisor_ca"]  # (none made: state files stay as they were before it existed)
+        if data["rollout"] is None:
+            del data["rollout"]  # (no waves yet: as above)
         for record in data["clusters"].values():
             for name in ("restored", "recovered", "forcing", "virtual_ip", "vrrp_id"):
                 if not record[name]:
@@ -247,8 +294,11 @@ class State:
         nodes = {name: NodeRecord(**raw) for name, raw in data.get("nodes", {}).items()}
         sip_labels = {host: dict(labels) for host, labels in data.get("sip_labels", {}).items()}
         ca = data.get("hypervisor_ca")
+        rollout = data.get("rollout")
         return cls(clusters=clusters, nodes=nodes, sip_labels=sip_labels,
-                   hypervisor_ca=CertRecord(**ca) if ca else None)
+                   hypervisor_ca=CertRecord(**ca) if ca else None,
+                   rollout=RolloutRecord(rollout["commit"], [WaveRecord(**w) for w in rollout.get("waves", ())])
+                   if rollout else None)
 
 
 def _rotation(raw: dict[str, Any] | None) -> CARotation | None:
@@ -306,6 +356,13 @@ STATE_SCHEMA: dict[str, Any] = {
                                       "leaving_ports": _map(_INT)}}),
         "sip_labels": _map(_map({"type": ["string", "null"]})),
         "hypervisor_ca": {"anyOf": [{"type": "null"}, _CERT]},
+        "rollout": {"anyOf": [{"type": "null"}, {
+            "type": "object", "required": ["commit"], "additionalProperties": False,
+            "properties": {"commit": _STR, "waves": {"type": "array", "items": {
+                "type": "object", "required": ["name", "phase"], "additionalProperties": False,
+                "properties": {"name": _STR, "phase": {"enum": ["Rolling", "Soaked", "Halted"]}, "started": _STR,
+                               "ended": _STR, "breach": _STR, "breached_cluster": _STR,
+                               "figures": _map(_map({"type": ["number", "string", "boolean"]}))}}}}}]},
     },
 }
 _VALIDATOR = Draft202012Validator(STATE_SCHEMA)

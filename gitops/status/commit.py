@@ -19,9 +19,9 @@ from gitops.observe.types import ObservedState
 from gitops.plan import converged
 from gitops.plan.converged import Converged, blob_id
 from gitops.sip.selection import HostSelection
-from gitops.state.records import State
-from gitops.status.reader import APPLY, SOURCE, converged_path, kubeconfig_path
-from gitops.status.report import Outcome, resource_documents, sip_documents, source_document
+from gitops.state.records import RolloutRecord, State
+from gitops.status.reader import APPLY, ROLLOUT, SOURCE, converged_path, kubeconfig_path
+from gitops.status.report import Outcome, resource_documents, rollout_document, sip_documents, source_document
 from gitops.status.sealed_state import Sealer
 from gitops.status.snapshot import cluster_path, snapshot_files
 
@@ -36,13 +36,18 @@ def placements_of(state: State) -> Placements:
 
 def commit_documents(outcome: Outcome, record: bytes | None, model: RepoModel, desired: DesiredState,
                      observed: ObservedState, sip: HostSelection, placements: Placements,
-                     previous: Callable[[str], bytes | None], now: dt.datetime) -> dict[str, bytes]:
+                     previous: Callable[[str], bytes | None], now: dt.datetime,
+                     rollout: RolloutRecord | None = None) -> dict[str, bytes]:
     """Source status, the live snapshot, the apply record (`record`, else the branch's previous one, kept),
-    and the status of every resource; `previous` reads the branch's files as they are."""
+    the last rollout through waves, and the status of every resource; `previous` reads the branch's files as
+    they are."""
     files = {SOURCE: source_document(outcome, previous, now), **snapshot_files(observed)}
     kept = previous(APPLY)
     if record is not None or kept is not None:
         files[APPLY] = record if record is not None else kept
+    waves = rollout_document(rollout)
+    if waves is not None:
+        files[ROLLOUT] = waves
     files.update(resource_documents(model, desired, observed, outcome, previous, now, placements))
     files.update(sip_documents(model, sip, outcome, previous, now, desired, placements))
     return files

@@ -35,6 +35,8 @@ STATUS_DIR = "status"
 SOURCE = f"{STATUS_DIR}/source.yaml"
 #: the plan the controller last executed, action by action, and its follow-up
 APPLY = f"{STATUS_DIR}/apply.yaml"
+#: the last rollout through spec.rollout.waves: each wave, its figures, a halt and its reason
+ROLLOUT = f"{STATUS_DIR}/rollout.yaml"
 #: the whole live snapshot in one file, as written before it was stored per cluster (read, then removed)
 OBSERVED = "observed.yaml"
 KUBECONFIG_DIR = "kubeconfig"
@@ -243,6 +245,15 @@ class StatusReader:
 
     def source(self) -> SourceStatus:
         return SourceStatus.parse(self.read(SOURCE))
+
+    def rollout(self) -> dict[str, Any] | None:
+        """status/rollout.yaml's status: the last rollout through spec.rollout.waves (None before any)."""
+        raw = self.read(ROLLOUT)
+        try:
+            doc = yaml.safe_load(raw) if raw else None
+        except yaml.YAMLError:
+            return None
+        return doc.get("status") if isinstance(doc, dict) and isinstance(doc.get("status"), dict) else None
 
     def applied_sha(self) -> str:
         """The commit in force, "" when none was ever applied."""

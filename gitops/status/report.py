@@ -26,6 +26,7 @@ from gitops.plan.actions import Action, Plan
 from gitops.plan.upkeep import space_condition
 from gitops.pods import reloaded_to
 from gitops.sip.selection import HostSelection
+from gitops.state.records import RolloutRecord
 from gitops.status.reader import SOURCE, kubeconfig_path, resource_path
 
 API_VERSION = "gitops.infra/v1alpha1"
@@ -37,6 +38,8 @@ class Result(StrEnum):
     APPLIED = "Applied"
     REFUSED = "Refused"
     FAILED = "Failed"
+    #: a rollout wave breached its SLO (spec.rollout.slo): no later wave started; held like a refused commit
+    HALTED = "Halted"
     #: one of several replicas that holds no Lease: it neither applied nor reported anything
     STANDING_BY = "StandingBy"
 
@@ -47,11 +50,12 @@ class Reason(StrEnum):
     RECONCILED = "Reconciled"
     COMMIT_REFUSED = "CommitRefused"
     APPLY_FAILED = "ApplyFailed"
+    ROLLOUT_HALTED = "RolloutHalted"
     STANDING_BY = "StandingBy"
 
 
 REASON = {Result.APPLIED: Reason.RECONCILED, Result.REFUSED: Reason.COMMIT_REFUSED, Result.FAILED: Reason.APPLY_FAILED,
-          Result.STANDING_BY: Reason.STANDING_BY}
+          Result.HALTED: Reason.ROLLOUT_HALTED, Result.STANDING_BY: Reason.STANDING_BY}
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,26 @@ def apply_document(sha: str, plan: Plan, executed: int, error: str, stopped: boo
                               "actions": [row(i, a, None) for i, a in enumerate(follow_up.actions)],
                               "why": list(surprises)}
     return dump({"apiVersion": API_VERSION, "kind": "ApplyRecord", "metadata": {"name": "last-apply"},
+                 "status": status})
+
+
+def rollout_document(record: RolloutRecord | None) -> bytes | None:
+    """status/rollout.yaml: the last rollout through spec.rollout.waves, wave by wave with its figures, and
+    where it halted (None before any)."""
+    if record is None:
+        return None
+    halted = record.halted
+    status: dict[str, Any] = {
+        "commit": record.commit,
+        "phase": "Halted" if halted else ("Rolling" if any(w.phase == "Rolling" for w in record.waves) else "Done"),
+        "waves": [{"name": w.name, "phase": w.phase, "started": w.started, "ended": w.ended,
+                   "clusters": {c: dict(sorted(f.items())) for c, f in sorted(w.figures.items())},
+                   **({"breach": {"cluster": w.breached_cluster, "reason": w.breach}} if w.breach else {})}
+                  for w in record.waves],
+    }
+    if halted:
+        status["halted"] = {"wave": halted.name, "cluster": halted.breached_cluster, "reason": halted.breach}
+    return dump({"apiVersion": API_VERSION, "kind": "RolloutStatus", "metadata": {"name": "rollout"},
                  "status": status})
 
 

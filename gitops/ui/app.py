@@ -35,6 +35,7 @@ from gitops.errors import GitopsError
 from gitops.memo import Memo
 from gitops.redact import redact
 from gitops.status.backups import BACKUPS_DIR
+from gitops.status.reader import ROLLOUT
 from gitops.ui import views
 from gitops.ui.guard import BadRequest, Busy, Hosts, NotFound, PageError, Refused, Slots
 from gitops.ui.isolate import run_isolated
@@ -117,7 +118,8 @@ def create_app(source: StatusSource, planner: Planner | None = None, hosts: Host
                            request.args.get("q", "").strip(),
                            dt.datetime.fromtimestamp(applied, dt.timezone.utc) if applied else None)
         return render_template("fleet.html", page=page, phase=request.args.get("phase", ""),
-                               q=request.args.get("q", ""), shards=bool(reader.documents("Shard")))
+                               q=request.args.get("q", ""), shards=bool(reader.documents("Shard")),
+                               rollout=views.rollout_view(views.load_record(reader.read(ROLLOUT))))
 
     @app.get("/clusters/<name>")
     def cluster(name: str) -> str:

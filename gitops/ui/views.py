@@ -112,6 +112,45 @@ def fleet(source: SourceStatus, clusters: Mapping[str, Doc], nodes: Mapping[str,
     return Fleet(source, _ago(applied_at, now), tuple(rows), tuple(hvs), phases)
 
 
+@dataclass(frozen=True)
+class WaveRow:
+    wave: str
+    phase: str
+    cluster: str
+    probed: str
+    failed: str
+    success: str
+    workers: str  # "2 -> 2": Ready at the wave's start, then the fewest during it
+
+
+@dataclass(frozen=True)
+class RolloutView:
+    """The last rollout through spec.rollout.waves (status/rollout.yaml)."""
+
+    commit: str
+    phase: str  # Rolling, Done or Halted
+    halted: str  # "wave canary, cluster team-a: ..." ("" when it did not halt)
+    rows: tuple[WaveRow, ...]
+
+
+def rollout_view(status: dict[str, Any] | None) -> RolloutView | None:
+    if not status:
+        return None
+    halted = _map(status.get("halted"))
+    rows = []
+    for wave in _list(status.get("waves")):
+        wave = _map(wave)
+        for name, figures in sorted(_map(wave.get("clusters")).items()):
+            f = _map(figures)
+            before, fewest = _text(f.get("workers_ready_before", "-")), _text(f.get("workers_ready_min", "-"))
+            rows.append(WaveRow(_text(wave.get("name")), _text(wave.get("phase")), _text(name),
+                                _text(f.get("requests", "-")), _text(f.get("failed", "-")),
+                                _text(f.get("success_ratio", "-")), f"{before} -> {fewest}"))
+    return RolloutView(_text(status.get("commit")), _text(status.get("phase")),
+                       f"wave {_text(halted.get('wave'))}, cluster {_text(halted.get('cluster'))}: "
+                       f"{_text(halted.get('reason'))}" if halted else "", tuple(rows))
+
+
 # ------------------------------------------------------------------------------ one cluster
 
 

@@ -1,0 +1,290 @@
+"""Apply's handlers of a rollout wave (`gitops.plan.waves`): `start-wave` begins watching the wave's clusters as
+their admin, `soak-wave` watches them to the end of the soak and halts the rollout on a breach.
+
+What is watched, per cluster:
+- through its ingress, every 0.25 s, a read of the ConfigMap gitops-rollout/sentinel that `start-wave` wrote
+  (its commit must read back) or a write of gitops-rollout/probe: the success ratio from the wave's start to the
+  end of its soak must reach spec.rollout.slo.minSuccessRatio;
+- during the soak, every 2 s: each control-plane node's API server answers /readyz, each etcd member is healthy,
+  and no fewer workers are Ready than at the wave's start. One of these failing three checks in a row halts
+  the rollout at once (a single blip does not).
+
+The figures and the outcome go to the recorded state (`State.rollout`), saved as they change, so the status
+branch shows them and a controller killed during the soak soaks that wave again.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gitops.apply.etcd import EtcdAdmin
+from gitops.apply.run import ApplyError, Run, StopRequested
+from gitops.errors import GitopsError
+from gitops.kubeapi import Credentials, KubeAPI
+from gitops.plan.actions import Action
+from gitops.plan.payloads import WaveCluster, WaveGate
+from gitops.state.records import HALTED, ROLLING, SOAKED, RolloutRecord, WaveRecord
+
+NAMESPACE = "gitops-rollout"
+SENTINEL = "sentinel"
+PROBE = "probe"
+#: seconds between probe requests, and between health checks during the soak
+PROBE_EVERY = 0.25
+CHECK_EVERY = 2.0
+#: consecutive failed health checks that halt the rollout
+STRIKES = 3
+#: seconds one probe request or health check may take
+REQUEST_TIMEOUT = 5.0
+_CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+
+
+class WaveHalted(ApplyError):
+    """A wave breached its SLO: the rollout stops here (`breach` says which cluster, what, against what)."""
+
+    def __init__(self, wave: str, cluster: str, breach: str):
+        super().__init__(f"rollout halted at wave {wave}: cluster {cluster}: {breach}")
+        self.halted = (wave, cluster, breach)
+
+
+@dataclass
+class Tally:
+    requests: int = 0
+    failed: int = 0
+    #: the first few distinct reasons requests failed
+    errors: list[str] = field(default_factory=list)
+
+    def count(self, error: str) -> None:
+        self.requests += 1
+        if error:
+            self.failed += 1
+            if error not in self.errors and len(self.errors) < 3:
+                self.errors.append(error)
+
+
+class Probe:
+    """Reads of the sentinel and writes through one cluster's ingress, in a thread, until stopped."""
+
+    def __init__(self, api: KubeAPI, commit: str):
+        self.api, self.commit = api, commit
+        self.tally = Tally()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="wave-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        turn = 0
+        while not self._stop.is_set():
+            began = time.monotonic()
+            self.tally.count(self._write(turn) if turn % 2 else self._read())
+            turn += 1
+            self._stop.wait(max(0.0, PROBE_EVERY - (time.monotonic() - began)))
+
+    def _read(self) -> str:
+        try:
+            found = self.api.get(f"{_CONFIGMAPS}/{SENTINEL}")
+        except GitopsError as err:
+            return str(err)
+        if found is None:
+            return f"ConfigMap {NAMESPACE}/{SENTINEL}, written at the wave's start, is gone"
+        if (found.get("data") or {}).get("commit") != self.commit:
+            return f"ConfigMap {NAMESPACE}/{SENTINEL} no longer reads as written"
+        return ""
+
+    def _write(self, turn: int) -> str:
+        try:
+            self.api.apply(_CONFIGMAPS, _configmap(PROBE, {"commit": self.commit, "turn": str(turn)}))
+        except GitopsError as err:
+            return str(err)
+        return ""
+
+    def stop(self) -> Tally:
+        self._stop.set()
+        self._thread.join()
+        self.api.close()
+        return self.tally
+
+
+@dataclass
+class Watch:
+    """One wave's probes, by cluster (closed with the run, whatever happens)."""
+
+    probes: dict[str, Probe] = field(default_factory=dict)
+
+    def stop(self) -> dict[str, Tally]:
+        return {name: probe.stop() for name, probe in self.probes.items()}
+
+
+def start_wave(run: Run, action: Action, p: WaveGate) -> None:
+    """Record the wave as rolling, write each answering cluster's sentinel, count its Ready workers and start
+    probing it."""
+    wave = WaveRecord(p.wave, ROLLING, started=_now())
+    watch = run.watches.setdefault(p.wave, Watch())
+    for c in p.clusters:
+        if c.serving:
+            wave.figures[c.cluster] = {"workers_ready_before": _begin(run, watch, c, p)}
+    _put(run, p.commit, wave)
+
+
+def soak_wave(run: Run, action: Action, p: WaveGate) -> None:
+    """Watch the wave's clusters `soak_seconds` (a cluster not probed yet from now), then judge: WaveHalted on a
+    breach, else the wave is recorded as soaked."""
+    record = _rollout(run, p.commit)
+    wave = record.wave(p.wave) or WaveRecord(p.wave, ROLLING, started=_now())
+    watch = run.watches.setdefault(p.wave, Watch())
+    for c in p.clusters:
+        if c.cluster not in watch.probes:
+            before = _begin(run, watch, c, p)
+            wave.figures.setdefault(c.cluster, {}).setdefault("workers_ready_before", before)
+    _put(run, p.commit, wave)
+    checks = {c.cluster: _Checks(run, action, c, p) for c in p.clusters}
+    began = time.monotonic()
+    deadline = began + p.soak_seconds
+    breach: tuple[str, str] | None = None
+    try:
+        while breach is None:
+            for c in p.clusters:
+                before = int(wave.figures[c.cluster]["workers_ready_before"])
+                why = checks[c.cluster].check(before)
+                if why:
+                    breach = (c.cluster, why)
+                    break
+            left = deadline - time.monotonic()
+            if breach is not None or left <= 0:
+                break
+            refused = run.refused(action)
+            if refused:
+                raise ApplyError(f"fenced while soaking wave {p.wave}: {refused}")
+            if run.should_stop():
+                raise StopRequested(f"stop requested while soaking wave {p.wave}")
+            time.sleep(min(CHECK_EVERY, left))
+    finally:
+        tallies = run.watches.pop(p.wave, watch).stop()
+        for one in checks.values():
+            one.close()
+    for c in p.clusters:
+        figures = wave.figures[c.cluster]
+        tally = tallies.get(c.cluster, Tally())
+        ratio = (tally.requests - tally.failed) / tally.requests if tally.requests else None
+        figures.update({"requests": tally.requests, "failed": tally.failed,
+                        "success_ratio": round(ratio, 6) if ratio is not None else "none",
+                        "workers_ready_min": checks[c.cluster].workers_min,
+                        "soak_seconds": round(time.monotonic() - began, 1)})
+        if tally.errors:
+            figures["first_errors"] = " | ".join(tally.errors)[:500]
+        if breach is None and ratio is not None and ratio < p.min_success_ratio:
+            breach = (c.cluster, f"success ratio {ratio:.4f} < {p.min_success_ratio:g}: {tally.failed} of "
+                                 f"{tally.requests} probe requests through its ingress failed ("
+                                 f"{tally.errors[0] if tally.errors else 'no reason given'})")
+    wave.ended = _now()
+    if breach is not None:
+        wave.phase, wave.breached_cluster, wave.breach = HALTED, breach[0], breach[1]
+        _put(run, p.commit, wave)
+        raise WaveHalted(p.wave, *breach)
+    wave.phase = SOAKED
+    _put(run, p.commit, wave)
+
+
+class _Checks:
+    """One cluster's health checks during a soak, with the failures in a row of each."""
+
+    def __init__(self, run: Run, action: Action, c: WaveCluster, p: WaveGate):
+        record = run.state.clusters[c.cluster]
+        self.api = run.api(c.cluster, c.server) if c.server else None
+        self.servers = {url: KubeAPI(url, record.trust_bundle("cluster"), _admin(run, c.cluster),
+                                     timeout=REQUEST_TIMEOUT) for url in c.api_servers}
+        self.etcd = (EtcdAdmin(run.signer(c.cluster, "etcd"), list(c.etcd_members), record.trust_bundle("etcd"),
+                               fenced=lambda: run.refused(action)) if c.etcd_members else None)
+        self.members = c.etcd_members
+        self.strikes: dict[str, int] = {}
+        self.workers_min: int | str = "none"
+
+    def check(self, before: int) -> str:
+        """Why the cluster breaches now ("" when it does not), once a check failed STRIKES times in a row."""
+        problems: dict[str, str] = {}
+        for url, api in self.servers.items():
+            why = api.not_ready("/readyz")
+            if why:
+                problems[f"api {url}"] = f"the API server at {url} is not ready ({why})"
+        for url in self.members:
+            why = self.etcd.unhealthy(url) if self.etcd is not None else ""
+            if why:
+                problems[f"etcd {url}"] = f"etcd member {url} is not healthy ({why})"
+        ready = self._ready_workers()
+        if ready is not None:
+            self.workers_min = ready if isinstance(self.workers_min, str) else min(self.workers_min, ready)
+            if ready < before:
+                problems["workers"] = f"{ready} Ready workers, fewer than the {before} at the wave's start"
+        self.strikes = {key: self.strikes.get(key, 0) + 1 for key in problems}
+        worst = [key for key, n in self.strikes.items() if n >= STRIKES]
+        return f"{problems[worst[0]]}, {STRIKES} checks in a row" if worst else ""
+
+    def _ready_workers(self) -> int | None:
+        if self.api is None:
+            return None
+        try:
+            nodes = self.api.list("/api/v1/nodes")
+        except GitopsError:
+            return None  # (the probe counts the API's failures)
+        return _ready(nodes)
+
+    def close(self) -> None:
+        for api in [*self.servers.values(), *([self.api] if self.api else [])]:
+            api.close()
+
+
+def _begin(run: Run, watch: Watch, c: WaveCluster, p: WaveGate) -> int:
+    """Write the cluster's sentinel, start its probe; its Ready workers now."""
+    api = run.api(c.cluster, c.server)
+    try:
+        api.apply("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        api.apply(_CONFIGMAPS, _configmap(SENTINEL, {"commit": p.commit, "wave": p.wave}))
+        nodes = api.list("/api/v1/nodes")
+    except GitopsError as err:
+        api.close()
+        raise ApplyError(f"wave {p.wave}: cluster {c.cluster}: cannot start watching it: {err}") from None
+    api.close()
+    watch.probes[c.cluster] = Probe(run.api(c.cluster, c.server), p.commit)
+    return _ready(nodes)
+
+
+def _ready(nodes: list[dict[str, Any]]) -> int:
+    """How many of the API's Nodes (workers: control planes run as pods) are Ready."""
+    return sum(1 for n in nodes if any(c.get("type") == "Ready" and c.get("status") == "True"
+                                       for c in (n.get("status") or {}).get("conditions") or []))
+
+
+def _configmap(name: str, data: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NAMESPACE,
+                                                                  "labels": {"app.kubernetes.io/managed-by": "gitops"}},
+            "data": data}
+
+
+def _admin(run: Run, cluster: str) -> Credentials:
+    admin = run.state.clusters[cluster].admin
+    if admin is None:
+        raise ApplyError(f"cluster {cluster} has no admin credential recorded")
+    return Credentials(admin.cert_pem, admin.key_pem)
+
+
+def _rollout(run: Run, commit: str) -> RolloutRecord:
+    """The recorded rollout of `commit` (a new one replaces another commit's)."""
+    if run.state.rollout is None or run.state.rollout.commit != commit:
+        run.state.rollout = RolloutRecord(commit)
+    return run.state.rollout
+
+
+def _put(run: Run, commit: str, wave: WaveRecord) -> None:
+    record = _rollout(run, commit)
+    names = [w.name for w in record.waves]
+    if wave.name in names:
+        record.waves[names.index(wave.name)] = wave
+    else:
+        record.waves.append(wave)
+    run.save()
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,117 @@
+"""A plan's rollout in waves (`spec.rollout.waves`): each cluster's actions placed in its wave and batch, and
+each wave the plan changes watched from its start to the end of its soak (pure).
+
+A wave's `start-wave` action comes before its first action: it writes an object the probe reads back and
+starts watching the wave's clusters through their ingress. Its `soak-wave` action comes after its last one:
+it watches them `soakSeconds` more and halts the rollout unless each kept the SLO (`gitops.apply.waves`).
+The next wave starts only after. Actions of no Cluster of the repo (SIP host labels, a cluster that left
+the repo) come before every wave.
+
+A wave the recorded rollout of this very commit shows started and not soaked, and that has nothing left to
+do, is soaked again (a controller killed during the soak resumes there: the waves before it stay done).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from gitops.compile.desired import DesiredState
+from gitops.model.components import CONTROLPLANE
+from gitops.model.config import Rollout, Wave
+from gitops.model.resources import RepoModel
+from gitops.model.waves import wave_of
+from gitops.observe.types import ObservedState
+from gitops.plan.actions import Action, Kind
+from gitops.plan.payloads import WaveCluster, WaveGate
+from gitops.state.records import ROLLING, State
+
+
+def in_waves(actions: list[Action], model: RepoModel, rollout: Rollout, desired: DesiredState,
+             observed: ObservedState, state: State, source: str, timeout: int) -> tuple[list[Action], list[str]]:
+    """`actions` with each Cluster's in its wave and batch, and each changed wave's start and soak; and the
+    warnings: a rollout of this commit that halted plans nothing of the waves after the one that halted."""
+    if not rollout.waves:
+        return actions, []
+    wave = {name: wave_of(cluster.labels, rollout) for name, cluster in model.clusters.items()}
+    changed: dict[int, list[str]] = {}
+    for action in actions:
+        index = wave.get(action.cluster)
+        if index is not None and action.cluster not in changed.setdefault(index, []):
+            changed[index].append(action.cluster)
+    for names in changed.values():
+        names.sort()
+    record = state.rollout if state.rollout is not None and state.rollout.commit == source else None
+    halted = record.halted if record is not None else None
+    stop = next((i for i, w in enumerate(rollout.waves) if halted and w.name == halted.name), len(rollout.waves))
+    warnings = []
+    if halted is not None:
+        held = sorted({a.cluster for a in actions if (wave.get(a.cluster) or 0) > stop})
+        warnings.append(f"the rollout of this commit halted at wave {halted.name} (cluster {halted.breached_cluster}: "
+                        f"{halted.breach}): nothing of the waves after it is planned"
+                        + (f" ({', '.join(held)} left as they are)" if held else ""))
+    out = []
+    for action in actions:
+        index = wave.get(action.cluster)
+        if index is None:
+            out.append(action)
+            continue
+        if index > stop:
+            continue
+        batch = changed[index].index(action.cluster) // rollout.waves[index].max_concurrent
+        out.append(dataclasses.replace(action, wave=index + 1, batch=batch))
+    for index, spec in enumerate(rollout.waves[:stop + 1]):
+        names = changed.get(index, [])
+        started = record.wave(spec.name) if record is not None else None
+        resumed = not names and started is not None and started.phase == ROLLING
+        if not names and not resumed:
+            continue
+        if resumed:
+            names = sorted(n for n, i in wave.items() if i == index and n in desired.clusters)
+        gate = WaveGate(spec.name, source, tuple(_watched(n, desired, observed) for n in names), spec.soak_seconds,
+                        rollout.min_success_ratio, timeout)
+        last = (len(names) - 1) // spec.max_concurrent
+        if not resumed:
+            out.append(Action(Kind.START_WAVE, "", "", "", spec.name, reason=_members(spec, names, len(rollout.waves),
+                                                                                         index),
+                              details=_start_details(gate, observed), wave=index + 1, payload=gate))
+        out.append(Action(Kind.SOAK_WAVE, "", "", "", spec.name,
+                          reason=("resumed: this commit's rollout reached this wave and was stopped before its soak "
+                                  "ended; " if resumed else "") + f"{spec.soak_seconds}s, then the next wave",
+                          details=_soak_details(gate), wave=index + 1, batch=last, payload=gate))
+    return out, warnings
+
+
+def _watched(name: str, desired: DesiredState, observed: ObservedState) -> WaveCluster:
+    cluster = desired.clusters.get(name)
+    seen = observed.clusters.get(name)
+    api_servers = tuple(sorted(p.api_url for p in desired.pods.values()
+                               if p.cluster == name and p.role == CONTROLPLANE and p.api_url))
+    return WaveCluster(name, cluster.api_endpoint or "" if cluster else "", api_servers,
+                       tuple(m.client_url for m in cluster.etcd_members) if cluster else (),
+                       serving=seen is not None and seen.reachable)
+
+
+def _members(spec: Wave, names: list[str], waves: int, index: int) -> str:
+    together = f", {spec.max_concurrent} at a time" if spec.max_concurrent > 1 and len(names) > 1 else ""
+    return f"wave {index + 1} of {waves}: {', '.join(names)}{together}"
+
+
+def _start_details(gate: WaveGate, observed: ObservedState) -> tuple[str, ...]:
+    out = []
+    for c in gate.clusters:
+        seen = observed.clusters.get(c.cluster)
+        ready = sum(1 for w in seen.workers if w.ready) if seen is not None else 0
+        if c.serving:
+            out.append(f"{c.cluster}: writes ConfigMap gitops-rollout/sentinel, then reads it and writes through "
+                       f"{c.server or '(no ingress)'} until the soak ends; Ready workers now {ready}")
+        else:
+            out.append(f"{c.cluster}: its API does not answer yet: watched from the soak's start")
+    return tuple(out)
+
+
+def _soak_details(gate: WaveGate) -> tuple[str, ...]:
+    return (f"watches {', '.join(c.cluster for c in gate.clusters)} for {gate.soak_seconds}s: through each ingress "
+            f"at least {gate.min_success_ratio:g} of the probe's reads and writes succeed (from the wave's start), "
+            "every control-plane node answers /readyz, every etcd member is healthy, and no fewer workers are Ready "
+            "than at the wave's start",
+            "a breach halts the rollout here: no later wave starts, the commit is held like a refused one and the "
+            "clusters it reached are put back to the commit in force before (a plan recorded on the status branch)")

@@ -1,0 +1,164 @@
+"""Fleet rollouts in waves (issue #46), the pure parts: gitops.yaml's spec.rollout, the plan's waves and gates,
+a rollout resumed or halted as the recorded state says. The lab test (test_waves_lab.py) runs them on real
+clusters."""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from test_plan_diff import NOW, settle
+
+from gitops.engine import make_plan
+from gitops.model.config import Rollout, Wave
+from gitops.model.validate import validate_repo
+from gitops.plan.actions import Kind, Plan
+from gitops.plan.payloads import WaveGate
+from gitops.plan.render import render_markdown, render_text
+from gitops.state.records import HALTED, ROLLING, SOAKED, RolloutRecord, State, WaveRecord
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "gitops" / "example_repo"
+WAVES = """  rollout:
+    waves:
+      - name: canary
+        selector: {matchLabels: {owner: team-a}}
+        soakSeconds: 120
+      - name: rest
+        soakSeconds: 60
+    slo:
+      minSuccessRatio: 0.99
+"""
+
+
+def repo_with(tmp_path: Path, rollout: str) -> Path:
+    root = tmp_path / "repo"
+    shutil.copytree(EXAMPLE, root)
+    with open(root / "gitops.yaml", "a") as f:
+        f.write(rollout)
+    return root
+
+
+@pytest.fixture(scope="module")
+def waved(tmp_path_factory):
+    """The example repo (without its SIPCluster) with two waves: team-a the canary, then the rest."""
+    result = validate_repo(repo_with(tmp_path_factory.mktemp("waves"), WAVES))
+    assert result.ok, result.diagnostics
+    return result.model.__class__(**{**vars(result.model), "sip_clusters": {}}), result.repo.config
+
+
+def test_gitops_yaml_declares_waves_and_an_slo(waved):
+    _, config = waved
+    assert config.rollout == Rollout((Wave("canary", {"matchLabels": {"owner": "team-a"}}, 120, 1),
+                                      Wave("rest", None, 60, 1)), 0.99)
+
+
+@pytest.mark.parametrize("rollout, errors", [
+    ("  rollout:\n    waves:\n      - name: a\n        selector: {matchLabels: {owner: team-a}}\n",
+     ["clusters/team-b/cluster.yaml:6: Cluster/team-b: metadata.labels: Cluster team-b is in no wave of gitops.yaml "
+      "spec.rollout.waves (a): end them with a wave without selector, or label the cluster"]),
+    ("  rollout:\n    waves:\n      - name: a\n      - name: a\n",
+     ["spec.rollout.waves[1].name: wave 'a' is named twice",
+      "spec.rollout.waves[1]: wave 'a' comes after wave 'a', which has no selector"]),
+    ("  rollout:\n    waves:\n      - name: a\n        soakSeconds: -1\n", ["soakSeconds"]),
+    ("  rollout:\n    waves:\n      - name: a\n    slo: {minSuccessRatio: 1.5}\n", ["minSuccessRatio"]),
+    ("  rollout:\n    waves: [{name: a}]\n  coordination: {mode: shards, shards: 2, kubeconfig: /k}\n",
+     ["waves need one controller to roll the whole fleet: not with spec.coordination.mode shards"]),
+])
+def test_a_rollout_that_cannot_hold_every_cluster_is_refused_naming_file_line_and_field(tmp_path, rollout, errors):
+    result = validate_repo(repo_with(tmp_path, rollout))
+    text = "\n".join(str(d) for d in result.diagnostics)
+    assert not result.ok
+    for error in errors:
+        assert error in text, text
+
+
+def test_the_plan_rolls_the_canary_wave_then_soaks_it_before_the_rest(waved):
+    model, config = waved
+    plan = make_plan(model, config, State(), _nothing(model), now=NOW, source="c0ffee").plan
+    kinds = [(a.kind, a.cluster or a.component) for a in plan.actions]
+    starts = [i for i, (k, _) in enumerate(kinds) if k == Kind.START_WAVE]
+    soaks = [i for i, (k, _) in enumerate(kinds) if k == Kind.SOAK_WAVE]
+    team_a = [i for i, (_, c) in enumerate(kinds) if c == "team-a"]
+    team_b = [i for i, (_, c) in enumerate(kinds) if c == "team-b"]
+    assert len(starts) == len(soaks) == 2
+    assert starts[0] < min(team_a) and max(team_a) < soaks[0] < starts[1] < min(team_b) and max(team_b) < soaks[1]
+    canary = plan.actions[soaks[0]].payload
+    assert isinstance(canary, WaveGate)
+    assert (canary.wave, canary.commit, canary.soak_seconds, canary.min_success_ratio) == ("canary", "c0ffee", 120,
+                                                                                         0.99)
+    assert [c.cluster for c in canary.clusters] == ["team-a"]
+    watched = canary.clusters[0]
+    assert len(watched.api_servers) == 3 and len(watched.etcd_members) == 3 and watched.server.startswith("https://")
+    assert not watched.serving  # a new cluster: its API does not answer yet, watched from the soak's start
+    # a saved plan is the whole rollout
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again == plan and [a.payload for a in again.actions] == [a.payload for a in plan.actions]
+    text = _text(plan)
+    assert "Rollout" in text and "Wave canary:" in text and "start wave canary: wave 1 of 2: team-a" in text
+    assert "soak wave rest: 60s, then the next wave" in text
+    assert "#### Rollout" in render_markdown(plan)
+
+
+def test_without_waves_a_plan_is_as_before(waved):
+    model, config = waved
+    plain = dataclasses.replace(config, rollout=Rollout())
+    plan = make_plan(model, plain, State(), _nothing(model), now=NOW).plan
+    assert not any(a.kind in (Kind.START_WAVE, Kind.SOAK_WAVE) for a in plan.actions)
+    assert all("wave" not in a and "batch" not in a for a in plan.to_dict()["actions"])
+    # phase by phase across the clusters, as before waves
+    first_b = next(i for i, a in enumerate(plan.actions) if a.cluster == "team-b")
+    last_a = max(i for i, a in enumerate(plan.actions) if a.cluster == "team-a")
+    assert first_b < last_a
+
+
+def test_max_concurrent_rolls_clusters_of_a_wave_together(waved):
+    model, config = waved
+    together = dataclasses.replace(config, rollout=Rollout((Wave("all", None, 10, 2),)))
+    plan = make_plan(model, together, State(), _nothing(model), now=NOW).plan
+    assert {a.batch for a in plan.actions if a.cluster} == {0}
+    assert "wave 1 of 1: team-a, team-b, 2 at a time" in _text(plan)
+    serial = dataclasses.replace(config, rollout=Rollout((Wave("all", None, 10, 1),)))
+    plan = make_plan(model, serial, State(), _nothing(model), now=NOW).plan
+    assert {(a.cluster, a.batch) for a in plan.actions if a.cluster} == {("team-a", 0), ("team-b", 1)}
+    assert plan.actions[-1].kind == Kind.SOAK_WAVE and plan.actions[-1].batch == 1
+
+
+def test_a_rollout_stopped_during_a_soak_soaks_that_wave_again_and_no_other(waved):
+    model, config = waved
+    state, observed = settle(model, config)
+    assert make_plan(model, config, state, observed, now=NOW, source="c0ffee").plan.empty
+    state.rollout = RolloutRecord("c0ffee", [WaveRecord("canary", SOAKED), WaveRecord("rest", ROLLING)])
+    plan = make_plan(model, config, state, observed, now=NOW, source="c0ffee").plan
+    assert [(a.kind, a.component) for a in plan.actions] == [(Kind.SOAK_WAVE, "rest")]
+    assert plan.actions[0].reason.startswith("resumed:")
+    assert [c.cluster for c in plan.actions[0].payload.clusters] == ["team-b"]
+    # another commit's record says nothing of this one
+    assert make_plan(model, config, state, observed, now=NOW, source="beef").plan.empty
+
+
+def test_a_halted_rollout_plans_nothing_of_the_waves_after_the_halt(waved):
+    model, config = waved
+    state, observed = settle(model, config)
+    changed = dataclasses.replace(model, clusters={
+        n: dataclasses.replace(c, api_server_args=(("v", "2"),)) for n, c in model.clusters.items()})
+    state.rollout = RolloutRecord("bad", [WaveRecord("canary", HALTED, breach="success ratio 0.5 < 0.99",
+                                                     breached_cluster="team-a")])
+    plan = make_plan(changed, config, state, observed, now=NOW, source="bad").plan
+    assert plan.actions and {a.cluster for a in plan.actions if a.cluster} == {"team-a"}
+    assert any("halted at wave canary (cluster team-a: success ratio 0.5 < 0.99)" in w and "team-b left as they are"
+               in w for w in plan.warnings), plan.warnings
+
+
+def _nothing(model):
+    from test_plan_diff import nothing_observed
+    return nothing_observed(model)
+
+
+def _text(plan: Plan) -> str:
+    out = io.StringIO()
+    render_text(plan, Console(file=out, width=400))
+    return out.getvalue()
