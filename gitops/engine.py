@@ -27,6 +27,7 @@ from gitops.plan.cluster_api import cluster_api_actions
 from gitops.plan.diff import DiffOptions
 from gitops.plan import converged, recorded, recovery
 from gitops.plan.hosts import label_actions, sip_warnings
+from gitops.plan.inputs import left_the_repo
 from gitops.plan.clusters import plan_nodes
 from gitops.plan.rollout import ordered
 from gitops.plan.endpoints import endpoint_notes
@@ -75,7 +76,9 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     model = converged.without(model, unchanged)
     recorded.check(state, observed)
     state, recovery_warnings, recovery_notes = recovery.before_compile(model, state, observed)
-    learned, hosts, sip = _compile_inputs(model, config, state, observed)
+    learned = learn(state, observed, {name: node.cluster for name, node in model.nodes.items()})
+    hosts = planned_hosts(model, config, learned, observed.hosts)
+    sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else HostSelection((), ())
     compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable,
                                hosts=relabeled(hosts or [], sip))
     options = DiffOptions(prune=config.prune.enabled, health_timeout=config.health_timeout)
@@ -92,7 +95,7 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
                                     sip_clusters=tuple(sorted(model.sip_clusters))))
     else:
         warnings += sip_warnings(sip)
-    unknowns += [*inside_unknowns, *_orphans(model, compiled.state)]
+    unknowns += [*inside_unknowns, *left_the_repo(model, compiled.state)]
     actions = [*found.actions, *label_actions(sip), *inside]
     steps = rotation_steps(model, compiled.state, actions, unknowns)
     placed, rollout_warnings = in_waves(actions + steps, model, config.rollout, compiled.desired, observed,
@@ -113,19 +116,11 @@ def desired_for(model: RepoModel, config: RepoConfig, state: State, observed: Ob
                 *, now: dt.datetime | None = None) -> tuple[Compiled, HostSelection]:
     """What the repo wants given `observed`, as make_plan's first pass compiles it, without a plan
     (the report of an apply that ended before its own planning pass after executing)."""
-    learned, hosts, sip = _compile_inputs(model, config, state, observed)
-    return compile_desired(model, learned, now=now, unavailable=observed.unreachable,
-                           hosts=relabeled(hosts or [], sip)), sip
-
-
-def _compile_inputs(model: RepoModel, config: RepoConfig, state: State,
-                    observed: ObservedState) -> tuple[State, list[BareMetalHost] | None, HostSelection]:
-    """The recorded state with what only the hypervisors know, the BareMetalHosts (None: not listed)
-    and the SIP host selection over them."""
     learned = learn(state, observed, {name: node.cluster for name, node in model.nodes.items()})
     hosts = planned_hosts(model, config, learned, observed.hosts)
     sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else HostSelection((), ())
-    return learned, hosts, sip
+    return compile_desired(model, learned, now=now, unavailable=observed.unreachable,
+                           hosts=relabeled(hosts or [], sip)), sip
 
 
 def relabeled(hosts: list[BareMetalHost], sip: HostSelection) -> list[BareMetalHost]:
@@ -195,16 +190,6 @@ def connections(model: RepoModel, config: RepoConfig) -> Connections:
     return Connections(cri=lambda name: CRIClient(model.hypervisors[name].cri_endpoint()),
                        hosts=lambda state: provider_for(model, config, state),
                        backup_target=lambda name: config.backup_targets[name])
-
-
-def _orphans(model: RepoModel, state: State) -> list[Unknown]:
-    """Nodes recorded on hypervisors that left the repo: their pods cannot be observed nor removed."""
-    gone: dict[str, list[str]] = {}
-    for name, record in sorted(state.nodes.items()):
-        if record.hypervisor not in model.hypervisors:
-            gone.setdefault(record.hypervisor, []).append(name)
-    return [Unknown(UnknownKind.HYPERVISOR, hv, "it left the repo; put the Hypervisor back to clean up its pods",
-                    tuple(nodes)) for hv, nodes in sorted(gone.items())]
 
 
 # ------------------------------------------------------------------------------------------------ apply

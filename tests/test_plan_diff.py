@@ -16,7 +16,8 @@ import pytest
 from repo_helpers import EXAMPLE_REPO
 from rich.console import Console
 
-from gitops.compile import COMPILED_CLUSTERS, compile_desired
+from gitops.compile import compile_desired
+from gitops.compile.clusters import COMPILED_CLUSTERS
 from gitops.compile.authorities import authority
 from gitops.compile.desired import DesiredState
 from gitops.engine import MassDeleteRefused, apply_repo, make_plan

@@ -50,9 +50,10 @@ def ensure_authorities(cluster: Cluster, record: ClusterRecord | None, now: dt.d
     signs) is generated. A caGeneration above the recorded one starts a
     rotation (its new CAs made here, once); one below is a CAGenerationError.
     """
-    if record is None or not record.authorities:  # a new cluster starts at the generation it asks for
-        record = ClusterRecord(ca_generation=cluster.ca_generation) if record is None else \
-            dataclasses.replace(record.copy(), ca_generation=cluster.ca_generation)
+    # every other field as recorded (a deep copy: a field added to the record is never dropped here)
+    record = ClusterRecord(ca_generation=cluster.ca_generation) if record is None else record.copy()
+    if not record.authorities:  # a new cluster starts at the generation it asks for
+        record.ca_generation = cluster.ca_generation
     authorities = dict(record.authorities)
     for role, cn in AUTHORITIES.items():
         if role not in authorities:
@@ -80,8 +81,7 @@ def ensure_authorities(cluster: Cluster, record: ClusterRecord | None, now: dt.d
         cert = issue_cert(authority(authorities, "cluster"), ADMIN_CN, organizations=(ADMIN_GROUP,),
                           client=True, days=cluster.validity_days, now=now)
         admin = CertRecord(cert.cert_pem, cert.key_pem)
-    # every other field as recorded (a deep copy: a field added to the record is never dropped here)
-    return dataclasses.replace(record.copy(), authorities=dict(sorted(authorities.items())), admin=admin,
+    return dataclasses.replace(record, authorities=dict(sorted(authorities.items())), admin=admin,
                                rotation=rotation)
 
 

@@ -17,7 +17,6 @@ from gitops.compile.desired import (
     CertificateSpec,
     DesiredContainer,
     DesiredPod,
-    EtcdMember,
     FileSpec,
     KeySpec,
     ServiceAccountBundle,
@@ -28,6 +27,7 @@ from gitops.compile.desired import (
     hash_inputs,
     identify,
 )
+from gitops.compile.placement import etcd_member
 from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
 from gitops.hostport import host_port, url_host
 from gitops.model import versions
@@ -66,14 +66,6 @@ def node_dir(hv: Hypervisor, node: Node) -> str:
 def service_ip(cluster: Cluster) -> str:
     """The `kubernetes` service IP: the first address of the service network."""
     return str(next(ipaddress.ip_network(cluster.service_cidr).hosts()))
-
-
-def etcd_member(hv: Hypervisor, node: Node, record: NodeRecord) -> EtcdMember:
-    return EtcdMember(
-        node=node.name,
-        peer_url=f"https://{host_port(hv.ip_address, record.ports['etcd-peer'])}",
-        client_url=f"https://{host_port(hv.ip_address, record.ports['etcd-client'])}",
-    )
 
 
 def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cluster_record: ClusterRecord,

@@ -1,4 +1,4 @@
-"""Scheduling nodes onto hypervisors and allocating their ports (pure).
+"""Scheduling nodes onto hypervisors, allocating their ports and fixing how their etcd members join (pure).
 
 Rules:
 * each role's nodes go on public or private hypervisors (`gitops.model.components.ROLES`):
@@ -23,15 +23,18 @@ Rules:
   is not placed (an error naming the cluster; validation refuses such a repo first);
 * ports come from the hypervisor's range, lowest free first, never shared; a
   record whose node left the repo keeps its ports until the apply stage has
-  removed its pod and dropped the record.
+  removed its pod and dropped the record;
+* how a placed controlplane node's etcd member joins (its --initial-cluster flags) is decided once,
+  after its place (`freeze_etcd_flags`).
 """
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
 
-from gitops.compile.components import etcd_member
+from gitops.compile.desired import EtcdMember
 from gitops.errors import GitopsError
+from gitops.hostport import host_port
 from gitops.model.components import CONTROLPLANE, INGRESS, INGRESS_CHECK_PORT, ROLES
 from gitops.model.resources import Hypervisor, Node, RepoModel
 from gitops.state.records import NodeRecord, State
@@ -109,6 +112,62 @@ def place(model: RepoModel, state: State, unavailable: Iterable[str] = (),
     if errors:
         raise PlacementError("cannot place every node:\n" + "\n".join(f"  - {e}" for e in errors))
     return new
+
+
+def etcd_member(hv: Hypervisor, node: Node, record: NodeRecord) -> EtcdMember:
+    """Where a placed node's etcd member listens: its hypervisor's address, the ports allocated to it."""
+    return EtcdMember(
+        node=node.name,
+        peer_url=f"https://{host_port(hv.ip_address, record.ports['etcd-peer'])}",
+        client_url=f"https://{host_port(hv.ip_address, record.ports['etcd-client'])}",
+    )
+
+
+def freeze_etcd_flags(model: RepoModel, state: State) -> None:
+    """Give every placed controlplane node of `model` its etcd --initial-cluster flags, once (in `state`, as
+    `place` left it): how its member joins is decided with its place."""
+    for name in sorted(model.clusters):
+        placed = {node.name: (model.hypervisors[state.nodes[node.name].hypervisor], state.nodes[node.name])
+                  for node in model.nodes_of(name) if node.name in state.nodes}
+        _freeze_cluster_flags(state, name, model, placed)
+
+
+def _freeze_cluster_flags(state: State, cluster: str, model: RepoModel,
+                          placed: dict[str, tuple[Hypervisor, NodeRecord]]) -> None:
+    """Give every controlplane node of `cluster` its etcd --initial-cluster flags, once.
+
+    A cluster with no recorded members bootstraps all its controlplane nodes
+    together (`new`). Later nodes join an existing cluster one at a time, in
+    name order (`existing`), each listing the surviving members, the nodes
+    that joined before it in this round, and itself. A member that moves to another hypervisor
+    (`NodeRecord.moved_from`) joins again the same way, beside its old member when that one stays until
+    the new one votes (`NodeRecord.leaving_peer`).
+    """
+    desired = sorted(n for n in placed if model.nodes[n].role == CONTROLPLANE)
+    peer = {n: etcd_member(placed[n][0], model.nodes[n], placed[n][1]).peer_url for n in desired}
+    cluster_record = state.clusters.get(cluster)  # (none yet: a new cluster, whose authorities come next)
+    recorded = cluster_record.etcd_members if cluster_record is not None else []
+    if not recorded:
+        initial = ",".join(f"{n}={peer[n]}" for n in desired)
+        for n in desired:
+            record = placed[n][1]
+            if not record.etcd_initial_cluster:
+                record.etcd_initial_cluster, record.etcd_initial_state = initial, "new"
+        return
+    moving = {n for n in desired if placed[n][1].moved_from}  # joining again from a new place
+    members = [n for n in recorded if n in peer and n not in moving]
+    # a learner-first move joins beside its old member, which etcd still counts (listed under another name:
+    # etcd matches an existing cluster's members by peer URL, and a name may appear only once)
+    leaving = [f"{n}.{placed[n][1].leaving_from}={placed[n][1].leaving_peer}" for n in desired
+               if n in moving and placed[n][1].leaving_peer]
+    for n in desired:
+        if n in recorded and n not in moving:
+            continue
+        members.append(n)
+        record = placed[n][1]
+        if not record.etcd_initial_cluster:
+            record.etcd_initial_cluster = ",".join([*(f"{m}={peer[m]}" for m in sorted(members)), *leaving])
+            record.etcd_initial_state = "existing"
 
 
 class _Spread:

@@ -1,13 +1,12 @@
-"""Each cluster's part of a plan (pure), one stage after another: its inputs (`gitops.plan.diff.cluster_inputs`),
-compared (`diff.compare`), a pending restore or a recovery put first (`gitops.plan.restore`,
-`gitops.plan.recovery`), rolled out (`gitops.plan.rollout`: gates and order), then the etcd upkeep of a cluster
-the plan leaves alone (`gitops.plan.upkeep`). Each cluster is planned once per content of its inputs
-(`CLUSTER_DIFFS`).
+"""Each cluster's part of a plan (pure), one stage after another: its inputs (`gitops.plan.inputs`); a pending
+restore or a recovery decided, and the cluster as it leaves it (`gitops.plan.restore`, `gitops.plan.recovery`);
+that compared (`gitops.plan.diff`) and rolled out (`gitops.plan.rollout`: gates and order); the restore's or the
+recovery's own actions put first; then the etcd upkeep of a cluster the plan leaves alone
+(`gitops.plan.upkeep`). Each cluster is planned once per content of its inputs (`CLUSTER_DIFFS`).
 """
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from gitops.compile.desired import DesiredState
@@ -15,7 +14,8 @@ from gitops.memo import Memo
 from gitops.observe.types import ObservedState
 from gitops.plan import recovery, restore
 from gitops.plan.actions import Action, Plan, Unknown, UnknownKind
-from gitops.plan.diff import ClusterInputs, DiffOptions, cluster_inputs, compare, unreachable
+from gitops.plan.diff import DiffOptions, compare
+from gitops.plan.inputs import ClusterInputs, cluster_inputs, unreachable
 from gitops.plan.rollout import ordered, roll_out
 from gitops.plan.upkeep import leaves_etcd_alone, upkeep
 from gitops.state.records import State
@@ -30,12 +30,13 @@ def plan_nodes(desired: DesiredState, observed: ObservedState, state: State, opt
     cluster's first certificate renewal time."""
     now = now or dt.datetime.now(dt.timezone.utc)
     down = set(observed.unreachable)
+    every = cluster_inputs(desired, observed, state, down, set(observed.lost))
     unknowns = tuple(unreachable(name, observed, desired, state) for name in sorted(down))
     actions: list[Action] = []
     warnings: list[tuple[str, str]] = []
     settings = repr(options)
     unchecked: list[str] = []
-    for inputs in cluster_inputs(desired, observed, state, down, set(observed.lost)):
+    for inputs in every:
         if inputs.cluster in skip:
             continue
         part = CLUSTER_DIFFS.get(inputs.key(settings), lambda: _cluster_plan(inputs, options, now),
@@ -78,33 +79,21 @@ CLUSTER_DIFFS: Memo[bytes, ClusterDiff] = Memo(maxsize=1 << 16)
 
 
 def _cluster_plan(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
-    if inputs.record is not None and inputs.record.forcing:
-        return _recovery_plan(inputs, options, now)
-    value = restore.pending(inputs)
+    """One cluster's stages: a recovery under way (its survivor's etcd rebuilt first) or a pending restore
+    that can run (one that waits says why) decided, the cluster compared and rolled out as it leaves it,
+    then the recovery's or the restore's own actions put first."""
+    timeout = options.health_timeout
+    forcing = inputs.record is not None and bool(inputs.record.forcing)
+    value = "" if forcing else restore.pending(inputs)
     waits = restore.hold(inputs, value) if value else ""
-    if value and not waits:
-        return _restore_plan(inputs, value, options, now)
+    restoring = bool(value) and not waits
+    view = (restore.stopped_view(inputs) if restoring
+            else recovery.stopped_view(inputs) if forcing else inputs)
+    found = compare(view, options, now)
+    actions, held = roll_out(view, found.actions, found.keepers, timeout)
+    if forcing:
+        actions = recovery.recover_action(inputs, actions, timeout)
+    if restoring:
+        actions = [restore.restore_action(inputs, value), *restore.restart_gates(view, actions, timeout)]
     waiting = ((min(inputs.record.etcd_members), waits),) if waits and inputs.record else ()
-    return _diff(inputs, options, now, waiting=waiting)
-
-
-def _diff(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime,
-          then: Callable[[list[Action]], list[Action]] = lambda actions: actions,
-          waiting: tuple[tuple[str, str], ...] = ()) -> ClusterDiff:
-    """`inputs` compared and rolled out, the actions passed through `then`, with (node, warning)s `waiting`."""
-    found = compare(inputs, options, now)
-    actions, held = roll_out(inputs, found.actions, found.keepers, options.health_timeout)
-    return ClusterDiff(tuple(then(actions)), (*found.warnings, *held, *waiting), now, found.until, found.unchecked)
-
-
-def _recovery_plan(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
-    """The survivor's etcd rebuilt first, then the cluster's diff against it (`gitops.plan.recovery`)."""
-    return _diff(recovery.stopped_view(inputs), options, now,
-                 then=lambda actions: recovery.recover_action(inputs, actions, options.health_timeout))
-
-
-def _restore_plan(inputs: ClusterInputs, value: str, options: DiffOptions, now: dt.datetime) -> ClusterDiff:
-    """The restore, then the cluster's diff against what it leaves (`gitops.plan.restore`)."""
-    view = restore.stopped_view(inputs)
-    return _diff(view, options, now, then=lambda actions: [
-        restore.restore_action(inputs, value), *restore.restart_gates(view, actions, options.health_timeout)])
+    return ClusterDiff(tuple(actions), (*found.warnings, *held, *waiting), now, found.until, found.unchecked)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from gitops.compile.desired import (
     AFTER_APPLY,
@@ -21,14 +20,11 @@ from gitops.compile.desired import (
     DesiredCluster,
     DesiredContainer,
     DesiredPod,
-    DesiredState,
 )
-from gitops.hostport import host_port
-from gitops.memo import key_of
 from gitops.model.components import CONTROLPLANE, reload_of
-from gitops.observe.types import ObservedContainer, ObservedEtcd, ObservedPod, ObservedState, SnapshotListing
+from gitops.observe.types import ObservedContainer, ObservedPod
 from gitops.pki.facts import certificate_facts
-from gitops.plan.actions import Action, Kind, Unknown, UnknownKind
+from gitops.plan.actions import Action, Kind
 from gitops.plan.payloads import (
     CreateContainer,
     CreatePod,
@@ -40,7 +36,8 @@ from gitops.plan.payloads import (
     WriteFiles,
 )
 from gitops.pods import AGENT, FILES, SPEC_HASH, NodeFiles, reloaded_file, reloaded_record, reloaded_to
-from gitops.state.records import ClusterRecord, NodeRecord, State
+from gitops.plan.inputs import ClusterInputs
+from gitops.state.records import ClusterRecord
 
 MAX_LISTED_CHANGES = 6
 _PEM_END = "-----END CERTIFICATE-----"
@@ -52,102 +49,6 @@ class DiffOptions:
     #: seconds an etcd step or an API server replacement waits for health (spec.rollout.healthTimeoutSeconds;
     #: `gitops.plan.rollout` reads it)
     health_timeout: int = 60
-
-
-@dataclass(slots=True)
-class ClusterInputs:
-    """Everything the diff (and the rollout) of one cluster reads: its desired pods and members, the
-    observed pods of its nodes (and of nodes that left the repo but were labeled with it), its record, the
-    hypervisors its recorded etcd members were placed on, and which of the hypervisors it involves are
-    unreachable."""
-
-    cluster: str
-    wants: list[DesiredPod]  # by node
-    want: DesiredCluster | None
-    #: observed pods by node, each node's pods in observation order
-    have: dict[str, list[ObservedPod]]
-    record: ClusterRecord | None
-    members_on: tuple[tuple[str, str], ...]  # (recorded etcd member, its recorded hypervisor)
-    down: frozenset[str]
-    #: its snapshots, listed while its spec.restore is pending (None: not listed)
-    snapshots: SnapshotListing | None = None
-    #: recorded etcd members that move to another hypervisor, not voting from there yet
-    moving: frozenset[str] = frozenset()
-    #: the hypervisors it involves that are marked lost (spec.lost): nothing is planned there
-    lost: frozenset[str] = frozenset()
-    #: its etcd's space and alarms (for its upkeep, decided apart from the memoized diff: not in `key`)
-    etcd: ObservedEtcd | None = None
-    #: members moving learner-first: (node, hypervisor, peer URL) of the old member, removed once the new
-    #: one votes
-    leaving: tuple[tuple[str, str, str], ...] = ()
-    #: (node, client URL) of those old members, where known (`NodeRecord.leaving_ports`): they vote until
-    #: removed, so a membership change meanwhile asks them there
-    leaving_clients: tuple[tuple[str, str], ...] = ()
-
-    def key(self, settings: str) -> bytes:
-        """A digest of the inputs (`settings`: the diff options as text): content digests of the pods
-        and members (each computed once per object), the parts of the record the diff reads."""
-        record = self.record
-        parts = [settings, self.cluster, self.want.content_digest if self.want is not None else None]
-        if record is not None:
-            parts.append("\n".join(record.etcd_members))
-            parts.append("\n".join(record.etcd_learners))
-            for role, authority in sorted(record.authorities.items()):
-                parts += (role, authority.cert_pem)
-        parts.append(repr((self.members_on, sorted(self.down), self.snapshots, sorted(self.moving), sorted(self.lost),
-                           self.leaving, self.leaving_clients,
-                           (record.restored, record.forcing) if record is not None else None)))
-        parts += [p.content_digest for p in self.wants]
-        for node in sorted(self.have):
-            parts.append(f"{node}:{len(self.have[node])}")
-            parts += [p.content_digest for p in self.have[node]]
-        return key_of(*parts)
-
-
-def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
-                   down: set[str], lost: set[str] = frozenset()) -> list[ClusterInputs]:
-    """The diff's inputs split by cluster. An observed pod goes with its node's desired cluster, or,
-    when its node left the repo, with the cluster it is labeled with."""
-    wants: dict[str, list[DesiredPod]] = {}
-    for pod in desired.pods.values():
-        wants.setdefault(pod.cluster, []).append(pod)
-    have: dict[str, dict[str, list[ObservedPod]]] = {}
-    pods = desired.pods
-    for hv in observed.hypervisors.values():
-        for seen in hv.pods:
-            want = pods.get(seen.node)
-            have.setdefault(want.cluster if want else seen.cluster, {}).setdefault(seen.node, []).append(seen)
-    out = []
-    nodes = state.nodes
-    for cluster in sorted(wants.keys() | have.keys() | state.clusters.keys()):
-        record = state.clusters.get(cluster)
-        members_on = () if record is None else tuple(  # a moving member is still where it was, until removed
-            (n, (nodes[n].moved_from or nodes[n].hypervisor) if n in nodes else "") for n in record.etcd_members)
-        moving = frozenset() if record is None else frozenset(
-            n for n in record.etcd_members if n in nodes and nodes[n].moved_from)
-        leaving = () if record is None else tuple(
-            (n, nodes[n].leaving_from, nodes[n].leaving_peer) for n in record.etcd_members
-            if n in nodes and nodes[n].leaving_peer)
-        leaving_clients = tuple((n, url) for n, _, _ in leaving if (url := _old_client_url(nodes[n])))
-        mine = wants.get(cluster, [])
-        involved = gone = frozenset()
-        if down or lost:
-            where = {p.hypervisor for p in mine} | {hv for _, hv in members_on}
-            involved, gone = frozenset(down & where), frozenset(lost & where)
-        out.append(ClusterInputs(cluster, mine, desired.clusters.get(cluster), have.get(cluster, {}), record,
-                                 members_on, involved, observed.snapshots.get(cluster), moving, gone,
-                                 observed.etcd.get(cluster), leaving, leaving_clients))
-    return out
-
-
-def _old_client_url(record: NodeRecord) -> str:
-    """The client URL of a node's old member during a learner-first move: its peer URL's host, its old
-    client port ("" when the record has no old ports: written by an older build)."""
-    port = record.leaving_ports.get("etcd-client")
-    host = urlsplit(record.leaving_peer).hostname if record.leaving_peer else None
-    if not port or not host:
-        return ""
-    return f"https://{host_port(host, port)}"
 
 
 @dataclass(frozen=True)
@@ -211,13 +112,6 @@ def _keepers(inputs: ClusterInputs, desired: dict[str, DesiredPod], prune: bool,
             if pod is not best:
                 actions.append(_remove_pod(pod, "duplicate pod of the same node"))
     return keepers
-
-
-def unreachable(name: str, observed: ObservedState, desired: DesiredState, state: State) -> Unknown:
-    """An unreachable hypervisor: the nodes placed there, and those recorded there that left the repo."""
-    nodes = {p.node for p in desired.on(name)}
-    nodes |= {node for node, record in state.nodes.items() if record.hypervisor == name}
-    return Unknown(UnknownKind.HYPERVISOR, name, observed.hypervisors[name].error, tuple(sorted(nodes)))
 
 
 def _remove_pod(pod: ObservedPod, reason: str, prune: bool = False, wipe: bool = False,
@@ -488,5 +382,5 @@ def certificate_problem(spec: CertificateSpec, files: NodeFiles, ca_pem: str | N
     return None
 
 
-__all__ = ["ClusterInputs", "Compared", "DiffOptions", "compare", "cluster_inputs", "unreachable",
+__all__ = ["Compared", "DiffOptions", "compare",
            "certificate_problem", "certificates_read", "changed_fields"]

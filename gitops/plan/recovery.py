@@ -16,7 +16,7 @@ from gitops.model.components import ETCD
 from gitops.model.resources import RepoModel
 from gitops.observe.types import ObservedState
 from gitops.plan.actions import Action, Kind
-from gitops.plan.diff import ClusterInputs
+from gitops.plan.inputs import ClusterInputs
 from gitops.plan.payloads import CreateContainer, RecoverEtcd
 from gitops.pods import AGENT
 from gitops.state.records import State

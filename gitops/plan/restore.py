@@ -18,7 +18,7 @@ from gitops.model.components import APISERVER, ETCD, restore_stopped
 from gitops.model.resources import LATEST
 from gitops.observe.types import ObservedPod
 from gitops.plan.actions import Action, Kind
-from gitops.plan.diff import ClusterInputs
+from gitops.plan.inputs import ClusterInputs
 from gitops.plan.payloads import ApiReady, CreateContainer, EtcdHealth, PodRef, RestoreEtcd, RestoreMember
 from gitops.pods import (
     AGENT,

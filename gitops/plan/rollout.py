@@ -17,7 +17,7 @@ from gitops.model.components import APISERVER, CONTROLPLANE, ETCD, ETCD_MEMBER, 
 from gitops.nodefiles import AFTER_APPLY
 from gitops.observe.types import ObservedPod
 from gitops.plan.actions import Action, Kind
-from gitops.plan.diff import ClusterInputs
+from gitops.plan.inputs import ClusterInputs
 from gitops.plan.payloads import ApiReady, BackupEtcd, CreateContainer, EtcdHealth, EtcdMemberChange, Remove
 from gitops.pods import AGENT
 
