@@ -526,7 +526,7 @@ class Controller:
 
         def write(branch: StatusBranch) -> None:
             files = commit_documents(report, record, model, compiled.desired, observed, sip, placements,
-                                     branch.read, now, self.store.state.rollout)
+                                     branch.read, now, self.store.state)
             files.update(converged_files(last, model, config, self.store.state, files))
             files.update(kubeconfig_files(compiled.desired, self.store.state, self.sealer,
                                           config.kubeconfig_recipients, branch.read))

@@ -43,7 +43,7 @@ def test_copy_is_deep_and_misses_no_field():
                                       retired_service_account_keys=["OLD"], ca_generation=2,
                                       rotation=CARotation(3, "drop-old", {"etcd": CertRecord("NEW", "NK")},
                                                           {"etcd": "CROSS"}), restored="latest", recovered="n1", forcing="n1",
-                                     virtual_ip="10.0.5.200", vrrp_id=7)},
+                                     virtual_ip="10.0.5.200", vrrp_id=7, commit="c0ffee")},
         nodes={"n1": NodeRecord("c1", "hv-1", {"etcd-client": 31000}, "n1=https://x:1", "new", "hv-0", "hv-0",
                                    "https://x:0", {"etcd-client": 30000})},
         sip_labels={"metal3/host-1": {"role": "lb", "gone": None}},
@@ -78,7 +78,7 @@ def test_copy_is_deep_and_misses_no_field():
                                                  ca_generation=2, rotation=CARotation(
                                                      3, "drop-old", {"etcd": CertRecord("NEW", "NK")},
                                                      {"etcd": "CROSS"}), restored="latest", recovered="n1", forcing="n1",
-                                     virtual_ip="10.0.5.200", vrrp_id=7)
+                                     virtual_ip="10.0.5.200", vrrp_id=7, commit="c0ffee")
     assert state.nodes["n1"].ports == {"etcd-client": 31000} and state.nodes["n1"].leaving_ports == {"etcd-client": 30000}
     assert state.sip_labels == {"metal3/host-1": {"role": "lb", "gone": None}}
     assert state.hypervisor_ca == CertRecord("HVCA", "HVKEY")

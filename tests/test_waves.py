@@ -162,3 +162,24 @@ def _text(plan: Plan) -> str:
     out = io.StringIO()
     render_text(plan, Console(file=out, width=400))
     return out.getvalue()
+
+
+def test_apply_records_the_commit_each_cluster_runs_from_its_first_action(tmp_path):
+    """A fleet may run two commits (a rollout in progress or halted): each cluster's record says which one its
+    last applied plan came from, saved even when the action then fails."""
+    from gitops.apply.executor import ApplyError, Connections, execute
+    from gitops.plan.actions import Action
+    from gitops.plan.payloads import LabelHost
+    from gitops.state.records import ClusterRecord
+    from gitops.state.store import LocalDirStore
+
+    store = LocalDirStore(tmp_path)
+    state = State(clusters={"team-a": ClusterRecord(commit="old"), "team-b": ClusterRecord(commit="old")})
+    store.save(state)
+    wrong = Action(Kind.ADVANCE_CA_ROTATION, "", "team-a", "", payload=LabelHost("host-1", (), ()))
+    with pytest.raises(ApplyError):
+        execute(Plan((wrong,), source="c0ffee"), state, Connections(cri=lambda name: None, hosts=lambda s: None),
+                store)
+    saved = store.load()
+    assert (saved.clusters["team-a"].commit, saved.clusters["team-b"].commit) == ("c0ffee", "old")
+    assert "commit" not in repr(saved.clusters["team-a"])  # nothing a cluster is compiled from

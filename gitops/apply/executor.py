@@ -40,13 +40,15 @@ def execute(plan: Plan, state: State, connections: Connections, store: StateStor
     run = Run(state.copy(), connections, store)
     run.fence, run.should_stop = fence, should_stop
     try:
-        return _run(run, plan.actions, should_stop, progress)
+        return _run(run, plan.actions, should_stop, progress, plan.source)
     finally:
+        if run.unsaved:
+            run.save()
         run.close()
 
 
 def _run(run: Run, actions: tuple[Action, ...], should_stop: Callable[[], bool],
-         progress: Progress | None) -> Execution:
+         progress: Progress | None, source: str = "") -> Execution:
     outcome = run.outcome
     for index, action in enumerate(actions):
         if should_stop():
@@ -59,6 +61,7 @@ def _run(run: Run, actions: tuple[Action, ...], should_stop: Callable[[], bool],
             outcome.stopped, outcome.fenced = True, refused
             return outcome
         _report(progress, index, len(actions), action, "start")
+        _runs(run, action, source)
         began = time.monotonic()
         try:
             expected = KINDS[action.kind].payload
@@ -83,6 +86,14 @@ def _run(run: Run, actions: tuple[Action, ...], should_stop: Callable[[], bool],
         outcome.executed.append(action)
         _report(progress, index, len(actions), action, "done")
     return outcome
+
+
+def _runs(run: Run, action: Action, source: str) -> None:
+    """Record that `action`'s cluster now runs commit `source` (saved with the run's next save)."""
+    record = run.state.clusters.get(action.cluster) if source else None
+    if record is not None and record.commit != source:
+        record.commit = source
+        run.unsaved = True
 
 
 def _report(progress: Progress | None, index: int, total: int, action: Action, status: str) -> None:

@@ -93,6 +93,8 @@ class Run:
         self.fence: Fence | None = None
         #: asked during long waits (a soak): True ends the run as stopped
         self.should_stop: Callable[[], bool] = lambda: False
+        #: the state changed since the last save in a way no handler saves (a cluster's running commit)
+        self.unsaved = False
         #: rollout waves being watched, by name (`gitops.apply.waves`: each has a stop())
         self.watches: dict[str, Any] = {}
 
@@ -110,6 +112,7 @@ class Run:
 
     def save(self) -> None:
         self.store.save(self.state)
+        self.unsaved = False
 
     def pod(self, action: Action, ref: PodRef) -> PodRef:
         """The pod's ids: from the plan, or from the `create-pod` action that ran earlier in this plan."""

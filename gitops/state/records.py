@@ -79,6 +79,9 @@ class ClusterRecord:
     virtual_ip: str = ""
     #: that address's VRRP router id (1-255, unique in the fleet; 0 without a virtual IP)
     vrrp_id: int = 0
+    #: the commit whose plan last changed the cluster: the one it runs ("" before any; with waves, clusters of
+    #: one fleet may run different commits). Not part of what the cluster is compiled from (no repr).
+    commit: str = field(default="", repr=False)
 
     def copy(self) -> ClusterRecord:
         """A deep copy (new records, dicts and lists; the strings are shared)."""
@@ -96,6 +99,7 @@ class ClusterRecord:
             forcing=self.forcing,
             virtual_ip=self.virtual_ip,
             vrrp_id=self.vrrp_id,
+            commit=self.commit,
         )
 
     def restore_pending(self, snapshot: str | None) -> bool:
@@ -252,7 +256,7 @@ class State:
         if data["rollout"] is None:
             del data["rollout"]  # (no waves yet: as above)
         for record in data["clusters"].values():
-            for name in ("restored", "recovered", "forcing", "virtual_ip", "vrrp_id"):
+            for name in ("restored", "recovered", "forcing", "virtual_ip", "vrrp_id", "commit"):
                 if not record[name]:
                     del record[name]  # (never done: state files written before these fields stay as they were)
         for record in data["nodes"].values():
@@ -290,6 +294,7 @@ class State:
                 forcing=str(raw.get("forcing", "")),
                 virtual_ip=str(raw.get("virtual_ip", "")),
                 vrrp_id=int(raw.get("vrrp_id", 0)),
+                commit=str(raw.get("commit", "")),
             )
         nodes = {name: NodeRecord(**raw) for name, raw in data.get("nodes", {}).items()}
         sip_labels = {host: dict(labels) for host, labels in data.get("sip_labels", {}).items()}
@@ -344,6 +349,7 @@ STATE_SCHEMA: dict[str, Any] = {
             "forcing": _STR,
             "virtual_ip": _STR,
             "vrrp_id": {"type": "integer", "minimum": 0, "maximum": 255},
+            "commit": _STR,
             "rotation": {"anyOf": [{"type": "null"}, {
                 "type": "object", "required": ["generation", "phase"],
                 "properties": {"generation": _INT, "phase": {"enum": list(ROTATION_PHASES)},

@@ -19,7 +19,7 @@ from gitops.observe.types import ObservedState
 from gitops.plan import converged
 from gitops.plan.converged import Converged, blob_id
 from gitops.sip.selection import HostSelection
-from gitops.state.records import RolloutRecord, State
+from gitops.state.records import State
 from gitops.status.reader import APPLY, ROLLOUT, SOURCE, converged_path, kubeconfig_path
 from gitops.status.report import Outcome, resource_documents, rollout_document, sip_documents, source_document
 from gitops.status.sealed_state import Sealer
@@ -37,18 +37,19 @@ def placements_of(state: State) -> Placements:
 def commit_documents(outcome: Outcome, record: bytes | None, model: RepoModel, desired: DesiredState,
                      observed: ObservedState, sip: HostSelection, placements: Placements,
                      previous: Callable[[str], bytes | None], now: dt.datetime,
-                     rollout: RolloutRecord | None = None) -> dict[str, bytes]:
+                     state: State | None = None) -> dict[str, bytes]:
     """Source status, the live snapshot, the apply record (`record`, else the branch's previous one, kept),
-    the last rollout through waves, and the status of every resource; `previous` reads the branch's files as
-    they are."""
+    the last rollout through waves and the commit each cluster runs (from the recorded `state`), and the status
+    of every resource; `previous` reads the branch's files as they are."""
     files = {SOURCE: source_document(outcome, previous, now), **snapshot_files(observed)}
     kept = previous(APPLY)
     if record is not None or kept is not None:
         files[APPLY] = record if record is not None else kept
-    waves = rollout_document(rollout)
+    waves = rollout_document(state.rollout if state is not None else None)
     if waves is not None:
         files[ROLLOUT] = waves
-    files.update(resource_documents(model, desired, observed, outcome, previous, now, placements))
+    running = {name: r.commit for name, r in state.clusters.items() if r.commit} if state is not None else {}
+    files.update(resource_documents(model, desired, observed, outcome, previous, now, placements, running))
     files.update(sip_documents(model, sip, outcome, previous, now, desired, placements))
     return files
 

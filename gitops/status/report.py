@@ -9,7 +9,7 @@ controllers) which replica holds a shard and how its last reconcile went.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -195,12 +195,14 @@ class Phase:
 
 def resource_documents(model: RepoModel, desired: DesiredState, observed: ObservedState, outcome: Outcome,
                        previous: Callable[[str], bytes | None], now: dt.datetime,
-                       placements: dict[str, tuple[str, dict[str, int]]]) -> dict[str, bytes]:
-    """status/<Kind>/<name>.yaml for every Cluster, Node and Hypervisor of the applied model."""
+                       placements: dict[str, tuple[str, dict[str, int]]],
+                       running: Mapping[str, str] | None = None) -> dict[str, bytes]:
+    """status/<Kind>/<name>.yaml for every Cluster, Node and Hypervisor of the applied model; `running`: the
+    commit each cluster runs, as recorded (the commit in force where it is not)."""
     nodes = _node_documents(model, desired, observed, outcome, previous, now, placements)
     node_phase = {name: phase for name, (phase, _) in nodes.items()}
     out = {rel: doc for _, (_, (rel, doc)) in nodes.items()}
-    out.update(_cluster_documents(model, desired, node_phase, outcome, previous, now, observed))
+    out.update(_cluster_documents(model, desired, node_phase, outcome, previous, now, observed, running or {}))
     out.update(_hypervisor_documents(model, observed, previous, now, placements))
     return out
 
@@ -328,7 +330,7 @@ def workers_status(observed: ObservedState, cluster: str) -> dict[str, Any]:
 
 def _cluster_documents(model: RepoModel, desired: DesiredState, node_phases: dict[str, str], outcome: Outcome,
                        previous: Callable[[str], bytes | None], now: dt.datetime,
-                       observed: ObservedState) -> dict[str, bytes]:
+                       observed: ObservedState, running: Mapping[str, str]) -> dict[str, bytes]:
     out = {}
     pods: dict[str, list[ObservedPod]] = {}
     for pod in observed.pods():
@@ -342,6 +344,8 @@ def _cluster_documents(model: RepoModel, desired: DesiredState, node_phases: dic
             "phase": phase.phase,
             "version": model.clusters[name].kubernetes_version,
             "observedSourceSHA": outcome.applied_sha,
+            # the commit whose plan last changed it (with waves, a fleet may run two commits)
+            "runningSHA": running.get(name) or outcome.applied_sha,
             "conditions": [condition("Ready", phase.ready, phase.reason, phase.message,
                                      _previous_conditions(previous, rel), now),
                            *_etcd_condition(desired.clusters.get(name), observed.etcd.get(name),

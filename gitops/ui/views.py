@@ -100,7 +100,7 @@ def fleet(source: SourceStatus, clusters: Mapping[str, Doc], nodes: Mapping[str,
                          else ("expired" if expiry else "")),
             cert_expiry_soon=bool(expiry and (expiry - now) < dt.timedelta(days=30)),
             backup=_ago(last, now) if last else ("none" if backup else ""), backup_failed=failed,
-            applied_sha=str(status.get("observedSourceSHA", ""))))
+            applied_sha=str(status.get("runningSHA") or status.get("observedSourceSHA", ""))))
     hvs = []
     for name, doc in sorted(hypervisors.items()):
         status = _status(doc)
