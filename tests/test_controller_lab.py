@@ -9,6 +9,7 @@ command. The tests share one lab and one origin; each first brings about what it
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import http.client
 import json
 import os
@@ -627,3 +628,166 @@ def test_an_exited_scheduler_is_started_again_within_5_seconds_not_at_the_next_p
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     assert "waking the loop: a component exited" in err, err[-3000:]
+
+
+# ---------------------------------------------------------------------------------- rollouts in waves (#46)
+
+WAVES = """  rollout:
+    waves:
+      - name: canary
+        selector: {matchLabels: {owner: team-a}}
+        soakSeconds: 5
+      - name: rest
+        soakSeconds: 5
+    slo:
+      minSuccessRatio: 0.999
+"""
+
+
+def with_waves(loop: Loop) -> None:
+    """Both clusters run, and gitops.yaml rolls team-a (the canary) before team-b."""
+    loop.with_cluster("team-b")
+    config = loop.work / "gitops.yaml"
+    if "rollout:" not in config.read_text():
+        config.write_text(config.read_text() + WAVES)
+        loop.push("roll out in waves: team-a first")
+    loop.converged()
+
+
+def api_server_args(loop: Loop, args: dict[str, str]) -> None:
+    """Both clusters' kube-apiservers get exactly `args` as spec.apiServer.extraArgs."""
+    for name in ("team-a", "team-b"):
+        path = loop.work / "clusters" / name / "cluster.yaml"
+        doc = yaml.safe_load(path.read_text())
+        if args:
+            doc["spec"]["apiServer"]["extraArgs"] = dict(args)
+        else:
+            doc["spec"]["apiServer"].pop("extraArgs", None)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def cluster_request(loop: Loop, cluster: str, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    """One request to the cluster's API through its ingress, as its admin (the status branch's kubeconfig)."""
+    host, port, context = admin_tls(yaml.safe_dump(decrypt_kubeconfig(loop, cluster)))
+    conn = http.client.HTTPSConnection(host, int(port), context=context, timeout=10)
+    try:
+        conn.request(method, path, json.dumps(body) if body is not None else None,
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def cluster_containers(loop: Loop, cluster: str) -> list[tuple[str, int]]:
+    """(id, created) of every container gitops runs for `cluster`."""
+    out = []
+    for hv in loop.lab.hypervisors:
+        with CRIClient(hv.local().cri_endpoint()) as client:
+            out += [(c.id, c.created_at) for c in client.list_containers({MANAGED: MANAGER})
+                    if c.labels.get(NODE, "").startswith(f"{cluster}-")]
+    return sorted(out)
+
+
+def running(loop: Loop, cluster: str) -> str:
+    """The commit the cluster runs, as the status branch says."""
+    return yaml.safe_load(loop.status_file(f"status/Cluster/{cluster}.yaml"))["status"]["runningSHA"]
+
+
+def rollout_status(loop: Loop) -> dict:
+    return yaml.safe_load(loop.status_file("status/rollout.yaml"))["status"]
+
+
+def test_a_change_that_breaks_clients_halts_at_the_canary_which_is_put_back_with_its_objects(loop):
+    """issue #46: kube-apiserver --etcd-prefix changed: /readyz passes, objects are gone from the API's answers.
+    The canary wave halts, team-b is never touched, and the next reconcile puts team-a back."""
+    with_waves(loop)
+    good = loop.source()["appliedSHA"]
+    kept = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kept"}, "data": {"written": "before"}}
+    status, _ = cluster_request(loop, "team-a", "POST", "/api/v1/namespaces/default/configmaps", kept)
+    assert status in (201, 409), status
+    team_b = cluster_containers(loop, "team-b")
+    api_server_args(loop, {"etcd-prefix": "/elsewhere"})
+    bad = loop.push("every API server reads another etcd prefix")
+    result = loop.reconcile(check=False)
+    assert result.returncode == 1 and result.stdout.startswith("Halted: "), result.stdout + result.stderr[-2000:]
+    source = loop.source()
+    assert (source["result"], source["lastSeenSHA"], source["appliedSHA"]) == ("Halted", bad, good)
+    rollout = rollout_status(loop)
+    assert (rollout["commit"], rollout["phase"]) == (bad, "Halted")
+    assert (rollout["halted"]["wave"], rollout["halted"]["cluster"]) == ("canary", "team-a")
+    assert "success ratio" in rollout["halted"]["reason"], rollout
+    figures = rollout["waves"][0]["clusters"]["team-a"]
+    print("halted:", figures)
+    assert figures["failed"] > 0 and figures["requests"] > figures["failed"]
+    assert [w["name"] for w in rollout["waves"]] == ["canary"]  # the rest never started
+    assert cluster_containers(loop, "team-b") == team_b
+    assert running(loop, "team-a") == bad and running(loop, "team-b") not in ("", bad)  # a fleet at two commits
+    record = yaml.safe_load(loop.status_file("status/apply.yaml"))["status"]
+    assert record["sha"] == bad
+    failed = [(a["kind"], a["subject"]) for a in record["actions"] if a["result"] == "Failed"]
+    assert failed == [("soak-wave", "canary")], failed
+    assert all(a["result"] == "NotRun" for a in record["actions"] if a["subject"].startswith("team-b"))
+    # the next reconcile holds the halted commit like a refused one and puts back the commit in force
+    result = loop.reconcile(check=False)
+    assert result.stdout.startswith("Refused: "), result.stdout
+    source = loop.source()
+    assert (source["result"], source["lastSeenSHA"], source["appliedSHA"]) == ("Refused", bad, good)
+    assert any("rollout halted at wave canary: cluster team-a" in e for e in source["errors"]), source
+    record = yaml.safe_load(loop.status_file("status/apply.yaml"))["status"]
+    assert record["sha"] == good and record["result"] == "Applied", record
+    assert {a["subject"].split("/")[0] for a in record["actions"]} == {"team-a"}
+    assert not any(a["kind"] in ("start-wave", "soak-wave") for a in record["actions"])  # a retreat is not soaked
+    status, found = cluster_request(loop, "team-a", "GET", "/api/v1/namespaces/default/configmaps/kept")
+    assert status == 200 and found["data"] == {"written": "before"}
+    assert running(loop, "team-a") == good
+    assert cluster_containers(loop, "team-b") == team_b
+    # held until a new commit: a revert rolls out again (nothing to do: it is the commit in force)
+    api_server_args(loop, {})
+    loop.push("revert: back to the shared etcd prefix")
+    loop.reconcile()
+    assert loop.source()["result"] == "Applied"
+    assert cluster_containers(loop, "team-b") == team_b
+
+
+def test_a_good_change_rolls_through_both_waves_and_a_controller_killed_in_the_soak_resumes(loop):
+    """issue #46: a harmless flag rolls team-a, soaks, then team-b, soaks. The controller killed during the
+    canary's soak resumes there: the canary is soaked again, then the rest rolls."""
+    with_waves(loop)
+    api_server_args(loop, {"default-watch-cache-size": "101"})
+    sha = loop.push("a bigger watch cache")
+    began = time.monotonic()
+    proc = subprocess.Popen([GITOPS, "reconcile", "--repo", str(loop.origin), "--workdir", str(loop.workdir),
+                             "--identity", str(loop.controller_key)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if '"action start"' in line and '"soak-wave"' in line and '"canary"' in line:
+            time.sleep(1)
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    result = loop.reconcile()
+    assert result.stdout.startswith("Applied: ")
+    record = yaml.safe_load(loop.status_file("status/apply.yaml"))["status"]
+    kinds = [(a["kind"], a["subject"]) for a in record["actions"]]
+    # resumed where it was killed: the canary soaked again before team-b is touched. (Its API servers rolled
+    # before the kill; a controller-manager or scheduler that lost its leader lease meanwhile and exited is
+    # restarted first, and the wave then starts again, as any wave with actions)
+    canary = kinds.index(("soak-wave", "canary"))
+    assert kinds[0] in (("soak-wave", "canary"), ("start-wave", "canary")), kinds
+    assert {s.split("/")[0] for _, s in kinds[1:canary]} <= {"team-a"}
+    assert not any(s.endswith("/kube-apiserver") for _, s in kinds[:canary]), kinds  # not rolled again
+    assert kinds[canary + 1] == ("start-wave", "rest") and kinds[-1] == ("soak-wave", "rest"), kinds
+    assert {s.split("/")[0] for _, s in kinds[canary + 2:-1]} == {"team-b"}
+    assert (running(loop, "team-a"), running(loop, "team-b")) == (sha, sha)
+    rollout = rollout_status(loop)
+    assert (rollout["commit"], rollout["phase"]) == (sha, "Done")
+    assert [(w["name"], w["phase"]) for w in rollout["waves"]] == [("canary", "Soaked"), ("rest", "Soaked")]
+    for wave in rollout["waves"]:
+        took = dt.datetime.fromisoformat(wave["ended"]) - dt.datetime.fromisoformat(wave["started"])
+        for cluster, figures in wave["clusters"].items():
+            print(f"wave {wave['name']} ({took.total_seconds():.0f}s): {cluster}: {figures}")
+            assert figures["failed"] == 0 and figures["success_ratio"] == 1.0, figures
+    print(f"rolled both waves in {time.monotonic() - began:.0f}s")

@@ -183,3 +183,27 @@ def test_apply_records_the_commit_each_cluster_runs_from_its_first_action(tmp_pa
     saved = store.load()
     assert (saved.clusters["team-a"].commit, saved.clusters["team-b"].commit) == ("c0ffee", "old")
     assert "commit" not in repr(saved.clusters["team-a"])  # nothing a cluster is compiled from
+
+
+def test_the_ui_and_gitops_status_show_a_rollout_and_its_halt():
+    """status/rollout.yaml as `gitops status` and the UI's fleet page show it (a halt with its reason; text from
+    the status branch is shown, never interpreted)."""
+    from gitops.cli.controller import rollout_table
+    from gitops.status.report import rollout_document
+    from gitops.ui.views import load_record, rollout_view
+
+    record = RolloutRecord("bad0c0ffee00", [
+        WaveRecord("canary", HALTED, "t0", "t1", {"team-a": {"requests": 244, "failed": 81, "success_ratio": 0.668,
+                                                            "workers_ready_before": 2, "workers_ready_min": 1}},
+                   "success ratio 0.6680 < 0.999 <script>", "team-a")])
+    status = load_record(rollout_document(record))
+    assert status["phase"] == "Halted" and status["halted"]["cluster"] == "team-a"
+    view = rollout_view(status)
+    assert view.halted == "wave canary, cluster team-a: success ratio 0.6680 < 0.999 <script>"
+    assert [(r.wave, r.phase, r.cluster, r.probed, r.failed, r.success, r.workers) for r in view.rows] == [
+        ("canary", "Halted", "team-a", "244", "81", "0.668", "2 -> 1")]
+    out = io.StringIO()
+    Console(file=out, width=200).print(rollout_table(status))
+    assert "rollout of bad0c0ffee00: Halted at wave canary (cluster team-a" in out.getvalue()
+    assert "244" in out.getvalue() and "2 -> 1" in out.getvalue()
+    assert rollout_view(load_record(b"status: [not, a, mapping]")) is None and rollout_view({}) is None
