@@ -125,3 +125,14 @@ def test_an_api_server_not_ready_halts_the_wave(kube, tmp_path):
     state, failure = run_wave(kube, tmp_path, gate(kube, 30, api_servers=(kube.url, closed)))
     assert failure is not None and failure.halted is not None
     assert f"the API server at {closed} is not ready" in failure.halted[2]
+
+
+def test_a_cluster_that_cannot_be_watched_once_its_wave_ran_halts_the_wave(kube, tmp_path):
+    """Its API answered at plan time no longer answers through its ingress at the soak: a breach, not a failure
+    to retry (the wave's changes are made)."""
+    closed = f"https://127.0.33.1:{free_port('127.0.33.1')}"
+    payload = WaveGate("canary", "c0ffee", (WaveCluster("team-x", closed, (), (), serving=False),), 2, 0.999)
+    state, failure = run_wave(kube, tmp_path, payload)
+    assert failure is not None and failure.halted is not None
+    assert failure.halted[1] == "team-x" and f"its API cannot be watched through {closed}" in failure.halted[2]
+    assert state.rollout.halted.breached_cluster == "team-x"

@@ -124,7 +124,10 @@ def start_wave(run: Run, action: Action, p: WaveGate) -> None:
     watch = run.watches.setdefault(p.wave, Watch())
     for c in p.clusters:
         if c.serving:
-            wave.figures[c.cluster] = {"workers_ready_before": _begin(run, watch, c, p)}
+            try:
+                wave.figures[c.cluster] = {"workers_ready_before": _begin(run, watch, c, p)}
+            except ApplyError as err:  # nothing of the wave changed yet: a failure to retry, not a breach
+                raise ApplyError(f"wave {p.wave}: cluster {c.cluster}: {err}") from None
     _put(run, p.commit, wave)
 
 
@@ -134,15 +137,19 @@ def soak_wave(run: Run, action: Action, p: WaveGate) -> None:
     record = _rollout(run, p.commit)
     wave = record.wave(p.wave) or WaveRecord(p.wave, ROLLING, started=_now())
     watch = run.watches.setdefault(p.wave, Watch())
+    breach: tuple[str, str] | None = None
     for c in p.clusters:
         if c.cluster not in watch.probes:
-            before = _begin(run, watch, c, p)
+            try:
+                before = _begin(run, watch, c, p)
+            except ApplyError as err:  # the wave's changes are made: a cluster that cannot be watched breaches
+                breach = (c.cluster, str(err))
+                before = 0
             wave.figures.setdefault(c.cluster, {}).setdefault("workers_ready_before", before)
     _put(run, p.commit, wave)
     checks = {c.cluster: _Checks(run, action, c, p) for c in p.clusters}
     began = time.monotonic()
     deadline = began + p.soak_seconds
-    breach: tuple[str, str] | None = None
     try:
         while breach is None:
             for c in p.clusters:
@@ -244,7 +251,7 @@ def _begin(run: Run, watch: Watch, c: WaveCluster, p: WaveGate) -> int:
         nodes = api.list("/api/v1/nodes")
     except GitopsError as err:
         api.close()
-        raise ApplyError(f"wave {p.wave}: cluster {c.cluster}: cannot start watching it: {err}") from None
+        raise ApplyError(f"its API cannot be watched through {c.server}: {err}") from None
     api.close()
     watch.probes[c.cluster] = Probe(run.api(c.cluster, c.server), p.commit)
     return _ready(nodes)
