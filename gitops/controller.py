@@ -329,7 +329,7 @@ class Controller:
         log.info("state restored", extra={"from": origin, "generation": self.store.generation})
         applied_before = status.reader.applied_sha()
         refused: Outcome | None = None
-        halted = self._halted(revision.sha) if not refusal else ""
+        halted = self._halted(revision.sha, applied_before) if not refusal else ""
         if halted:
             refusal = [halted]
         if refusal:
@@ -357,14 +357,16 @@ class Controller:
         self._remember(target, applied, outcome, refused, scope)
         return outcome
 
-    def _halted(self, sha: str) -> str:
+    def _halted(self, sha: str, in_force: str) -> str:
         """Why `sha` is held: its rollout halted (the recorded state says where), "" when it did not."""
         rollout = self.store.load().rollout
         wave = rollout.halted if rollout is not None and rollout.commit == sha else None
         if wave is None:
             return ""
-        return (f"its rollout halted at wave {wave.name}: cluster {wave.breached_cluster}: {wave.breach} (the "
-                "clusters it reached are put back; a new commit, a fix or a revert, rolls out again)")
+        back = (f"the clusters it reached are put back to {in_force[:12]}" if in_force
+                else "no commit was in force before it: nothing to put back")
+        return (f"its rollout halted at wave {wave.name}: cluster {wave.breached_cluster}: {wave.breach} ({back}; "
+                "a new commit, a fix or a revert, rolls out again)")
 
     def _fetch(self) -> tuple[str, ObservedState | None, Outcome | None]:
         """(the branch tip, the live state observed meanwhile for the commit in force, the last outcome

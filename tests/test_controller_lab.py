@@ -783,7 +783,7 @@ def test_a_good_change_rolls_through_both_waves_and_a_controller_killed_in_the_s
     assert {s.split("/")[0] for _, s in kinds[canary + 2:-1]} == {"team-b"}
     assert (running(loop, "team-a"), running(loop, "team-b")) == (sha, sha)
     rollout = rollout_status(loop)
-    assert (rollout["commit"], rollout["phase"]) == (sha, "Done")
+    assert (rollout["commit"], rollout["phase"]) == (sha, "Soaked")
     assert [(w["name"], w["phase"]) for w in rollout["waves"]] == [("canary", "Soaked"), ("rest", "Soaked")]
     for wave in rollout["waves"]:
         took = dt.datetime.fromisoformat(wave["ended"]) - dt.datetime.fromisoformat(wave["started"])

@@ -64,6 +64,8 @@ def test_gitops_yaml_declares_waves_and_an_slo(waved):
      ["spec.rollout.waves[1].name: wave 'a' is named twice",
       "spec.rollout.waves[1]: wave 'a' comes after wave 'a', which has no selector"]),
     ("  rollout:\n    waves:\n      - name: a\n        soakSeconds: -1\n", ["soakSeconds"]),
+    ("  rollout:\n    waves:\n      - name: a\n        selector: {}\n      - name: b\n",
+     ["spec.rollout.waves[1]: wave 'b' comes after wave 'a', which has no selector (or an empty one)"]),
     ("  rollout:\n    waves:\n      - name: a\n    slo: {minSuccessRatio: 1.5}\n", ["minSuccessRatio"]),
     ("  rollout:\n    waves: [{name: a}]\n  coordination: {mode: shards, shards: 2, kubeconfig: /k}\n",
      ["waves need one controller to roll the whole fleet: not with spec.coordination.mode shards"]),
@@ -132,12 +134,31 @@ def test_a_rollout_stopped_during_a_soak_soaks_that_wave_again_and_no_other(wave
     state, observed = settle(model, config)
     assert make_plan(model, config, state, observed, now=NOW, source="c0ffee").plan.empty
     state.rollout = RolloutRecord("c0ffee", [WaveRecord("canary", SOAKED), WaveRecord("rest", ROLLING)])
+    for record in state.clusters.values():
+        record.commit = "c0ffee"  # the rollout reached both
     plan = make_plan(model, config, state, observed, now=NOW, source="c0ffee").plan
     assert [(a.kind, a.component) for a in plan.actions] == [(Kind.SOAK_WAVE, "rest")]
     assert plan.actions[0].reason.startswith("resumed:")
     assert [c.cluster for c in plan.actions[0].payload.clusters] == ["team-b"]
     # another commit's record says nothing of this one
     assert make_plan(model, config, state, observed, now=NOW, source="beef").plan.empty
+
+
+def test_a_repair_of_the_commit_a_cluster_runs_is_not_soaked_and_cannot_halt_it(waved):
+    """A component restarted on a cluster that already runs the commit: ordered by wave, no start, no soak; a
+    cluster the commit has not reached yet is rolled and soaked."""
+    model, config = waved
+    state, observed = settle(model, config)
+    changed = dataclasses.replace(model, clusters={
+        n: dataclasses.replace(c, api_server_args=(("v", "2"),)) for n, c in model.clusters.items()})
+    state.clusters["team-a"].commit = "c0ffee"
+    plan = make_plan(changed, config, state, observed, now=NOW, source="c0ffee").plan
+    gates = [(a.kind, a.component) for a in plan.actions if a.kind in (Kind.START_WAVE, Kind.SOAK_WAVE)]
+    assert gates == [(Kind.START_WAVE, "rest"), (Kind.SOAK_WAVE, "rest")]
+    assert {a.cluster for a in plan.actions if a.wave == 1} == {"team-a"}  # still in its wave, first
+    # a plan with no source commit (a directory) keeps no record: every changed cluster is soaked
+    plan = make_plan(changed, config, state, observed, now=NOW).plan
+    assert [a.component for a in plan.actions if a.kind == Kind.SOAK_WAVE] == ["canary", "rest"]
 
 
 def test_a_halted_rollout_plans_nothing_of_the_waves_after_the_halt(waved):

@@ -136,3 +136,11 @@ def test_a_cluster_that_cannot_be_watched_once_its_wave_ran_halts_the_wave(kube,
     assert failure is not None and failure.halted is not None
     assert failure.halted[1] == "team-x" and f"its API cannot be watched through {closed}" in failure.halted[2]
     assert state.rollout.halted.breached_cluster == "team-x"
+
+
+def test_a_check_failing_at_the_end_of_a_short_soak_is_watched_until_it_breaches(kube, tmp_path):
+    """soakSeconds 0: an API server down is not let through because the soak ended before three checks."""
+    closed = f"https://127.0.33.1:{free_port('127.0.33.1')}"
+    state, failure = run_wave(kube, tmp_path, gate(kube, 0, api_servers=(kube.url, closed)))
+    assert failure is not None and failure.halted is not None
+    assert f"the API server at {closed} is not ready" in failure.halted[2] and "3 checks in a row" in failure.halted[2]

@@ -120,12 +120,14 @@ class Watch:
 def start_wave(run: Run, action: Action, p: WaveGate) -> None:
     """Record the wave as rolling, write each answering cluster's sentinel, count its Ready workers and start
     probing it."""
-    wave = WaveRecord(p.wave, ROLLING, started=_now())
+    found = _rollout(run, p.commit).wave(p.wave)
+    # started again after a stop on the way: what it measured of the clusters it reached is kept
+    wave = found if found is not None and found.phase == ROLLING else WaveRecord(p.wave, ROLLING, started=_now())
     watch = run.watches.setdefault(p.wave, Watch())
     for c in p.clusters:
         if c.serving:
             try:
-                wave.figures[c.cluster] = {"workers_ready_before": _begin(run, watch, c, p)}
+                wave.figures.setdefault(c.cluster, {})["workers_ready_before"] = _begin(run, watch, c, p)
             except ApplyError as err:  # nothing of the wave changed yet: a failure to retry, not a breach
                 raise ApplyError(f"wave {p.wave}: cluster {c.cluster}: {err}") from None
     _put(run, p.commit, wave)
@@ -147,10 +149,15 @@ def soak_wave(run: Run, action: Action, p: WaveGate) -> None:
                 before = 0
             wave.figures.setdefault(c.cluster, {}).setdefault("workers_ready_before", before)
     _put(run, p.commit, wave)
-    checks = {c.cluster: _Checks(run, action, c, p) for c in p.clusters}
+    # requests counted before a stop on the way (a resumed soak adds to them: the ratio is from the wave's start)
+    base = {c.cluster: (int(wave.figures[c.cluster].get("requests", 0)), int(wave.figures[c.cluster].get("failed", 0)))
+            for c in p.clusters}
+    checks: dict[str, _Checks] = {}
     began = time.monotonic()
     deadline = began + p.soak_seconds
+    rounds = 0
     try:
+        checks.update((c.cluster, _Checks(run, action, c, p)) for c in p.clusters)
         while breach is None:
             for c in p.clusters:
                 before = int(wave.figures[c.cluster]["workers_ready_before"])
@@ -158,32 +165,40 @@ def soak_wave(run: Run, action: Action, p: WaveGate) -> None:
                 if why:
                     breach = (c.cluster, why)
                     break
+            rounds += 1
+            if rounds % 5 == 0:  # a controller killed in the soak keeps what was counted
+                _count(wave, base, watch)
+                _put(run, p.commit, wave)
             left = deadline - time.monotonic()
-            if breach is not None or left <= 0:
+            # a check failing at the deadline is watched on until it clears or breaches (a short soak too)
+            if breach is not None or (left <= 0 and not any(one.strikes for one in checks.values())):
                 break
             refused = run.refused(action)
             if refused:
                 raise ApplyError(f"fenced while soaking wave {p.wave}: {refused}")
             if run.should_stop():
                 raise StopRequested(f"stop requested while soaking wave {p.wave}")
-            time.sleep(min(CHECK_EVERY, left))
+            time.sleep(min(CHECK_EVERY, left) if left > 0 else CHECK_EVERY)
     finally:
         tallies = run.watches.pop(p.wave, watch).stop()
         for one in checks.values():
             one.close()
+    _count(wave, base, watch, tallies)
     for c in p.clusters:
         figures = wave.figures[c.cluster]
         tally = tallies.get(c.cluster, Tally())
-        ratio = (tally.requests - tally.failed) / tally.requests if tally.requests else None
-        figures.update({"requests": tally.requests, "failed": tally.failed,
-                        "success_ratio": round(ratio, 6) if ratio is not None else "none",
-                        "workers_ready_min": checks[c.cluster].workers_min,
+        requests, failed = int(figures["requests"]), int(figures["failed"])
+        ratio = (requests - failed) / requests if requests else None
+        figures.update({"success_ratio": round(ratio, 6) if ratio is not None else "none",
+                        "workers_ready_min": checks[c.cluster].workers_min if c.cluster in checks else "none",
                         "soak_seconds": round(time.monotonic() - began, 1)})
         if tally.errors:
             figures["first_errors"] = " | ".join(tally.errors)[:500]
+        if breach is None and ratio is None and c.server:
+            breach = (c.cluster, f"no probe request reached {c.server}")
         if breach is None and ratio is not None and ratio < p.min_success_ratio:
-            breach = (c.cluster, f"success ratio {ratio:.4f} < {p.min_success_ratio:g}: {tally.failed} of "
-                                 f"{tally.requests} probe requests through its ingress failed ("
+            breach = (c.cluster, f"success ratio {ratio:.4f} < {p.min_success_ratio:g}: {failed} of "
+                                 f"{requests} probe requests through its ingress failed ("
                                  f"{tally.errors[0] if tally.errors else 'no reason given'})")
     wave.ended = _now()
     if breach is not None:
@@ -192,6 +207,15 @@ def soak_wave(run: Run, action: Action, p: WaveGate) -> None:
         raise WaveHalted(p.wave, *breach)
     wave.phase = SOAKED
     _put(run, p.commit, wave)
+
+
+def _count(wave: WaveRecord, base: dict[str, tuple[int, int]], watch: Watch,
+           tallies: dict[str, Tally] | None = None) -> None:
+    """Each cluster's requests and failures so far into the wave's figures: those before a stop on the way
+    (`base`) and the probes' (`tallies` once stopped, else as they run)."""
+    for name, (requests, failed) in base.items():
+        tally = (tallies or {}).get(name) or (watch.probes[name].tally if name in watch.probes else Tally())
+        wave.figures[name].update({"requests": requests + tally.requests, "failed": failed + tally.failed})
 
 
 class _Checks:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gitops.model.build import label_selector
-from gitops.model.config import CONFIG_FILE, Rollout
+from gitops.model.config import CONFIG_FILE, Rollout, Wave
 from gitops.model.diagnostics import Diagnostic
 from gitops.model.repo import LoadedRepo
 
@@ -16,6 +16,11 @@ def wave_of(labels: Mapping[str, str], rollout: Rollout) -> int | None:
         if wave.selector is None or label_selector(wave.selector).matches(dict(labels)):
             return index
     return None
+
+
+def takes_all(wave: Wave) -> bool:
+    """No selector, or one that says nothing (`{}`): every cluster no earlier wave took."""
+    return not wave.selector or not (wave.selector.get("matchLabels") or wave.selector.get("matchExpressions"))
 
 
 def rollout_waves(repo: LoadedRepo) -> list[Diagnostic]:
@@ -30,9 +35,10 @@ def rollout_waves(repo: LoadedRepo) -> list[Diagnostic]:
         if wave.name in seen:
             out.append(doc.error((*where, "name"), f"wave {wave.name!r} is named twice"))
         seen.add(wave.name)
-        if index and rollout.waves[index - 1].selector is None:
+        if index and takes_all(rollout.waves[index - 1]):
             out.append(doc.error(where, f"wave {wave.name!r} comes after wave {rollout.waves[index - 1].name!r}, "
-                                        "which has no selector and takes every cluster left: it would stay empty"))
+                                        "which has no selector (or an empty one) and takes every cluster left: "
+                                        "it would stay empty"))
     if repo.config.coordination.mode == "shards":
         out.append(doc.error(("spec", "rollout", "waves"), "waves need one controller to roll the whole fleet: "
                                                            "not with spec.coordination.mode shards"))

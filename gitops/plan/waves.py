@@ -27,8 +27,14 @@ from gitops.state.records import ROLLING, State
 
 def in_waves(actions: list[Action], model: RepoModel, rollout: Rollout, desired: DesiredState,
              observed: ObservedState, state: State, source: str, timeout: int) -> tuple[list[Action], list[str]]:
-    """`actions` with each Cluster's in its wave and batch, and each changed wave's start and soak; and the
-    warnings: a rollout of this commit that halted plans nothing of the waves after the one that halted."""
+    """`actions` with each Cluster's in its wave and batch, and the start and soak of each wave the commit
+    `source` reaches clusters in; and the warnings: a rollout of this commit that halted plans nothing of the
+    waves after the one that halted.
+
+    A cluster already running `source` (its record says so) is not rolled out again: a repair of the commit in
+    force (a component restarted) is ordered by wave but not soaked, and can never halt that commit. A wave the
+    record of this rollout shows still rolling gates every cluster of it that runs `source` or changes. A plan
+    without a source (a directory, not a commit) soaks every changed cluster and keeps no record."""
     if not rollout.waves:
         return actions, []
     wave = {name: wave_of(cluster.labels, rollout) for name, cluster in model.clusters.items()}
@@ -37,9 +43,17 @@ def in_waves(actions: list[Action], model: RepoModel, rollout: Rollout, desired:
         index = wave.get(action.cluster)
         if index is not None and action.cluster not in changed.setdefault(index, []):
             changed[index].append(action.cluster)
-    for names in changed.values():
-        names.sort()
-    record = state.rollout if state.rollout is not None and state.rollout.commit == source else None
+    position = {name: i for names in changed.values() for i, name in enumerate(sorted(names))}
+    servers: dict[str, list[str]] = {}
+    for pod in desired.pods.values():
+        if pod.role == CONTROLPLANE and pod.api_url:
+            servers.setdefault(pod.cluster, []).append(pod.api_url)
+    running = {name: record.commit for name, record in state.clusters.items()}
+
+    def reached(name: str) -> bool:
+        return bool(source) and running.get(name) == source
+
+    record = state.rollout if source and state.rollout is not None and state.rollout.commit == source else None
     halted = record.halted if record is not None else None
     stop = next((i for i, w in enumerate(rollout.waves) if halted and w.name == halted.name), len(rollout.waves))
     warnings = []
@@ -56,21 +70,24 @@ def in_waves(actions: list[Action], model: RepoModel, rollout: Rollout, desired:
             continue
         if index > stop:
             continue
-        batch = changed[index].index(action.cluster) // rollout.waves[index].max_concurrent
+        batch = position[action.cluster] // rollout.waves[index].max_concurrent
         out.append(dataclasses.replace(action, wave=index + 1, batch=batch))
     for index, spec in enumerate(rollout.waves[:stop + 1]):
-        names = changed.get(index, [])
+        names = sorted(changed.get(index, []))
         started = record.wave(spec.name) if record is not None else None
-        resumed = not names and started is not None and started.phase == ROLLING
-        if not names and not resumed:
+        if started is not None and started.phase == ROLLING:  # stopped on the way: every cluster it reached
+            gated = sorted(n for n, i in wave.items() if i == index and n in desired.clusters
+                           and (n in names or reached(n)))
+        else:
+            gated = [n for n in names if not reached(n)]
+        if not gated:
             continue
-        if resumed:
-            names = sorted(n for n, i in wave.items() if i == index and n in desired.clusters)
-        gate = WaveGate(spec.name, source, tuple(_watched(n, desired, observed) for n in names), spec.soak_seconds,
-                        rollout.min_success_ratio, timeout)
-        last = (len(names) - 1) // spec.max_concurrent
+        resumed = not names
+        watched = tuple(_watched(n, desired, observed, servers) for n in gated)
+        gate = WaveGate(spec.name, source, watched, spec.soak_seconds, rollout.min_success_ratio, timeout)
+        last = (len(names) - 1) // spec.max_concurrent if names else 0
         if not resumed:
-            out.append(Action(Kind.START_WAVE, "", "", "", spec.name, reason=_members(spec, names, len(rollout.waves),
+            out.append(Action(Kind.START_WAVE, "", "", "", spec.name, reason=_members(spec, gated, len(rollout.waves),
                                                                                          index),
                               details=_start_details(gate, observed), wave=index + 1, payload=gate))
         out.append(Action(Kind.SOAK_WAVE, "", "", "", spec.name,
@@ -80,12 +97,13 @@ def in_waves(actions: list[Action], model: RepoModel, rollout: Rollout, desired:
     return out, warnings
 
 
-def _watched(name: str, desired: DesiredState, observed: ObservedState) -> WaveCluster:
+def _watched(name: str, desired: DesiredState, observed: ObservedState, servers: dict[str, list[str]]) -> WaveCluster:
     cluster = desired.clusters.get(name)
     seen = observed.clusters.get(name)
-    api_servers = tuple(sorted(p.api_url for p in desired.pods.values()
-                               if p.cluster == name and p.role == CONTROLPLANE and p.api_url))
-    return WaveCluster(name, cluster.api_endpoint or "" if cluster else "", api_servers,
+    api_servers = tuple(sorted(servers.get(name, ())))
+    # no ingress node: the probe goes to a control-plane node's own API server
+    server = (cluster.api_endpoint if cluster and cluster.api_endpoint else api_servers[0] if api_servers else "")
+    return WaveCluster(name, server, api_servers,
                        tuple(m.client_url for m in cluster.etcd_members) if cluster else (),
                        serving=seen is not None and seen.reachable)
 

@@ -171,7 +171,8 @@ def rollout_document(record: RolloutRecord | None) -> bytes | None:
     halted = record.halted
     status: dict[str, Any] = {
         "commit": record.commit,
-        "phase": "Halted" if halted else ("Rolling" if any(w.phase == "Rolling" for w in record.waves) else "Done"),
+        # (Soaked: every wave started so far soaked; a later wave starts when the commit reaches its clusters)
+        "phase": "Halted" if halted else ("Rolling" if any(w.phase == "Rolling" for w in record.waves) else "Soaked"),
         "waves": [{"name": w.name, "phase": w.phase, "started": w.started, "ended": w.ended,
                    "clusters": {c: dict(sorted(f.items())) for c, f in sorted(w.figures.items())},
                    **({"breach": {"cluster": w.breached_cluster, "reason": w.breach}} if w.breach else {})}

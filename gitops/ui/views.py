@@ -128,7 +128,7 @@ class RolloutView:
     """The last rollout through spec.rollout.waves (status/rollout.yaml)."""
 
     commit: str
-    phase: str  # Rolling, Done or Halted
+    phase: str  # Rolling, Soaked (every wave started so far) or Halted
     halted: str  # "wave canary, cluster team-a: ..." ("" when it did not halt)
     rows: tuple[WaveRow, ...]
 
