@@ -237,6 +237,12 @@ class KubeAPI:
         return not self.not_ready()
 
 
+def node_ready(node: dict[str, Any]) -> bool:
+    """Whether a Node object's Ready condition is True (a worker: control planes run as pods here)."""
+    status = node.get("status") or {}
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
+
+
 def _reason(err: BaseException) -> str:
     """Why a request got no answer: the innermost cause of a urllib3/socket failure, one line, no object reprs."""
     from kubernetes.client.exceptions import ApiException

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,20 @@ class Loop:
         if check:
             assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc
+
+    def reconcile_killed(self, when: Callable[[str], bool], after: float = 0.0) -> None:
+        """`gitops reconcile`, SIGKILLed `after` seconds once it logs a line `when` takes."""
+        proc = subprocess.Popen([GITOPS, "reconcile", "--repo", str(self.origin), "--workdir", str(self.workdir),
+                                 "--identity", str(self.controller_key)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if when(line):
+                time.sleep(after)
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait(timeout=60)
+        assert proc.returncode == -signal.SIGKILL
 
     def converged(self) -> None:
         """Whatever is pushed is applied and reported (a no-op poll when it already is)."""
@@ -278,16 +293,7 @@ def test_killed_mid_reconcile_then_restarted_converges(loop):
         path.write_text(path.read_text().replace("team-a", "team-c"))
     sha = loop.push("add team-c")
     commits = loop.status_log()
-    proc = subprocess.Popen([GITOPS, "reconcile", "--repo", str(loop.origin), "--workdir", str(loop.workdir),
-                             "--identity", str(loop.controller_key)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if '"action done"' in line and "team-c-cp-2" in line and "create-pod" in line:
-            proc.send_signal(signal.SIGKILL)
-            break
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    loop.reconcile_killed(lambda line: '"action done"' in line and "team-c-cp-2" in line and "create-pod" in line)
     assert loop.status_log() == commits  # killed before publishing anything
     loop.reconcile()
     pods = loop.sandboxes()
@@ -757,17 +763,8 @@ def test_a_good_change_rolls_through_both_waves_and_a_controller_killed_in_the_s
     api_server_args(loop, {"default-watch-cache-size": "101"})
     sha = loop.push("a bigger watch cache")
     began = time.monotonic()
-    proc = subprocess.Popen([GITOPS, "reconcile", "--repo", str(loop.origin), "--workdir", str(loop.workdir),
-                             "--identity", str(loop.controller_key)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if '"action start"' in line and '"soak-wave"' in line and '"canary"' in line:
-            time.sleep(1)
-            proc.send_signal(signal.SIGKILL)
-            break
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    loop.reconcile_killed(lambda line: '"action start"' in line and '"soak-wave"' in line and '"canary"' in line,
+                          after=1)
     result = loop.reconcile()
     assert result.stdout.startswith("Applied: ")
     record = yaml.safe_load(loop.status_file("status/apply.yaml"))["status"]

@@ -165,19 +165,21 @@ class Run:
         record = self.state.clusters[cluster].authorities[role]
         return CertKey.from_pem(record.cert_pem, record.key_pem)
 
-    def etcd(self, action: Action, client_urls: tuple[str, ...]) -> EtcdAdmin:
-        """An etcd admin for `action`'s cluster whose waits end with this controller's right to act."""
-        record = self.state.clusters[action.cluster]
-        return EtcdAdmin(self.signer(action.cluster, "etcd"), list(client_urls), record.trust_bundle("etcd"),
+    def etcd(self, action: Action, client_urls: tuple[str, ...], cluster: str = "") -> EtcdAdmin:
+        """An etcd admin for `action`'s cluster (or `cluster`: a rollout wave's action has none) whose waits end
+        with this controller's right to act."""
+        cluster = cluster or action.cluster
+        record = self.state.clusters[cluster]
+        return EtcdAdmin(self.signer(cluster, "etcd"), list(client_urls), record.trust_bundle("etcd"),
                          fenced=lambda: self.refused(action))
 
-    def api(self, cluster: str, server: str) -> KubeAPI:
+    def api(self, cluster: str, server: str, timeout: float = 10.0) -> KubeAPI:
         """The cluster's API as its admin (credentials from the recorded state, in memory only)."""
         record = self.state.clusters[cluster]
         if record.admin is None:
             raise ApplyError(f"cluster {cluster} has no admin credential recorded")
         return KubeAPI(server, record.trust_bundle("cluster"),
-                       Credentials(record.admin.cert_pem, record.admin.key_pem))
+                       Credentials(record.admin.cert_pem, record.admin.key_pem), timeout=timeout)
 
     def until_ready(self, action: Action, api: KubeAPI, path: str, deadline: float, what: str,
                      timed_out: Callable[[str], str]) -> None:

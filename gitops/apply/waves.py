@@ -20,10 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gitops.apply.etcd import EtcdAdmin
 from gitops.apply.run import ApplyError, Run, StopRequested
 from gitops.errors import GitopsError
-from gitops.kubeapi import Credentials, KubeAPI
+from gitops.kubeapi import KubeAPI, node_ready
 from gitops.plan.actions import Action
 from gitops.plan.payloads import WaveCluster, WaveGate
 from gitops.state.records import HALTED, ROLLING, SOAKED, RolloutRecord, WaveRecord
@@ -222,12 +221,9 @@ class _Checks:
     """One cluster's health checks during a soak, with the failures in a row of each."""
 
     def __init__(self, run: Run, action: Action, c: WaveCluster, p: WaveGate):
-        record = run.state.clusters[c.cluster]
         self.api = run.api(c.cluster, c.server) if c.server else None
-        self.servers = {url: KubeAPI(url, record.trust_bundle("cluster"), _admin(run, c.cluster),
-                                     timeout=REQUEST_TIMEOUT) for url in c.api_servers}
-        self.etcd = (EtcdAdmin(run.signer(c.cluster, "etcd"), list(c.etcd_members), record.trust_bundle("etcd"),
-                               fenced=lambda: run.refused(action)) if c.etcd_members else None)
+        self.servers = {url: run.api(c.cluster, url, REQUEST_TIMEOUT) for url in c.api_servers}
+        self.etcd = run.etcd(action, c.etcd_members, c.cluster) if c.etcd_members else None
         self.members = c.etcd_members
         self.strikes: dict[str, int] = {}
         self.workers_min: int | str = "none"
@@ -283,21 +279,13 @@ def _begin(run: Run, watch: Watch, c: WaveCluster, p: WaveGate) -> int:
 
 def _ready(nodes: list[dict[str, Any]]) -> int:
     """How many of the API's Nodes (workers: control planes run as pods) are Ready."""
-    return sum(1 for n in nodes if any(c.get("type") == "Ready" and c.get("status") == "True"
-                                       for c in (n.get("status") or {}).get("conditions") or []))
+    return sum(1 for n in nodes if node_ready(n))
 
 
 def _configmap(name: str, data: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NAMESPACE,
                                                                   "labels": {"app.kubernetes.io/managed-by": "gitops"}},
             "data": data}
-
-
-def _admin(run: Run, cluster: str) -> Credentials:
-    admin = run.state.clusters[cluster].admin
-    if admin is None:
-        raise ApplyError(f"cluster {cluster} has no admin credential recorded")
-    return Credentials(admin.cert_pem, admin.key_pem)
 
 
 def _rollout(run: Run, commit: str) -> RolloutRecord:

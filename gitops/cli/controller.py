@@ -27,6 +27,7 @@ from gitops.cli.trust import reader_options, reader_verifier
 from gitops.status.trust import Signers
 from gitops.status.reader import StatusReader, branch_of_checkout, signers_of_checkout
 from gitops.status.report import Result
+from gitops.ui.views import rollout_view
 
 log = logging.getLogger("gitops.controller")
 
@@ -318,11 +319,9 @@ def rollout_table(rollout: dict) -> Table:
         title += f" at wave {halted.get('wave')} (cluster {halted.get('cluster')}: {halted.get('reason')})"
     table = Table("WAVE", "PHASE", "CLUSTER", "PROBED", "FAILED", "SUCCESS", "READY WORKERS", title=title,
                   title_justify="left")
-    for wave in rollout.get("waves") or []:
-        for name, f in sorted((wave.get("clusters") or {}).items()):
-            table.add_row(str(wave.get("name")), str(wave.get("phase")), name, str(f.get("requests", "-")),
-                          str(f.get("failed", "-")), str(f.get("success_ratio", "-")),
-                          f"{f.get('workers_ready_before', '-')} -> {f.get('workers_ready_min', '-')}")
+    view = rollout_view(rollout)
+    for r in view.rows if view is not None else ():
+        table.add_row(r.wave, r.phase, r.cluster, r.probed, r.failed, r.success, r.workers)
     return table
 
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gitops.apipaths import COLLECTIONS, CSRS
-from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
+from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError, node_ready
 from gitops.observe.types import ClusterTarget, ObservedCluster, ObservedCSR, ObservedWorker
 from gitops.pods import MANAGED, MANAGER, SPEC_HASH
 
@@ -158,9 +158,8 @@ class ClusterReader:
 
 def _worker(node: dict[str, Any]) -> ObservedWorker:
     status = node.get("status") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
     addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or ()}
-    return ObservedWorker(name=node["metadata"]["name"], ready=ready,
+    return ObservedWorker(name=node["metadata"]["name"], ready=node_ready(node),
                           kubelet_version=(status.get("nodeInfo") or {}).get("kubeletVersion", ""),
                           address=addresses.get("InternalIP", ""))
 

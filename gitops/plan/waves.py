@@ -44,10 +44,7 @@ def in_waves(actions: list[Action], model: RepoModel, rollout: Rollout, desired:
         if index is not None and action.cluster not in changed.setdefault(index, []):
             changed[index].append(action.cluster)
     position = {name: i for names in changed.values() for i, name in enumerate(sorted(names))}
-    servers: dict[str, list[str]] = {}
-    for pod in desired.pods.values():
-        if pod.role == CONTROLPLANE and pod.api_url:
-            servers.setdefault(pod.cluster, []).append(pod.api_url)
+    servers: dict[str, list[str]] = {}  # each cluster's own API servers, once a wave is gated
     running = {name: record.commit for name, record in state.clusters.items()}
 
     def reached(name: str) -> bool:
@@ -83,6 +80,10 @@ def in_waves(actions: list[Action], model: RepoModel, rollout: Rollout, desired:
         if not gated:
             continue
         resumed = not names
+        if not servers:
+            for pod in desired.pods.values():
+                if pod.role == CONTROLPLANE and pod.api_url:
+                    servers.setdefault(pod.cluster, []).append(pod.api_url)
         watched = tuple(_watched(n, desired, observed, servers) for n in gated)
         gate = WaveGate(spec.name, source, watched, spec.soak_seconds, rollout.min_success_ratio, timeout)
         last = (len(names) - 1) // spec.max_concurrent if names else 0

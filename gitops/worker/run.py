@@ -28,7 +28,7 @@ import yaml
 from gitops.cri.client import CRIClient
 from gitops.cri.endpoint import CRIEndpoint
 from gitops.cri.errors import CRIError
-from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError
+from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError, node_ready
 from gitops.safeio import write_atomic
 from gitops import procs
 from gitops.worker import configs
@@ -197,8 +197,7 @@ def follow(directory: Path, server: str, *, timeout: float = 120.0, say: Callabl
                 lease = api.get(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{spec.name}")
                 node = api.get(f"/api/v1/nodes/{spec.name}")
             renewed = dt.datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00"))
-            ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready" and c["status"] == "True"]
-            if renewed > restarted and ready:
+            if renewed > restarted and node_ready(node or {}):
                 break
         except (KubeAPIError, OSError, KeyError, TypeError, ValueError):
             pass
