@@ -89,7 +89,7 @@ class KubeAPI:
     """One API server: `server` is https://host:port; `ca_pem` empty = do not verify (discovery only)."""
 
     def __init__(self, server: str, ca_pem: str, credentials: Credentials = Credentials(), *,
-                 timeout: float = 10.0):
+                 timeout: float = 10.0, fresh_connections: bool = False):
         with _IMPORT:  # ~0.3 s, only when an API is used; threads importing it at once deadlock
             from kubernetes.client import Configuration
 
@@ -106,6 +106,11 @@ class KubeAPI:
         if credentials.token:
             config.api_key = {"BearerToken": f"Bearer {credentials.token}"}
         self._open(config, timeout)
+        if fresh_connections:
+            # each request on a new connection (`Connection: close`), as a new client would: a server that closes
+            # an idle kept-alive connection while it shuts down gracefully is not a failed request (client-go
+            # replays an idempotent request in that case; a probe that reused the connection would count it)
+            self._headers["Connection"] = "close"
 
     @classmethod
     def from_kubeconfig(cls, path: str | os.PathLike[str], context: str | None = None, *,

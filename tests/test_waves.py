@@ -7,6 +7,8 @@ import dataclasses
 import io
 import json
 import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -228,3 +230,42 @@ def test_the_ui_and_gitops_status_show_a_rollout_and_its_halt():
     assert "rollout of bad0c0ffee00: Halted at wave canary (cluster team-a" in out.getvalue()
     assert "244" in out.getvalue() and "2 -> 1" in out.getvalue()
     assert rollout_view(load_record(b"status: [not, a, mapping]")) is None and rollout_view({}) is None
+
+
+class _KeepAlive(BaseHTTPRequestHandler):
+    """HTTP/1.1 with keep-alive; records the client port of each request (one port = one connection)."""
+
+    protocol_version = "HTTP/1.1"
+    ports: list[int] = []
+
+    def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+        type(self).ports.append(self.client_address[1])
+        body = b'{"kind":"ConfigMap"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_the_wave_probe_opens_a_connection_per_request_so_a_closed_idle_one_is_no_failure(fresh: bool) -> None:
+    """A restarting API server closes its idle kept-alive connections; the probe counts what a new client sees."""
+    from gitops.kubeapi import KubeAPI
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _KeepAlive)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    _KeepAlive.ports = []
+    try:
+        with KubeAPI(f"http://127.0.0.1:{httpd.server_address[1]}", "", fresh_connections=fresh) as api:
+            for _ in range(3):
+                assert api.get("/api/v1/namespaces/gitops-rollout/configmaps/sentinel") == {"kind": "ConfigMap"}
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+    assert len(set(_KeepAlive.ports)) == (3 if fresh else 1)

@@ -173,13 +173,15 @@ class Run:
         return EtcdAdmin(self.signer(cluster, "etcd"), list(client_urls), record.trust_bundle("etcd"),
                          fenced=lambda: self.refused(action))
 
-    def api(self, cluster: str, server: str, timeout: float = 10.0) -> KubeAPI:
-        """The cluster's API as its admin (credentials from the recorded state, in memory only)."""
+    def api(self, cluster: str, server: str, timeout: float = 10.0, *, fresh_connections: bool = False) -> KubeAPI:
+        """The cluster's API as its admin (credentials from the recorded state, in memory only); see KubeAPI for
+        `fresh_connections`."""
         record = self.state.clusters[cluster]
         if record.admin is None:
             raise ApplyError(f"cluster {cluster} has no admin credential recorded")
         return KubeAPI(server, record.trust_bundle("cluster"),
-                       Credentials(record.admin.cert_pem, record.admin.key_pem), timeout=timeout)
+                       Credentials(record.admin.cert_pem, record.admin.key_pem), timeout=timeout,
+                       fresh_connections=fresh_connections)
 
     def until_ready(self, action: Action, api: KubeAPI, path: str, deadline: float, what: str,
                      timed_out: Callable[[str], str]) -> None:

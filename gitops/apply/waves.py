@@ -273,7 +273,7 @@ def _begin(run: Run, watch: Watch, c: WaveCluster, p: WaveGate) -> int:
         api.close()
         raise ApplyError(f"its API cannot be watched through {c.server}: {err}") from None
     api.close()
-    watch.probes[c.cluster] = Probe(run.api(c.cluster, c.server), p.commit)
+    watch.probes[c.cluster] = Probe(run.api(c.cluster, c.server, fresh_connections=True), p.commit)
     return _ready(nodes)
 
 
