@@ -4,8 +4,9 @@ Building both images takes minutes of apt, pip and layer compression, mostly one
 network. Without pytest-xdist, `conftest.py` starts it right after collection when an `image` test is
 selected, and puts the modules that run only Python first (they use the other core meanwhile), then
 the image tests, then the other lab groups. Under xdist the image tests' group starts it, on its worker,
-beside whatever the other worker runs. `tests/test_image.py` waits for it (`wait`), printing its steps as they come. Nothing is left: the build runs in its own
-process group and temp directory, both gone at the end of the module that used it or of the session.
+beside whatever the other worker runs. `tests/test_image.py` waits for it (`wait`), printing its steps as they come. Nothing is left but the layer cache
+the script keeps (`~/.cache/gitops/image-build`): the build runs in its own process group and temp directory, both
+gone at the end of the module that used it or of the session.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class Build:
         self.dir = Path(tempfile.mkdtemp(prefix="gitops-image-build-", dir="/tmp"))
         self.images = self.dir / "images"
         self.log = self.dir / "build.log"
-        (self.dir / "tmp").mkdir()  # the script's own temp dir (buildah's storage) goes here: stop() removes it
+        (self.dir / "tmp").mkdir()  # the script's own temp dir goes here: stop() removes it
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(["bash", str(ROOT / "scripts/build-image.sh"), str(self.images), "local"],
                                          cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
