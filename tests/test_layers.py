@@ -17,6 +17,8 @@ RANK = {
     "safeio": 1, "pki": 1, "httpserve": 0.5, "keypair": 0.5,
     "logs": 1, "gitrepo": 1, "secrets": 1, "metrics": 1, "procs": 2,
     "cri": 2, "state": 2, "kubeapi": 2, "pods": 2, "nodefiles": 2.5,
+    # the OIDC provider (SIP's auth pod runs it) and its kubectl login stand alone; the model checks hashes with it
+    "oidc": 2.5,
     "agent": 3, "model": 3, "kubeconfig": 3, "coordination": 3, "etcdclient": 3,
     "backup": 4, "notify": 4,
     "sip": 4,
