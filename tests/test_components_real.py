@@ -15,6 +15,7 @@ from repo_helpers import EXAMPLE_REPO
 
 from gitops.compile import compile_desired
 from gitops.lab import kubebin
+from gitops.model.resources import ApiServerOIDC
 from gitops.model.validate import validate_repo
 from gitops.state import State
 
@@ -77,7 +78,29 @@ def test_the_flags_gitops_sets_are_the_ones_extra_args_may_not_set():
             names = {a.split("=", 1)[0].removeprefix("--") for a in args}
             assert names <= API_SERVER_FLAGS, sorted(names - API_SERVER_FLAGS)
     assert API_SERVER_FLAGS == {a.split("=", 1)[0].removeprefix("--")
-                                for a in compiled_containers("v1.20.2")["kube-apiserver"][0]}
+                                for a in compiled_containers("v1.20.2", oidc=EVERY_OIDC)["kube-apiserver"][0]}
+
+
+#: spec.apiServer.oidc with every field set
+EVERY_OIDC = ApiServerOIDC("https://auth.example.test:8443/dex", "kubernetes", "sub", "roles", "oidc:", "oidc:",
+                           "-----BEGIN CERTIFICATE-----\n...\n-----END CERTIFICATE-----\n")
+
+
+def test_the_oidc_flags_reach_the_real_api_server_and_read_the_issuer_ca_from_its_files():
+    """spec.apiServer.oidc becomes --oidc-* flags the real v1.20.2 binary accepts; its CA is a file of the pod."""
+    for args in compiled_containers("v1.20.2", oidc=EVERY_OIDC)["kube-apiserver"]:
+        oidc = [a for a in args if a.startswith("--oidc-")]
+        assert oidc == ["--oidc-issuer-url=https://auth.example.test:8443/dex", "--oidc-client-id=kubernetes",
+                        "--oidc-username-claim=sub", "--oidc-groups-claim=roles", "--oidc-username-prefix=oidc:",
+                        "--oidc-groups-prefix=oidc:", "--oidc-ca-file=/etc/gitops/oidc-ca.crt"], oidc
+        proc = run_real("kube-apiserver", args)
+        assert proc.returncode == 0 and proc.stdout.strip() == "Kubernetes v1.20.2", proc.stderr
+    model = validate_repo(EXAMPLE_REPO).model
+    clusters = {n: dataclasses.replace(c, oidc=EVERY_OIDC) for n, c in model.clusters.items()}
+    desired = compile_desired(dataclasses.replace(model, clusters=clusters, sip_clusters={}), State()).desired
+    for pod in desired.pods.values():
+        if any(c.spec.name == "kube-apiserver" for c in pod.containers):
+            assert {f.name: f.content for f in pod.files}["oidc-ca.crt"] == EVERY_OIDC.ca_bundle
 
 
 def test_extra_args_reach_the_real_api_server_last_and_sorted():

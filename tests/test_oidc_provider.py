@@ -8,7 +8,6 @@ import json
 import secrets
 import threading
 import time
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest

@@ -554,6 +554,67 @@ def test_api_server_extra_args(repo):
     assert result.model.clusters["c5"].api_server_args == (("event-ttl", "2h0m0s"), ("max-requests-inflight", "500"))
 
 
+def test_api_server_oidc(repo):
+    """spec.apiServer.oidc: an https issuer, a client, PEM certificates for its CA; its flags are gitops's."""
+    write(repo, "c7.yaml", """
+        apiVersion: gitops.infra/v1alpha1
+        kind: Cluster
+        metadata:
+          name: c7
+        spec:
+          kubernetesVersion: v1.20.2
+          apiServer:
+            oidc:
+              issuerURL: http://auth.example.test
+              clientID: kubernetes
+        ---
+        apiVersion: gitops.infra/v1alpha1
+        kind: Cluster
+        metadata:
+          name: c8
+        spec:
+          kubernetesVersion: v1.20.2
+          apiServer:
+            oidc:
+              issuerURL: https://auth.example.test/dex
+              clientID: kubernetes
+              caBundle: not a certificate
+            extraArgs:
+              oidc-issuer-url: https://elsewhere.test
+        """)
+    found = errors(repo)
+    assert [e for e in found if e.startswith("c7.yaml:9: Cluster/c7: spec.apiServer.oidc.issuerURL: "
+                                             "'http://auth.example.test' is invalid")], found
+    assert "c7.yaml:22: Cluster/c8: spec.apiServer.oidc.caBundle: not PEM certificates (expected -----BEGIN " \
+           "CERTIFICATE----- blocks)" in found, found
+    assert "c7.yaml:24: Cluster/c8: spec.apiServer.extraArgs.oidc-issuer-url: --oidc-issuer-url is set by gitops " \
+           "itself and cannot be overridden" in found, found
+    from gitops.pki import create_ca
+
+    ca = create_ca("issuer-ca").cert_pem
+    bundle = "\n".join("                " + line for line in ca.splitlines())
+    write(repo, "c7.yaml", f"""
+        apiVersion: gitops.infra/v1alpha1
+        kind: Cluster
+        metadata:
+          name: c7
+        spec:
+          kubernetesVersion: v1.20.2
+          apiServer:
+            oidc:
+              issuerURL: https://auth.example.test/dex
+              clientID: kubernetes
+              groupsPrefix: "oidc:"
+              caBundle: |
+{bundle}
+        """)
+    result = validate_repo(repo)
+    assert [str(d) for d in result.diagnostics] == []
+    oidc = result.model.clusters["c7"].oidc
+    assert (oidc.issuer_url, oidc.username_claim, oidc.groups_claim, oidc.groups_prefix, oidc.ca_bundle) == (
+        "https://auth.example.test/dex", "email", "groups", "oidc:", ca)
+
+
 # --- files that are not good YAML ------------------------------------------------------
 
 def test_bad_files_are_reported_and_everything_else_still_checked(repo):

@@ -24,9 +24,9 @@ class _Group(click.Group):
                "cri": "cri", "lab": "lab", "join-token": "worker", "join": "worker", "follow": "worker",
                "leave": "worker",
                "secrets": "secrets", "state": "state", "backup": "backup", "ui": "ui", "status-key": "trust",
-               "hypervisor": "hypervisor"}
+               "hypervisor": "hypervisor", "oidc-login": "oidc", "oidc": "oidc"}
     ALL = ("validate", "reconcile", "controller", "cri", "lab", "worker", "secrets", "state", "backup", "ui", "trust",
-           "hypervisor")
+           "hypervisor", "oidc")
 
     def _load(self, *names: str) -> None:
         # gRPC's C core logs TLS handshake failures to stderr, where gitops reports them as CRIErrors

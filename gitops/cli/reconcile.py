@@ -7,14 +7,17 @@ import os
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
+import yaml
 from rich.console import Console
 
 from gitops.cli.secrets import identity_option, read_identity
 from gitops.compile import compile_desired
 from gitops.engine import ApplyResult, apply_plan, make_plan, observe_all
 from gitops.errors import GitopsError
+from gitops.hostport import host_port
 from gitops.kubeconfig import admin_kubeconfig
 from gitops.model.validate import InvalidRepo, validate_repo
 from gitops.plan import converged
@@ -272,12 +275,29 @@ def report_apply(outcome: ApplyResult, console: Console) -> None:
 @state_option
 @click.option("--cluster", required=True, help="Cluster name.")
 @click.option("--endpoint-host-override", help="Put this host in the server URL instead of the ingress IP.")
-def kubeconfig(repo: Path, state_dir: Path | None, cluster: str, endpoint_host_override: str | None) -> None:
-    """Print an admin kubeconfig (kubernetes-admin, system:masters) for CLUSTER's ingress."""
+@click.option("--oidc", "oidc_user", metavar="USERNAME",
+              help="A kubeconfig for this person instead, who logs in through the cluster's spec.apiServer.oidc "
+                   "issuer (`gitops oidc-login` gets the token); the admin kubeconfig stays as it is.")
+def kubeconfig(repo: Path, state_dir: Path | None, cluster: str, endpoint_host_override: str | None,
+               oidc_user: str | None) -> None:
+    """Print an admin kubeconfig (kubernetes-admin, system:masters) for CLUSTER's ingress, or with --oidc one
+    for a person."""
     record, endpoint = applied_cluster(repo, state_dir, cluster)
     if endpoint is None:
         raise GitopsError(f"Cluster {cluster} has no controlplane-ingress Node, so it has no API endpoint")
-    click.echo(admin_kubeconfig(cluster, record, endpoint, endpoint_host_override), nl=False)
+    if oidc_user is None:
+        click.echo(admin_kubeconfig(cluster, record, endpoint, endpoint_host_override), nl=False)
+        return
+    from gitops.oidc.login import Login, oidc_kubeconfig
+
+    oidc = load(repo, sealed_ok=True).model.clusters[cluster].oidc
+    if oidc is None:
+        raise GitopsError(f"Cluster {cluster} trusts no OIDC issuer: set its spec.apiServer.oidc first")
+    if endpoint_host_override:
+        endpoint = f"https://{host_port(endpoint_host_override, urlsplit(endpoint).port)}"
+    config = oidc_kubeconfig(cluster, endpoint, record.trust_bundle("cluster"),
+                             Login(oidc.issuer_url, oidc.client_id, oidc_user, oidc.ca_bundle))
+    click.echo(yaml.safe_dump(config, sort_keys=True), nl=False)
 
 
 def applied_cluster(repo: Path, state_dir: Path | None, cluster: str) -> tuple[ClusterRecord, str | None]:

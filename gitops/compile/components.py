@@ -51,6 +51,8 @@ ETCD_DATA = "/var/lib/etcd"
 #: seconds a stopping API server keeps serving while /readyz fails, so the ingress (a check every
 #: second, out at the first failure, 2 s timeout) stops sending it requests before its port closes
 SHUTDOWN_DELAY = 3
+#: the file of spec.apiServer.oidc.caBundle, beside the others the API server reads
+OIDC_CA = "oidc-ca.crt"
 #: the ingress's health check of an API server (haproxy): every READY_CHECK_INTER s, READY_CHECK_RISE answers in
 #: a row count it in again; so an API server ready on its own /readyz is surely routed to INGRESS_COUNTS_IN s later
 READY_CHECK_INTER, READY_CHECK_RISE = 1, 2
@@ -164,6 +166,8 @@ def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeReco
         _service_account_bundle(cluster.name, cluster_record, peers),
         FileSpec("controller-manager.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "controller-manager")),
         FileSpec("scheduler.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "scheduler")),
+        # the CA of the issuer people log in through (spec.apiServer.oidc.caBundle), which the API server checks
+        *((FileSpec(OIDC_CA, cluster.oidc.ca_bundle),) if cluster.oidc is not None and cluster.oidc.ca_bundle else ()),
     )
     components = tuple(CONTROLPLANE_CONTAINERS[name](node, cluster, hv, record, files_mount)
                        for name in ROLES[node.role].components)
@@ -290,6 +294,7 @@ def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
             # (checking every second) takes it out before it closes its port (SHUTDOWN_DELAY)
             f"--shutdown-delay-duration={SHUTDOWN_DELAY}s",
             *_no_insecure_port(cluster, "--insecure-port=0"),
+            *(cluster.oidc.flags(f"{FILES}/{OIDC_CA}") if cluster.oidc is not None else ()),
             *(f"--{name}={value}" for name, value in cluster.api_server_args),
         ),
         mounts=(files_mount,),

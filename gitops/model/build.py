@@ -9,6 +9,7 @@ from gitops.model.resources import (
     DEFAULT_ETCD_VERSION,
     DEFAULT_POD_CIDR,
     DEFAULT_SERVICE_CIDR,
+    ApiServerOIDC,
     AuthService,
     BareMetalHost,
     Cluster,
@@ -83,6 +84,12 @@ def hypervisor(doc: Document) -> Hypervisor:
     )
 
 
+def _oidc(spec: dict) -> ApiServerOIDC:
+    return ApiServerOIDC(spec["issuerURL"], spec["clientID"], spec.get("usernameClaim", "email"),
+                         spec.get("groupsClaim", "groups"), spec.get("usernamePrefix"), spec.get("groupsPrefix"),
+                         spec.get("caBundle", ""))
+
+
 def cluster(doc: Document) -> Cluster:
     spec = doc.spec
     certs = spec.get("certificates", {})
@@ -103,6 +110,7 @@ def cluster(doc: Document) -> Cluster:
         validity_days=certs.get("validityDays", 365),
         renew_before_days=certs.get("renewBeforeDays", 30),
         api_server_args=tuple(sorted(api.get("extraArgs", {}).items())),
+        oidc=_oidc(api["oidc"]) if "oidc" in api else None,
         ca_generation=certs.get("caGeneration", 1),
         ca_generation_at=f"{doc.file}:{doc.line_of(('spec', 'certificates', 'caGeneration'))}",
         backup=ClusterBackup(spec["backup"]["target"], spec["backup"].get("intervalMinutes", 60),

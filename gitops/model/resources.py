@@ -115,8 +115,33 @@ API_SERVER_FLAGS = frozenset({
     "requestheader-group-headers", "requestheader-username-headers", "secure-port", "service-account-issuer",
     "service-account-key-file", "service-account-signing-key-file", "service-cluster-ip-range",
     "shutdown-delay-duration", "tls-cert-file",
+    # spec.apiServer.oidc sets these
+    "oidc-issuer-url", "oidc-client-id", "oidc-username-claim", "oidc-groups-claim", "oidc-username-prefix",
+    "oidc-groups-prefix", "oidc-ca-file",
     "tls-private-key-file",
 })
+
+
+@dataclass(frozen=True)
+class ApiServerOIDC:
+    """`spec.apiServer.oidc` of a Cluster: the OpenID Connect issuer its API servers trust for people."""
+
+    issuer_url: str
+    client_id: str
+    username_claim: str = "email"
+    groups_claim: str = "groups"
+    username_prefix: str | None = None
+    groups_prefix: str | None = None
+    #: PEM the issuer's serving certificate is checked against ("": the system's trust)
+    ca_bundle: str = ""
+
+    def flags(self, ca_file: str) -> tuple[str, ...]:
+        """The kube-apiserver flags it becomes (`ca_file`: where the API server reads `ca_bundle`)."""
+        return (f"--oidc-issuer-url={self.issuer_url}", f"--oidc-client-id={self.client_id}",
+                f"--oidc-username-claim={self.username_claim}", f"--oidc-groups-claim={self.groups_claim}",
+                *((f"--oidc-username-prefix={self.username_prefix}",) if self.username_prefix is not None else ()),
+                *((f"--oidc-groups-prefix={self.groups_prefix}",) if self.groups_prefix is not None else ()),
+                *((f"--oidc-ca-file={ca_file}",) if self.ca_bundle else ()))
 
 
 @dataclass(frozen=True)
@@ -165,6 +190,8 @@ class Cluster:
     renew_before_days: int = 30
     #: spec.apiServer.extraArgs, sorted: further kube-apiserver flags (name without dashes, value)
     api_server_args: tuple[tuple[str, str], ...] = ()
+    #: spec.apiServer.oidc: the issuer people log in through (None: client certificates and tokens only)
+    oidc: ApiServerOIDC | None = None
     #: spec.certificates.caGeneration: raised to rotate the cluster's CAs (see gitops.compile.authorities)
     ca_generation: int = 1
     #: where caGeneration is written ("file:line"), for errors about it

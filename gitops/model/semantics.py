@@ -318,6 +318,23 @@ def api_server_args(docs: list[Document], _everything: list[Document]) -> Iterab
                                     f"--{name} is set by gitops itself and cannot be overridden")
 
 
+def api_server_oidc(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
+    """spec.apiServer.oidc.caBundle: one or more PEM certificates, nothing else."""
+    from cryptography import x509  # here: only a cluster trusting an issuer's own CA needs it
+
+    for cluster in _of_kind(docs, "Cluster"):
+        path = ("spec", "apiServer", "oidc", "caBundle")
+        bundle = cluster.get(path)
+        if bundle is None:
+            continue
+        try:
+            certs = x509.load_pem_x509_certificates(bundle.encode())
+        except ValueError:
+            certs = []
+        if not certs:
+            yield cluster.error(path, "not PEM certificates (expected -----BEGIN CERTIFICATE----- blocks)")
+
+
 def _network(doc: Document, path: tuple[str, ...]):
     raw = doc.get(path)
     if raw is None:
@@ -384,6 +401,7 @@ CHECKS: tuple[Check, ...] = (
     kubernetes_versions,
     cluster_networks,
     api_server_args,
+    api_server_oidc,
     sip_selectors,
     network_data,
 )

@@ -36,6 +36,21 @@ class KeyStore:
         if not any(e.retired is None for e in self.entries):
             self.rotate()
         self._keys = {e.kid: self._read(e.kid) for e in self.entries}
+        self._seen = self._stamp()
+
+    def _stamp(self) -> int:
+        try:
+            return (self.dir / INDEX).stat().st_mtime_ns
+        except FileNotFoundError:
+            return 0
+
+    def _fresh(self) -> None:
+        """Keys rotated by another process (`gitops oidc rotate-keys`) are taken as soon as it wrote them."""
+        stamp = self._stamp()
+        if stamp != self._seen:
+            self.entries = self._load()
+            self._keys = {e.kid: self._keys.get(e.kid) or self._read(e.kid) for e in self.entries}
+            self._seen = stamp
 
     def _load(self) -> list[KeyEntry]:
         try:
@@ -69,16 +84,19 @@ class KeyStore:
         self._save()
         if hasattr(self, "_keys"):
             self._keys = {e.kid: self._keys.get(e.kid) or self._read(e.kid) for e in self.entries}
+            self._seen = self._stamp()
         return kid
 
     @property
     def signing(self) -> RSAKey:
+        self._fresh()
         current = next(e for e in reversed(self.entries) if e.retired is None)
         return self._keys[current.kid]
 
     def jwks(self, now: float | None = None) -> dict:
         """The public keys a token may be checked with: the signing one and those retired less than the
         token lifetime ago."""
+        self._fresh()
         now = time.time() if now is None else now
         return {"keys": [self._keys[e.kid].as_dict(private=False) for e in self.entries
                          if e.retired is None or e.retired + self.token_ttl > now]}

@@ -1,0 +1,86 @@
+"""`gitops oidc-login` (kubectl's exec plugin for people) and `gitops oidc serve|rotate-keys|hash-password`
+(the provider SIP's auth pod runs; see gitops.oidc)."""
+from __future__ import annotations
+
+import base64
+import binascii
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from gitops.errors import GitopsError
+
+
+@click.command("oidc-login")
+@click.option("--issuer-url", required=True, help="The OpenID Connect issuer (https).")
+@click.option("--client-id", required=True, help="The client the API server trusts (its --oidc-client-id).")
+@click.option("--username", required=True, help="Who logs in.")
+@click.option("--certificate-authority-data", "ca_data", help="The issuer's CA, PEM in base64 (else the system's).")
+@click.option("--ca-file", type=click.Path(dir_okay=False, path_type=Path), help="The issuer's CA, a PEM file.")
+def oidc_login(issuer_url: str, client_id: str, username: str, ca_data: str | None, ca_file: Path | None) -> None:
+    """Print an ExecCredential with USERNAME's ID token, for kubectl (cached and refreshed under
+    $XDG_CACHE_HOME/gitops/oidc; the password from $GITOPS_OIDC_PASSWORD or asked on the terminal)."""
+    from gitops.oidc.login import Login, exec_credential, id_token
+
+    ca_pem = ""
+    if ca_data:
+        try:
+            ca_pem = base64.b64decode(ca_data, validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError) as err:
+            raise GitopsError(f"--certificate-authority-data is not base64 PEM: {err}") from None
+    elif ca_file:
+        ca_pem = ca_file.read_text()
+    click.echo(exec_credential(*id_token(Login(issuer_url, client_id, username, ca_pem))))
+
+
+@click.group("oidc")
+def oidc() -> None:
+    """The OpenID Connect provider of SIP's auth service (it runs in the service's pod)."""
+
+
+@oidc.command("serve")
+@click.option("--config", "config", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="The provider's JSON configuration (issuer, users with password hashes, clients).")
+@click.option("--keys", required=True, type=click.Path(file_okay=False),
+              help="Where its signing keys are born and kept (a directory of the machine).")
+@click.option("--listen", default="127.0.0.1:5556", show_default=True,
+              help="host:port, loopback: the pod's TLS front is its only client.")
+def serve(config: str, keys: str, listen: str) -> None:
+    """Serve the provider until SIGTERM."""
+    from gitops.oidc.provider import make_server
+
+    server = make_server(config, keys, listen)
+    signal.signal(signal.SIGTERM, lambda *_: server.close())
+    click.echo(f"gitops oidc: serving on {listen}", err=True)
+    try:
+        server.run()
+    except (OSError, ValueError):  # closed by SIGTERM
+        pass
+
+
+@oidc.command("rotate-keys")
+@click.option("--keys", required=True, type=click.Path(file_okay=False), help="The provider's key directory.")
+@click.option("--token-ttl", default=600, show_default=True, help="Seconds its tokens live (old keys stay "
+              "published that long).")
+def rotate_keys(keys: str, token_ttl: int) -> None:
+    """Make a new signing key; the running provider signs with it from its next token on."""
+    from gitops.oidc.keys import KeyStore
+
+    click.echo(KeyStore(keys, token_ttl).rotate())
+
+
+@oidc.command("hash-password")
+def hash_password() -> None:
+    """Read a password (asked, or one line on stdin) and print its bcrypt hash, for a user's passwordHash."""
+    from gitops.oidc.passwords import hash_password as make
+
+    password = click.prompt("Password", hide_input=True, confirmation_prompt=True, err=True) if sys.stdin.isatty() \
+        else sys.stdin.readline().rstrip("\n")
+    if not password:
+        raise GitopsError("an empty password")
+    click.echo(make(password))
+
+
+COMMANDS: list[click.Command] = [oidc_login, oidc]

@@ -1,0 +1,173 @@
+"""People log in to a real kube-apiserver v1.20.2 through the OIDC provider (issue #47.2-4): the provider
+behind a TLS front (haproxy, as in its pod), the API server with the --oidc-* flags a Cluster's
+spec.apiServer.oidc becomes, and kubectl with the kubeconfig `gitops kubeconfig --oidc` writes, whose
+exec plugin `gitops oidc-login` logs in with the password grant."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from joserfc import jwt
+from joserfc.jwk import RSAKey
+
+from gitops.model.resources import ApiServerOIDC
+from gitops.oidc.keys import KeyStore
+from gitops.oidc.login import Login, oidc_kubeconfig
+from gitops.oidc.passwords import hash_password
+from gitops.oidc.provider import make_server
+from gitops.pki import create_ca, issue_cert
+
+from kubeapi import KubeAPI, kube_api_server
+from ports import free_ports
+
+pytestmark = pytest.mark.lab("kubeapi")
+
+FRONT_IP = "127.0.33.3"
+API_IP = "127.0.33.2"
+PASSWORD = "correct horse battery staple"
+GITOPS_BIN = Path(sys.executable).parent
+
+
+class Issuer:
+    def __init__(self, base: Path):
+        self.base = base
+        front, back = free_ports(FRONT_IP, 1)[0], free_ports("127.0.0.1", 1)[0]
+        self.url = f"https://{FRONT_IP}:{front}"
+        self.ca = create_ca("issuer-test-ca")
+        serving = issue_cert(self.ca, "issuer", ip_addresses=[FRONT_IP], server=True)
+        (base / "front.pem").write_text(serving.cert_pem + serving.key_pem)
+        (base / "front.pem").chmod(0o600)
+        (base / "config.json").write_text(json.dumps({
+            "issuer": self.url, "tokenTTL": 600,
+            "users": [{"username": "alice", "email": "alice@example.com", "passwordHash": hash_password(PASSWORD),
+                       "groups": ["tenant-viewers"]}],
+            "clients": [{"id": "kubernetes", "grantTypes": ["password", "refresh_token"]}]}))
+        self.keys = base / "keys"
+        self.server = make_server(str(base / "config.json"), str(self.keys), f"127.0.0.1:{back}")
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        (base / "haproxy.cfg").write_text(
+            "global\n  log stderr format raw local0 warning\n"
+            "defaults\n  mode http\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n"
+            f"frontend tls\n  bind {FRONT_IP}:{front} ssl crt {base / 'front.pem'}\n"
+            "  http-request set-header X-Forwarded-Proto https\n  default_backend provider\n"
+            f"backend provider\n  server p 127.0.0.1:{back}\n")
+        self.haproxy = subprocess.Popen([shutil.which("haproxy") or "haproxy", "-db", "-f", str(base / "haproxy.cfg")],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+    def stop(self) -> None:
+        self.haproxy.terminate()
+        self.haproxy.wait(timeout=10)
+        self.server.close()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[tuple[Issuer, KubeAPI, ApiServerOIDC, Path]]:
+    base = Path(tempfile.mkdtemp(prefix="gitops-oidc-api-"))
+    issuer = Issuer(base)
+    try:
+        oidc = ApiServerOIDC(issuer.url, "kubernetes", ca_bundle=issuer.ca.cert_pem)
+        (base / "oidc-ca.crt").write_text(oidc.ca_bundle)
+        with kube_api_server(API_IP, extra_args=oidc.flags(str(base / "oidc-ca.crt"))) as kube:
+            yield issuer, kube, oidc, base
+    finally:
+        issuer.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def status_with(kube: KubeAPI, token: str, path: str = "/api/v1/namespaces/default/pods") -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(kube.url + path, headers={"Authorization": f"Bearer {token}"})
+    context = __import__("ssl").create_default_context(cadata=kube.ca.cert_pem)
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+            return answer.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def login_env(base: Path, password: str = PASSWORD) -> dict[str, str]:
+    return {**os.environ, "XDG_CACHE_HOME": str(base / "cache"), "GITOPS_OIDC_PASSWORD": password,
+            "PATH": f"{GITOPS_BIN}:{os.environ['PATH']}"}
+
+
+def test_a_person_logs_in_with_kubectl_and_rbac_decides(world):
+    issuer, kube, oidc, base = world
+    kubeconfig = base / "alice.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(oidc_kubeconfig("tenant", kube.url, kube.ca.cert_pem,
+                                                         Login(oidc.issuer_url, oidc.client_id, "alice",
+                                                               oidc.ca_bundle))))
+    env = login_env(base)
+
+    def kubectl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(kube.kubectl_path), "--kubeconfig", str(kubeconfig), "--request-timeout=20s",
+                               *args], capture_output=True, text=True, env=env, timeout=90)
+
+    # the API server fetches the issuer's discovery and keys in the background: a token is 401 until it has
+    deadline = time.monotonic() + 60
+    while "Unauthorized" in (denied := kubectl("get", "pods", "-n", "default")).stderr:
+        assert time.monotonic() < deadline, denied.stderr
+        time.sleep(1)
+    assert denied.returncode != 0 and 'User "alice@example.com" cannot list resource "pods"' in denied.stderr, \
+        denied.stderr
+    # (a Role of its own: `view` is aggregated by a controller-manager, which this API server runs without)
+    kube.kubectl("create", "role", "pod-reader", "-n", "default", "--verb=get,list", "--resource=pods")
+    kube.kubectl("create", "rolebinding", "tenant-viewers", "-n", "default", "--role=pod-reader",
+                 "--group=tenant-viewers")
+    try:
+        deadline = time.monotonic() + 20  # RBAC's informers take the binding in
+        while (allowed := kubectl("get", "pods", "-n", "default", "-o", "name")).returncode != 0:
+            assert time.monotonic() < deadline and "Forbidden" in allowed.stderr, allowed.stderr
+            time.sleep(0.5)
+        cached = list((base / "cache" / "gitops" / "oidc").glob("*.json"))
+        assert len(cached) == 1 and cached[0].stat().st_mode & 0o777 == 0o600
+        token = json.loads(cached[0].read_text())["id_token"]
+        assert status_with(kube, token) == 200
+        # the cached token serves the next call without a password
+        again = subprocess.run(["gitops", "oidc-login", "--issuer-url", oidc.issuer_url, "--client-id", "kubernetes",
+                                "--username", "alice", "--ca-file", str(base / "oidc-ca.crt")],
+                               capture_output=True, text=True, env={**login_env(base, "wrong")}, timeout=60)
+        assert again.returncode == 0 and json.loads(again.stdout)["status"]["token"] == token, again.stderr
+    finally:
+        kube.kubectl("delete", "rolebinding", "tenant-viewers", "-n", "default")
+        kube.kubectl("delete", "role", "pod-reader", "-n", "default")
+
+
+def test_a_wrong_password_gets_no_token(world):
+    issuer, kube, oidc, base = world
+    refused = subprocess.run(["gitops", "oidc-login", "--issuer-url", oidc.issuer_url, "--client-id", "kubernetes",
+                              "--username", "alice", "--ca-file", str(base / "oidc-ca.crt")],
+                             capture_output=True, text=True, env=login_env(base / "other", "wrong"), timeout=60)
+    assert refused.returncode == 1 and "refused the login" in refused.stderr and "'password'" in refused.stderr, \
+        refused.stderr
+    assert "Traceback" not in refused.stderr and not refused.stdout
+
+
+def test_tokens_signed_by_another_key_or_expired_are_401(world):
+    issuer, kube, oidc, base = world
+    store = KeyStore(issuer.keys, 600)
+    now = int(time.time())
+    claims = {"iss": issuer.url, "aud": "kubernetes", "sub": "alice", "email": "alice@example.com",
+              "email_verified": True, "groups": ["nobody"], "iat": now, "exp": now + 300}
+    header = {"alg": "RS256", "kid": store.signing.kid}
+    good = jwt.encode(header, claims, store.signing)
+    assert status_with(kube, good) == 403  # signed by the provider's key: authenticated (alice may not list pods)
+    impostor = RSAKey.generate_key(2048, parameters={"kid": store.signing.kid}, private=True)
+    assert status_with(kube, jwt.encode(header, claims, impostor)) == 401
+    expired = {**claims, "iat": now - 1200, "exp": now - 600}
+    assert status_with(kube, jwt.encode(header, expired, store.signing)) == 401
+    other_audience = {**claims, "aud": "someone-else"}
+    assert status_with(kube, jwt.encode(header, other_audience, store.signing)) == 401
