@@ -279,7 +279,8 @@ def test_an_encrypted_value_outside_the_secret_fields_is_an_error(remote, ident)
     found = [str(d) for d in validate_repo(repo, ident.text).diagnostics]
     assert any("spec.remoteCRIEndpoint.criEndpointURI: age-encrypted value in a field gitops does not decrypt "
                f"(secret fields: Hypervisor: {KEY_FIELD}; GitopsConfig: spec.backup.targets[*].password, "
-               "spec.notifications.targets[*].url)" in f for f in found), found
+               "spec.notifications.targets[*].url; SIPCluster: spec.services.auth.clients[*].secret)" in f
+               for f in found), found
 
 
 # --- rekey ------------------------------------------------------------------------------

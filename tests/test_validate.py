@@ -615,6 +615,76 @@ def test_api_server_oidc(repo):
         "https://auth.example.test/dex", "email", "groups", "oidc:", ca)
 
 
+def test_sip_auth_users_and_clients(repo):
+    """services.auth: a password hash, never a password; each name, email and client id once; a code-flow client
+    has redirect URIs."""
+    from gitops.oidc.passwords import hash_password
+
+    hashed = hash_password("pw")
+    write(repo, "t9.yaml", f"""
+        apiVersion: gitops.infra/v1alpha1
+        kind: SIPCluster
+        metadata:
+          name: t9
+        spec:
+          nodes:
+            ControlPlane:
+              count: {{active: 1}}
+          services:
+            auth:
+              users:
+                - {{username: alice, email: alice@example.com, passwordHash: hunter2}}
+                - {{username: bob, email: ALICE@example.com, passwordHash: "{hashed}", groups: [devs]}}
+              clients:
+                - {{id: kubernetes, grantTypes: [password]}}
+        ---
+        apiVersion: gitops.infra/v1alpha1
+        kind: SIPCluster
+        metadata:
+          name: t10
+        spec:
+          nodes:
+            ControlPlane:
+              count: {{active: 1}}
+          services:
+            auth:
+              clients:
+                - {{id: web, redirectURIs: ["http://evil.test/cb"]}}
+        """)
+    found = errors(repo)
+    assert "t9.yaml:12: SIPCluster/t9: spec.services.auth.users[0].passwordHash: not a bcrypt ($2b$...) or argon2id " \
+           "($argon2id$...) hash: a password is never written in the repo; put its hash (gitops oidc hash-password)" \
+           in found, found
+    assert "t9.yaml:13: SIPCluster/t9: spec.services.auth.users[1].email: 'ALICE@example.com' is also the email " \
+           "of users[0]" in found, found
+    assert [e for e in found if e.startswith("t9.yaml:28: SIPCluster/t10: spec.services.auth.clients[0].redirectURIs[0]")
+            and "http://evil.test/cb" in e], found  # (schema: https, or http on loopback only)
+    assert len(found) == 3, found
+    write(repo, "t9.yaml", f"""
+        apiVersion: gitops.infra/v1alpha1
+        kind: SIPCluster
+        metadata:
+          name: t9
+        spec:
+          nodes:
+            ControlPlane:
+              count: {{active: 1}}
+          services:
+            auth:
+              users:
+                - {{username: bob, email: bob@example.com, passwordHash: "{hashed}", groups: [devs]}}
+              clients:
+                - {{id: kubernetes, grantTypes: [password]}}
+                - {{id: kubernetes, redirectURIs: ["https://app.test/cb"]}}
+                - {{id: web}}
+        """)
+    found = errors(repo)
+    assert found == [
+        "t9.yaml:15: SIPCluster/t9: spec.services.auth.clients[1].id: 'kubernetes' is also the id of clients[0]",
+        "t9.yaml:16: SIPCluster/t9: spec.services.auth.clients[2]: a client of the code flow (grantTypes "
+        "authorization_code) needs redirectURIs"], found
+
+
 # --- files that are not good YAML ------------------------------------------------------
 
 def test_bad_files_are_reported_and_everything_else_still_checked(repo):

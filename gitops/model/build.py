@@ -10,7 +10,9 @@ from gitops.model.resources import (
     DEFAULT_POD_CIDR,
     DEFAULT_SERVICE_CIDR,
     ApiServerOIDC,
+    AuthClient,
     AuthService,
+    AuthUser,
     BareMetalHost,
     Cluster,
     ClusterBackup,
@@ -82,6 +84,16 @@ def hypervisor(doc: Document) -> Hypervisor:
         interface=spec.get("interface", "eth0"),
         lost=bool(spec.get("lost", False)),
     )
+
+
+def _auth(spec: dict) -> AuthService:
+    return AuthService(
+        spec.get("oidcIssuerURL"), spec.get("clientID"), spec.get("tokenTTLSeconds", 600),
+        tuple(AuthUser(u["username"], u["email"], u["passwordHash"], tuple(u.get("groups", ())))
+              for u in spec.get("users", ())),
+        tuple(AuthClient(c["id"], c.get("name", ""), tuple(c.get("redirectURIs", ())), c.get("secret", ""),
+                         tuple(c.get("grantTypes", ("authorization_code", "refresh_token"))))
+              for c in spec.get("clients", ())))
 
 
 def _oidc(spec: dict) -> ApiServerOIDC:
@@ -159,7 +171,7 @@ def sip_cluster(doc: Document) -> SIPCluster:
             node_port_range=(lb["nodePortRange"]["start"], lb["nodePortRange"]["end"]) if "nodePortRange" in lb else None,
         ) if lb else None,
         jump_host=JumpHostService(tuple(jump["sshAuthorizedKeys"]), jump.get("port")) if jump else None,
-        auth=AuthService(auth["oidcIssuerURL"], auth.get("clientID")) if auth else None,
+        auth=_auth(auth) if auth is not None else None,
     )
 
 

@@ -275,9 +275,33 @@ class JumpHostService:
 
 
 @dataclass(frozen=True)
+class AuthUser:
+    """A person of a SIPCluster's OIDC provider (`services.auth.users`): a hash, never a password."""
+
+    username: str
+    email: str
+    password_hash: str
+    groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AuthClient:
+    """A client of a SIPCluster's OIDC provider; `secret` decrypted in memory ("": a public client)."""
+
+    client_id: str
+    name: str = ""
+    redirect_uris: tuple[str, ...] = ()
+    secret: str = field(default="", repr=False)
+    grant_types: tuple[str, ...] = ("authorization_code", "refresh_token")
+
+
+@dataclass(frozen=True)
 class AuthService:
-    oidc_issuer_url: str
+    oidc_issuer_url: str | None = None
     client_id: str | None = None
+    token_ttl: int = 600
+    users: tuple[AuthUser, ...] = ()
+    clients: tuple[AuthClient, ...] = ()
 
 
 @dataclass(frozen=True)

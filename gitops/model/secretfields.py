@@ -28,6 +28,7 @@ ANY = "*"
 SECRET_FIELDS: dict[str, tuple[FieldPath, ...]] = {
     "Hypervisor": (("spec", "remoteCRIEndpoint", "clientCertificate", "privateKey"),),
     "GitopsConfig": (("spec", "backup", "targets", ANY, "password"), ("spec", "notifications", "targets", ANY, "url")),
+    "SIPCluster": (("spec", "services", "auth", "clients", ANY, "secret"),),
 }
 
 #: both PEM keys and armored age files start with it: a cheap test before the others (repos at scale)

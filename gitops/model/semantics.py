@@ -370,6 +370,37 @@ def sip_selectors(docs: list[Document], _everything: list[Document]) -> Iterable
                             f"start ({ports['start']}) is greater than end ({ports['end']})")
 
 
+def sip_auth(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
+    """services.auth: users with a password hash (never a password), each name, email and client id once, and
+    a redirect URI for each client of the code flow."""
+    for sip in _of_kind(docs, "SIPCluster"):
+        base = ("spec", "services", "auth")
+        users, clients = sip.get(base + ("users",), []), sip.get(base + ("clients",), [])
+        if not users and not clients:
+            continue
+        from gitops.oidc.passwords import is_hash  # here: only a SIPCluster with users needs it
+
+        seen: dict[tuple[str, str], int] = {}
+        for i, user in enumerate(users):
+            if not is_hash(user["passwordHash"]):
+                yield sip.error(base + ("users", i, "passwordHash"),
+                                "not a bcrypt ($2b$...) or argon2id ($argon2id$...) hash: a password is never written "
+                                "in the repo; put its hash (gitops oidc hash-password)")
+            for key in ("username", "email"):
+                first = seen.setdefault((key, user[key].lower()), i)
+                if first != i:
+                    yield sip.error(base + ("users", i, key), f"{user[key]!r} is also the {key} of users[{first}]")
+        ids: dict[str, int] = {}
+        for i, client in enumerate(clients):
+            first = ids.setdefault(client["id"], i)
+            if first != i:
+                yield sip.error(base + ("clients", i, "id"), f"{client['id']!r} is also the id of clients[{first}]")
+            grants = client.get("grantTypes", ["authorization_code", "refresh_token"])
+            if "authorization_code" in grants and not client.get("redirectURIs"):
+                yield sip.error(base + ("clients", i),
+                                "a client of the code flow (grantTypes authorization_code) needs redirectURIs")
+
+
 def network_data(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
     """A networkData Secret in the repo must give its host an IPv4 address.
 
@@ -403,5 +434,6 @@ CHECKS: tuple[Check, ...] = (
     api_server_args,
     api_server_oidc,
     sip_selectors,
+    sip_auth,
     network_data,
 )

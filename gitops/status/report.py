@@ -442,8 +442,9 @@ def _service_endpoints(model: RepoModel, name: str, desired: DesiredState | None
             hv, ports = placements[node]
             out[key] = host_port(model.hypervisors[hv].ip_address, ports[purpose])
     if sip.auth is not None:
-        out["auth"] = {"oidcIssuerURL": sip.auth.oidc_issuer_url,
-                       "note": "no OIDC server runs for it yet (docs/operations/sip.md)"}
+        out["auth"] = {"oidcIssuerURL": sip.auth.oidc_issuer_url, "users": len(sip.auth.users),
+                       "clients": sorted(c.client_id for c in sip.auth.clients),
+                       "note": "no pod runs its OIDC provider yet (docs/operations/oidc.md)"}
     return out
 
 
