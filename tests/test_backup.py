@@ -214,7 +214,7 @@ def test_a_wrong_password_is_an_error_and_never_a_new_repository(work: Path, etc
 def test_no_healthy_member_names_each_member_and_why(work: Path) -> None:
     ca = create_ca("backup-test-etcd-ca")
     port = free_ports(IP, 1)[0]
-    with pytest.raises(BackupError, match=rf"no healthy etcd member to take a snapshot from: m1 \(.*\)"):
+    with pytest.raises(BackupError, match=r"no healthy etcd member to take a snapshot from: m1 \(.*\)"):
         back_up(BackupTarget("local", str(work / "repo"), PASSWORD), "team-a", 5, client_context(ca),
                 {"m1": f"https://{IP}:{port}"})
 

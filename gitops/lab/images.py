@@ -20,7 +20,7 @@ import re
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gitops.lab.errors import LabError
+
+if TYPE_CHECKING:
+    from gitops.lab.images import ImageRecipe
 
 BUILT_VERSION = "v1.20.2"
 #: the control-plane components gitops runs as CRI containers
@@ -39,7 +43,7 @@ def kubectl() -> Path:
     return binary("kubectl")
 
 
-def real_recipe(component: str, version: str = BUILT_VERSION) -> "ImageRecipe":
+def real_recipe(component: str, version: str = BUILT_VERSION) -> ImageRecipe:
     """`gitops.lab/<component>:<version>`: the cached real binary as /usr/local/bin/<component>.
 
     Like the upstream images, there is no entrypoint: gitops's container specs name the command.

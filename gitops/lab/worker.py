@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gitops import procs
-from gitops.errors import GitopsError
 from gitops.lab import netns, network
 from gitops.lab.errors import LabError
 from gitops.lab.lab import add_runtime, info
 from gitops.lab.netns import RECORD
-from gitops.worker import run as worker_run
 
 CNI_SOURCE = Path("/usr/lib/cni")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
