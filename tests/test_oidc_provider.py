@@ -11,6 +11,7 @@ import time
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from pathlib import Path
 import requests
 from joserfc import jwt
 from joserfc.errors import BadSignatureError
@@ -215,3 +216,44 @@ def test_password_hashes_bcrypt_or_argon2id_only():
     assert verify(hashed, "pw") and verify(argon, "pw")
     assert not verify(hashed, "PW") and not verify(argon, "PW") and not verify(None, "pw")
     assert not verify("pw", "pw")  # a plaintext "hash" never matches
+
+
+def test_gitops_kubeconfig_oidc_prints_a_persons_kubeconfig_with_the_login_plugin(tmp_path):
+    """`gitops kubeconfig --oidc USER`: the cluster's server and CA, and the exec plugin with the Cluster's
+    spec.apiServer.oidc; a cluster that trusts no issuer is an error that says so."""
+    import shutil as sh
+
+    import yaml
+    from click.testing import CliRunner
+    from test_plan_diff import settle
+
+    from gitops.cli import cli as main
+    from gitops.model.validate import validate_repo
+    from gitops.state.store import LocalDirStore
+
+    repo = tmp_path / "repo"
+    sh.copytree(Path(__file__).resolve().parents[1] / "gitops" / "example_repo", repo)
+    path = repo / "clusters/team-a/cluster.yaml"
+    text = path.read_text()
+    assert "\n  apiServer:\n" in text
+    path.write_text(text.replace("\n  apiServer:\n", "\n  apiServer:\n    oidc:\n      issuerURL: https://auth.example.test:8443\n"
+                                 "      clientID: kubernetes\n", 1))
+    result = validate_repo(repo)
+    assert not result.diagnostics, [str(d) for d in result.diagnostics]
+    state, _ = settle(result.model)
+    LocalDirStore(tmp_path / "state").save(state)
+    runner = CliRunner()
+    done = runner.invoke(main, ["kubeconfig", str(repo), "--state-dir", str(tmp_path / "state"), "--cluster", "team-a",
+                                "--oidc", "alice"])
+    assert done.exit_code == 0, done.output
+    config = yaml.safe_load(done.output)
+    user = config["users"][0]["user"]
+    assert "client-key-data" not in user and user["exec"]["command"] == "gitops"
+    assert user["exec"]["args"] == ["oidc-login", "--issuer-url", "https://auth.example.test:8443", "--client-id",
+                                    "kubernetes", "--username", "alice"]
+    admin = yaml.safe_load(runner.invoke(main, ["kubeconfig", str(repo), "--state-dir", str(tmp_path / "state"),
+                                                "--cluster", "team-a"]).output)
+    assert config["clusters"][0]["cluster"] == admin["clusters"][0]["cluster"]
+    refused = runner.invoke(main, ["kubeconfig", str(repo), "--state-dir", str(tmp_path / "state"), "--cluster",
+                                   "team-b", "--oidc", "alice"])
+    assert refused.exit_code == 1 and "Cluster team-b trusts no OIDC issuer" in refused.output
