@@ -257,3 +257,9 @@ def test_gitops_kubeconfig_oidc_prints_a_persons_kubeconfig_with_the_login_plugi
     refused = runner.invoke(main, ["kubeconfig", str(repo), "--state-dir", str(tmp_path / "state"), "--cluster",
                                    "team-b", "--oidc", "alice"])
     assert refused.exit_code == 1 and "Cluster team-b trusts no OIDC issuer" in refused.output
+
+
+def test_the_provider_listens_on_loopback_only(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"issuer": ISSUER}))
+    with pytest.raises(ValueError, match="loopback only"):
+        make_server(str(tmp_path / "config.json"), str(tmp_path / "keys"), "0.0.0.0:5556")

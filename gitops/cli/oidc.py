@@ -51,7 +51,10 @@ def serve(config: str, keys: str, listen: str) -> None:
     """Serve the provider until SIGTERM."""
     from gitops.oidc.provider import make_server
 
-    server = make_server(config, keys, listen)
+    try:
+        server = make_server(config, keys, listen)
+    except (ValueError, KeyError) as err:  # a listen address not on loopback, a configuration without its fields
+        raise GitopsError(f"gitops oidc serve: {err}") from None
     signal.signal(signal.SIGTERM, lambda *_: server.close())
     click.echo(f"gitops oidc: serving on {listen}", err=True)
     try:

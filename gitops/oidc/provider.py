@@ -411,12 +411,20 @@ def new_client_secret() -> tuple[str, str]:
 def make_server(config_path: str, key_dir: str, listen: str):  # noqa: ANN201 -- waitress's server
     """The provider on `listen` (host:port, loopback: its TLS front is the only client), trusting that front's
     X-Forwarded-Proto; `.run()` serves until `.close()`."""
+    import ipaddress
+
     from waitress import create_server
 
+    host, _, port = listen.rpartition(":")
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:  # its TLS front is its only client, and the only one whose X-Forwarded-Proto it trusts
+        raise ValueError(f"the provider listens on loopback only (an IP of 127.0.0.0/8 or ::1), not {host!r}")
     with open(config_path) as f:
         config = ProviderConfig.from_json(json.load(f))
     app = create_app(config, KeyStore(key_dir, config.token_ttl))
-    host, _, port = listen.rpartition(":")
     return create_server(app, host=host.strip("[]"), port=int(port), threads=4, ident="gitops-oidc",
                          trusted_proxy=host.strip("[]"), trusted_proxy_headers={"x-forwarded-proto"},
                          clear_untrusted_proxy_headers=True)
