@@ -321,3 +321,39 @@ def test_the_code_digest_covers_every_module_a_plan_runs(tmp_path):
     assert root / "plan/converged.py" in digested and root / "engine.py" in digested
     assert not [p for p in digested if p.relative_to(root).parts[0] in conv.NOT_PLANNING]
     assert {P(f).resolve() for f in loaded.values() if f} - digested == set()
+
+
+def test_a_fleet_at_two_commits_with_a_halted_rollout_plans_cold_as_in_full(world):
+    """Issue #46.4: team-a runs a commit whose rollout halted in its canary wave, the rest the commit before.
+    The status branch carries both (each cluster's commit, the rollout); a pull request's cold plan of a
+    change to team-c equals the full plan made from the controller's own state, waves and all: a new commit
+    rolls again, wave by wave, and the halt of another commit holds nothing of it."""
+    from gitops.state.records import HALTED, RolloutRecord, WaveRecord
+
+    config_path = world.repo / "gitops.yaml"
+    config_path.write_text(config_path.read_text() + "  rollout:\n    waves:\n      - name: canary\n"
+                           "        selector: {matchLabels: {owner: team-a}}\n        soakSeconds: 60\n"
+                           "      - name: rest\n        soakSeconds: 60\n")
+    halted, before = "a" * 40, "b" * 40
+    for name, record in world.state.clusters.items():
+        record.commit = halted if name == "team-a" else before
+    world.state.rollout = RolloutRecord(halted, [WaveRecord("canary", HALTED, started="2026-11-29T00:00:00Z",
+                                                            breach="success ratio 0.9 < 0.999", breached_cluster="team-a")])
+    model, config = world.load()
+    world.files = status_tree(model, config, world.state, world.observed)
+    write_branch(world.repo, world.files)
+    public = StatusReader.at_ref(world.repo, REF).public_state()
+    assert public["rollout"]["waves"][0]["phase"] == HALTED
+    assert {n: c["commit"] for n, c in public["clusters"].items()}["team-a"] == halted
+
+    world.edit("clusters/team-c/cluster.yaml", "- api.team-c.example.com", "- api.team-c.example.com\n"
+               "      - api2.team-c.example.com")
+    model, config = world.load()
+    cold = plan_against_status(model, config, world.repo, REF, now=NOW)
+    full = make_plan(model, config, world.state, world.observed, now=NOW, source=cold.plan.source).plan
+    assert [a.to_dict() for a in cold.plan.actions] == [a.to_dict() for a in full.actions]
+    assert cold.plan.warnings == full.warnings
+    kinds = [(a.kind.value, a.subject) for a in cold.plan.actions if a.kind.value in ("start-wave", "soak-wave")]
+    assert kinds == [("start-wave", "rest"), ("soak-wave", "rest")], kinds
+    assert {a.cluster for a in cold.plan.actions if a.cluster} == {"team-c"}
+    assert not [w for w in cold.plan.warnings if "halted" in w]
