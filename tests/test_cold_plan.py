@@ -338,7 +338,8 @@ def test_a_fleet_at_two_commits_with_a_halted_rollout_plans_cold_as_in_full(worl
     for name, record in world.state.clusters.items():
         record.commit = halted if name == "team-a" else before
     world.state.rollout = RolloutRecord(halted, [WaveRecord("canary", HALTED, started="2026-11-29T00:00:00Z",
-                                                            breach="success ratio 0.9 < 0.999", breached_cluster="team-a")])
+                                                            breach="success ratio 0.9 < 0.999",
+                                                            breached_cluster="team-a")])
     model, config = world.load()
     world.files = status_tree(model, config, world.state, world.observed)
     write_branch(world.repo, world.files)

@@ -49,8 +49,8 @@ class Issuer:
         (base / "front.pem").chmod(0o600)
         (base / "config.json").write_text(json.dumps({
             "issuer": self.url, "tokenTTL": 600,
-            "users": [{"username": "alice", "email": "alice@example.com", "passwordHash": hash_password(PASSWORD),
-                       "groups": ["tenant-viewers"]}],
+            "users": [{"username": "alice", "email": "alice@example.com",
+                       "passwordHash": hash_password(PASSWORD, rounds=4), "groups": ["tenant-viewers"]}],
             "clients": [{"id": "kubernetes", "grantTypes": ["password", "refresh_token"]}]}))
         self.keys = base / "keys"
         self.server = make_server(str(base / "config.json"), str(self.keys), f"127.0.0.1:{back}")

@@ -31,9 +31,10 @@ SECRET, SECRET_SHA = new_client_secret()
 def provider(tmp_path_factory):
     base = tmp_path_factory.mktemp("oidc")
     config = {"issuer": ISSUER, "tokenTTL": 300,
-              "users": [{"username": "alice", "email": "alice@example.com", "passwordHash": hash_password("wonder"),
-                         "groups": ["devs", "ops"]},
-                        {"username": "<b>bob</b>", "email": "bob@example.com", "passwordHash": hash_password("x")}],
+              "users": [{"username": "alice", "email": "alice@example.com",
+                         "passwordHash": hash_password("wonder", rounds=4), "groups": ["devs", "ops"]},
+                        {"username": "<b>bob</b>", "email": "bob@example.com",
+                         "passwordHash": hash_password("x", rounds=4)}],
               "clients": [{"id": "kubernetes", "redirectURIs": [REDIRECT],
                            "grantTypes": ["authorization_code", "password", "refresh_token"]},
                           {"id": "web", "name": "<script>alert(1)</script>", "redirectURIs": [REDIRECT],
@@ -70,7 +71,8 @@ def pkce() -> tuple[str, str]:
 def authorize(base: str, client: str = "kubernetes", **extra) -> dict:
     verifier, challenge = pkce()
     query = {"response_type": "code", "client_id": client, "redirect_uri": REDIRECT, "scope": "openid email groups",
-             "state": "s-1", "code_challenge": challenge, "code_challenge_method": "S256", "nonce": secrets.token_hex(8), **extra}
+             "state": "s-1", "code_challenge": challenge, "code_challenge_method": "S256",
+             "nonce": secrets.token_hex(8), **extra}
     return {"query": {k: v for k, v in query.items() if v is not None}, "verifier": verifier}
 
 
@@ -210,7 +212,7 @@ def test_a_token_checked_against_another_key_does_not_verify(provider):
 def test_password_hashes_bcrypt_or_argon2id_only():
     from argon2 import PasswordHasher
 
-    hashed = hash_password("pw")
+    hashed = hash_password("pw", rounds=4)
     argon = PasswordHasher().hash("pw")
     assert is_hash(hashed) and is_hash(argon) and not is_hash("pw") and not is_hash("$1$abc$def")
     assert verify(hashed, "pw") and verify(argon, "pw")
@@ -236,8 +238,8 @@ def test_gitops_kubeconfig_oidc_prints_a_persons_kubeconfig_with_the_login_plugi
     path = repo / "clusters/team-a/cluster.yaml"
     text = path.read_text()
     assert "\n  apiServer:\n" in text
-    path.write_text(text.replace("\n  apiServer:\n", "\n  apiServer:\n    oidc:\n      issuerURL: https://auth.example.test:8443\n"
-                                 "      clientID: kubernetes\n", 1))
+    path.write_text(text.replace("\n  apiServer:\n", "\n  apiServer:\n    oidc:\n"
+                                 "      issuerURL: https://auth.example.test:8443\n      clientID: kubernetes\n", 1))
     result = validate_repo(repo)
     assert not result.diagnostics, [str(d) for d in result.diagnostics]
     state, _ = settle(result.model)

@@ -657,7 +657,8 @@ def test_sip_auth_users_and_clients(repo):
            in found, found
     assert "t9.yaml:13: SIPCluster/t9: spec.services.auth.users[1].email: 'ALICE@example.com' is also the email " \
            "of users[0]" in found, found
-    assert [e for e in found if e.startswith("t9.yaml:28: SIPCluster/t10: spec.services.auth.clients[0].redirectURIs[0]")
+    assert [e for e in found
+            if e.startswith("t9.yaml:28: SIPCluster/t10: spec.services.auth.clients[0].redirectURIs[0]")
             and "http://evil.test/cb" in e], found  # (schema: https, or http on loopback only)
     assert len(found) == 3, found
     write(repo, "t9.yaml", f"""

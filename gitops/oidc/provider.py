@@ -197,8 +197,10 @@ margin:.4rem 0}.error{color:#b00}</style></head>
 {% if error %}<p class="error" id="error">{{ error }}</p>{% endif %}
 <form method="post" action="{{ action }}">
 {% for name, value in params %}<input type="hidden" name="{{ name }}" value="{{ value }}">{% endfor %}
-<label for="username">Username</label><input id="username" name="username" value="{{ username }}" autocomplete="username" required>
-<label for="password">Password</label><input id="password" name="password" type="password" autocomplete="current-password" required>
+<label for="username">Username</label>
+<input id="username" name="username" value="{{ username }}" autocomplete="username" required>
+<label for="password">Password</label>
+<input id="password" name="password" type="password" autocomplete="current-password" required>
 <button id="login" type="submit">Log in</button></form></body></html>
 """
 
