@@ -15,8 +15,9 @@ FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "-
 
 
 @contextlib.contextmanager
-def chromium() -> Iterator["object"]:
-    """A Selenium WebDriver on a headless Chromium with a profile of its own, quit (and removed) after."""
+def chromium(*flags: str) -> Iterator["object"]:
+    """A Selenium WebDriver on a headless Chromium with a profile of its own, quit (and removed) after;
+    `flags` are added to its command line."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -24,7 +25,7 @@ def chromium() -> Iterator["object"]:
     profile = tempfile.mkdtemp(prefix="gitops-chromium-")
     options = Options()
     options.binary_location = CHROMIUM
-    for flag in (*FLAGS, f"--user-data-dir={profile}"):
+    for flag in (*FLAGS, *flags, f"--user-data-dir={profile}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:

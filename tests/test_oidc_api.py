@@ -41,17 +41,20 @@ GITOPS_BIN = Path(sys.executable).parent
 class Issuer:
     def __init__(self, base: Path):
         self.base = base
-        front, back = free_ports(FRONT_IP, 1)[0], free_ports("127.0.0.1", 1)[0]
+        front, (back, self.callback_port) = free_ports(FRONT_IP, 1)[0], free_ports("127.0.0.1", 2)
         self.url = f"https://{FRONT_IP}:{front}"
         self.ca = create_ca("issuer-test-ca")
         serving = issue_cert(self.ca, "issuer", ip_addresses=[FRONT_IP], server=True)
+        self.serving_pem = serving.cert_pem
+        self.redirect = f"http://127.0.0.1:{self.callback_port}/callback"
         (base / "front.pem").write_text(serving.cert_pem + serving.key_pem)
         (base / "front.pem").chmod(0o600)
         (base / "config.json").write_text(json.dumps({
             "issuer": self.url, "tokenTTL": 600,
             "users": [{"username": "alice", "email": "alice@example.com",
                        "passwordHash": hash_password(PASSWORD, rounds=4), "groups": ["tenant-viewers"]}],
-            "clients": [{"id": "kubernetes", "grantTypes": ["password", "refresh_token"]}]}))
+            "clients": [{"id": "kubernetes", "grantTypes": ["password", "refresh_token", "authorization_code"],
+                         "redirectURIs": [self.redirect], "name": "Tenant <kubectl>"}]}))
         self.keys = base / "keys"
         self.server = make_server(str(base / "config.json"), str(self.keys), f"127.0.0.1:{back}")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -171,3 +174,77 @@ def test_tokens_signed_by_another_key_or_expired_are_401(world):
     assert status_with(kube, jwt.encode(header, expired, store.signing)) == 401
     other_audience = {**claims, "aud": "someone-else"}
     assert status_with(kube, jwt.encode(header, other_audience, store.signing)) == 401
+
+
+def test_a_person_logs_in_through_the_login_page_in_chromium(world):
+    """The code flow with PKCE in a real browser: the login page, a wrong password refused on it, then the
+    declared password; the code comes back to the client's redirect URI, and its ID token is one the API
+    server accepts (403: authenticated, no RBAC for it)."""
+    import base64
+    import hashlib
+    import http.server
+    import secrets
+    import ssl
+    import urllib.parse
+    import urllib.request
+
+    from browser import chromium
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    issuer, kube, oidc, base = world
+    came_back: list[str] = []
+
+    class Callback(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+            came_back.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<title>back</title>logged in")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", issuer.callback_port), Callback)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    verifier = secrets.token_urlsafe(48)
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    query = {"response_type": "code", "client_id": "kubernetes", "redirect_uri": issuer.redirect,
+             "scope": "openid email groups", "state": secrets.token_hex(8), "nonce": secrets.token_hex(8),
+             "code_challenge": challenge, "code_challenge_method": "S256"}
+    # Chromium trusts exactly the front's certificate (its public key pinned), nothing else
+    spki = x509.load_pem_x509_certificate(issuer.serving_pem.encode()).public_key().public_bytes(
+        Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    pin = base64.b64encode(hashlib.sha256(spki).digest()).decode()
+    try:
+        with chromium(f"--ignore-certificate-errors-spki-list={pin}") as driver:
+            driver.get(f"{issuer.url}/auth?{urllib.parse.urlencode(query)}")
+            assert "Tenant &lt;kubectl&gt;" in driver.page_source  # the client's name, escaped
+            driver.find_element(By.ID, "username").send_keys("alice")
+            driver.find_element(By.ID, "password").send_keys("not the password")
+            driver.find_element(By.ID, "login").click()
+            WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.ID, "error"))
+            assert driver.find_element(By.ID, "error").text == "Wrong username or password." and not came_back
+            driver.find_element(By.ID, "password").send_keys(PASSWORD)
+            driver.find_element(By.ID, "login").click()
+            WebDriverWait(driver, 20).until(lambda d: came_back)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    back = urllib.parse.parse_qs(urllib.parse.urlsplit(came_back[0]).query)
+    assert back["state"] == [query["state"]]
+    form = urllib.parse.urlencode({"grant_type": "authorization_code", "code": back["code"][0],
+                                   "redirect_uri": issuer.redirect, "client_id": "kubernetes",
+                                   "code_verifier": verifier}).encode()
+    context = ssl.create_default_context(cadata=issuer.ca.cert_pem)
+    with urllib.request.urlopen(urllib.request.Request(f"{issuer.url}/token", form), timeout=10,
+                                context=context) as answer:
+        token = json.loads(answer.read())["id_token"]
+    claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
+    assert (claims["email"], claims["nonce"], claims["aud"]) == ("alice@example.com", query["nonce"], "kubernetes")
+    assert status_with(kube, token) == 403  # authenticated as alice@example.com; RBAC grants her nothing here

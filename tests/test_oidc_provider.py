@@ -181,7 +181,9 @@ def test_the_login_page_escapes_what_it_shows(provider):
     assert "<script>" not in page.text and "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
     refused = login(base, flow["query"], "<b>bob</b>", "wrong")
     assert "<b>bob</b>" not in refused.text and "&lt;b&gt;bob&lt;/b&gt;" in refused.text
-    assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+    csp = page.headers["Content-Security-Policy"]
+    # the form posts to the provider, whose answer redirects to the client: a browser holds both to form-action
+    assert "frame-ancestors 'none'" in csp and "form-action 'self' http://127.0.0.1:18000;" in csp, csp
 
 
 def test_keys_are_born_on_first_start_and_a_rotated_key_stays_published_until_its_tokens_expire(tmp_path):

@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from authlib.integrations.flask_oauth2 import AuthorizationServer
 from authlib.oauth2.rfc6749 import InvalidRequestError, grants
@@ -218,6 +219,10 @@ class _PKCE(CodeChallenge):
         super().validate_code_challenge(grant, redirect_uri)
 
 
+def _csp(form_action: str) -> str:
+    return f"default-src 'none'; style-src 'unsafe-inline'; form-action {form_action}; frame-ancestors 'none'"
+
+
 def create_app(config: ProviderConfig, keys: KeyStore) -> Flask:
     """The provider as a WSGI app."""
     app = Flask("gitops.oidc")
@@ -342,8 +347,7 @@ def create_app(config: ProviderConfig, keys: KeyStore) -> Flask:
         response.headers["Cache-Control"] = "no-store"
         response.headers["X-Frame-Options"] = "DENY"
         response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Content-Security-Policy"] = "default-src 'none'; style-src 'unsafe-inline'; " \
-                                                      "form-action 'self'; frame-ancestors 'none'"
+        response.headers.setdefault("Content-Security-Policy", _csp("'self'"))
         response.headers["Referrer-Policy"] = "no-referrer"
         return response
 
@@ -364,12 +368,17 @@ def create_app(config: ProviderConfig, keys: KeyStore) -> Flask:
     def jwks() -> Response:
         return jsonify(keys.jwks())
 
-    def _login_page(error: str = "", status: int = 200) -> tuple[str, int]:
+    def _login_page(grant: Any, error: str = "", status: int = 200) -> Response:
         client = clients.get(request.values.get("client_id", ""))
         params = [(k, v) for k, v in request.values.items(multi=True) if k not in ("username", "password")]
-        return render_template_string(LOGIN_PAGE, issuer=issuer, client=(client.name or client.client_id) if client
+        page = render_template_string(LOGIN_PAGE, issuer=issuer, client=(client.name or client.client_id) if client
                                       else "", error=error, params=params, action=f"{issuer}/auth",
-                                      username=request.values.get("username", "")), status
+                                      username=request.values.get("username", ""))
+        # a browser holds the form's redirect to the client to form-action too: the client's (validated) origin
+        parts = urlsplit(grant.redirect_uri or "")
+        origin = f"{parts.scheme}://{parts.netloc}" if parts.scheme in ("https", "http") and parts.netloc else ""
+        return Response(page, status, mimetype="text/html",
+                        headers={"Content-Security-Policy": _csp(f"'self' {origin}".strip())})
 
     @app.route("/auth", methods=["GET", "POST"])
     def authorize() -> Any:
@@ -380,10 +389,10 @@ def create_app(config: ProviderConfig, keys: KeyStore) -> Flask:
             return Response(f"refused: {getattr(err, 'error', 'invalid_request')}: {description}\n", 400,
                             mimetype="text/plain")
         if request.method == "GET":
-            return _login_page()
+            return _login_page(grant)
         user = users.get(request.form.get("username", ""))
         if not verify(user.password_hash if user else None, request.form.get("password", "")):
-            return _login_page("Wrong username or password.", 401)
+            return _login_page(grant, "Wrong username or password.", 401)
         return server.create_authorization_response(grant_user=user, grant=grant)
 
     @app.post("/token")
