@@ -267,3 +267,46 @@ def test_the_provider_listens_on_loopback_only(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"issuer": ISSUER}))
     with pytest.raises(ValueError, match="loopback only"):
         make_server(str(tmp_path / "config.json"), str(tmp_path / "keys"), "0.0.0.0:5556")
+
+
+def test_a_password_past_bcrypts_72_bytes_is_refused_alike_for_known_and_unknown_users(provider):
+    base, _ = provider
+    answers = [post(base, "/token", data={"grant_type": "password", "username": user, "password": "p" * 100,
+                                           "client_id": "kubernetes", "scope": "openid"}).status_code
+               for user in ("alice", "mallory")]
+    assert answers == [400, 400], answers  # no 500 that would tell the two apart
+
+
+def test_a_code_exchanged_twice_at_once_gives_one_token(provider):
+    base, _ = provider
+    flow = authorize(base)
+    code = parse_qs(urlsplit(login(base, flow["query"]).headers["Location"]).query)["code"][0]
+    data = {"grant_type": "authorization_code", "code": code, "redirect_uri": REDIRECT, "client_id": "kubernetes",
+            "code_verifier": flow["verifier"]}
+    statuses: list[int] = []
+    threads = [threading.Thread(target=lambda: statuses.append(post(base, "/token", data=data).status_code))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(statuses) == [200, 400, 400, 400], statuses
+
+
+def test_retired_keys_are_kept_for_the_longest_token_lifetime_a_provider_gave(tmp_path):
+    KeyStore(tmp_path, token_ttl=86400)  # the provider: day-long tokens
+    rotating = KeyStore(tmp_path, token_ttl=600)  # `gitops oidc rotate-keys` with its default
+    first = rotating.signing.kid
+    now = time.time()
+    rotating.rotate(now)
+    rotating.rotate(now + 3600)  # an hour later: the first key's tokens may still be valid
+    assert first in {k["kid"] for k in rotating.jwks(now + 3600)["keys"]}
+    assert (tmp_path / f"{first}.pem").exists()
+
+
+def test_the_login_sends_a_password_over_https_only(tmp_path, monkeypatch):
+    from gitops.oidc.login import Login, LoginError, id_token
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(LoginError, match="over https only"):
+        id_token(Login("http://auth.example.test", "kubernetes", "alice"))

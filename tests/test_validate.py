@@ -650,6 +650,19 @@ def test_sip_auth_users_and_clients(repo):
             auth:
               clients:
                 - {{id: web, redirectURIs: ["http://evil.test/cb"]}}
+        ---
+        apiVersion: gitops.infra/v1alpha1
+        kind: SIPCluster
+        metadata:
+          name: t11
+        spec:
+          nodes:
+            ControlPlane:
+              count: {{active: 1}}
+          services:
+            auth:
+              clients:
+                - {{id: web, redirectURIs: ["http://localhost:@evil.example/cb", "https://app.test/cb"]}}
         """)
     found = errors(repo)
     assert "t9.yaml:12: SIPCluster/t9: spec.services.auth.users[0].passwordHash: not a bcrypt ($2b$...) or argon2id " \
@@ -660,7 +673,9 @@ def test_sip_auth_users_and_clients(repo):
     assert [e for e in found
             if e.startswith("t9.yaml:28: SIPCluster/t10: spec.services.auth.clients[0].redirectURIs[0]")
             and "http://evil.test/cb" in e], found  # (schema: https, or http on loopback only)
-    assert len(found) == 3, found
+    assert "t9.yaml:41: SIPCluster/t11: spec.services.auth.clients[0].redirectURIs[0]: " \
+           "'http://localhost:@evil.example/cb' carries user info: a redirect URI names a host only" in found, found
+    assert len(found) == 4, found
     write(repo, "t9.yaml", f"""
         apiVersion: gitops.infra/v1alpha1
         kind: SIPCluster

@@ -83,7 +83,10 @@ def hash_password() -> None:
         else sys.stdin.readline().rstrip("\n")
     if not password:
         raise GitopsError("an empty password")
-    click.echo(make(password))
+    try:
+        click.echo(make(password))
+    except ValueError as err:
+        raise GitopsError(str(err)) from None
 
 
 COMMANDS: list[click.Command] = [oidc_login, oidc]

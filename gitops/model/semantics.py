@@ -395,10 +395,36 @@ def sip_auth(docs: list[Document], _everything: list[Document]) -> Iterable[Diag
             first = ids.setdefault(client["id"], i)
             if first != i:
                 yield sip.error(base + ("clients", i, "id"), f"{client['id']!r} is also the id of clients[{first}]")
+            for j, uri in enumerate(client.get("redirectURIs", [])):
+                problem = _redirect_problem(uri)
+                if problem:
+                    yield sip.error(base + ("clients", i, "redirectURIs", j), problem)
             grants = client.get("grantTypes", ["authorization_code", "refresh_token"])
             if "authorization_code" in grants and not client.get("redirectURIs"):
                 yield sip.error(base + ("clients", i),
                                 "a client of the code flow (grantTypes authorization_code) needs redirectURIs")
+
+
+def _redirect_problem(uri: str) -> str:
+    """Why a client's redirect URI is refused ("" when it is not): https to a host, or http to loopback only (a
+    CLI's own listener); no user info, no fragment."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(uri)
+        host = parts.hostname or ""
+        parts.port  # noqa: B018 -- a port that is not a number raises here
+    except ValueError as err:
+        return f"{uri!r} is not a URL: {err}"
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        return f"{uri!r} carries user info: a redirect URI names a host only"
+    if parts.fragment or not host:
+        return f"{uri!r} needs a host and no fragment"
+    if parts.scheme == "http" and host not in ("127.0.0.1", "localhost", "::1"):
+        return f"{uri!r}: http only to loopback (127.0.0.1, localhost, ::1); https otherwise"
+    if parts.scheme not in ("http", "https"):
+        return f"{uri!r}: https, or http to loopback"
+    return ""
 
 
 def network_data(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:

@@ -9,12 +9,14 @@ comes from `$GITOPS_OIDC_PASSWORD` when set (scripts), else it is asked on the t
 from __future__ import annotations
 
 import base64
+import fcntl
 import getpass
 import hashlib
 import json
 import os
 import ssl
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -89,7 +91,11 @@ def _token_endpoint(login: Login, context: ssl.SSLContext) -> str:
         raise LoginError(f"{url}: no discovery document: {getattr(err, 'reason', err)}") from None
     if found.get("issuer", "").rstrip("/") != login.issuer_url.rstrip("/"):
         raise LoginError(f"{url} names another issuer: {found.get('issuer')!r}")
-    return found["token_endpoint"]
+    endpoint = str(found.get("token_endpoint", ""))
+    mine, theirs = urllib.parse.urlsplit(login.issuer_url), urllib.parse.urlsplit(endpoint)
+    if (theirs.scheme, theirs.netloc) != (mine.scheme, mine.netloc):  # the password goes to the issuer only
+        raise LoginError(f"{url}: its token endpoint {endpoint!r} is not on the issuer's origin")
+    return endpoint
 
 
 def _password() -> str:
@@ -102,9 +108,19 @@ def _password() -> str:
 
 
 def id_token(login: Login, now: float | None = None) -> tuple[str, int]:
-    """(ID token, its expiry) for `login`: cached, refreshed or logged in."""
-    now = time.time() if now is None else now
+    """(ID token, its expiry) for `login`: cached, refreshed or logged in; one process at a time per cache file
+    (kubectl may run the plugin several times at once: one logs in or refreshes, the others read its token)."""
+    if urllib.parse.urlsplit(login.issuer_url).scheme != "https":
+        raise LoginError(f"{login.issuer_url}: an issuer is reached over https only (a password goes there)")
     path = login.cache_file()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _id_token(login, path, time.time() if now is None else now)
+
+
+def _id_token(login: Login, path: Path, now: float) -> tuple[str, int]:
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -128,11 +144,10 @@ def id_token(login: Login, now: float | None = None) -> tuple[str, int]:
     if not token:
         raise LoginError(f"{login.issuer_url} answered no ID token (is `openid` among the client's scopes?)")
     expiry = int(_claims(token).get("exp", now + 60))
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path.with_suffix(".new"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".token-")  # 0600, a name of its own
     with os.fdopen(fd, "w") as f:
         json.dump({"id_token": token, "refresh_token": answer.get("refresh_token", ""), "expiry": expiry}, f)
-    os.replace(path.with_suffix(".new"), path)
+    os.replace(temp, path)
     return token, expiry
 
 

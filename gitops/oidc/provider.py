@@ -27,12 +27,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from authlib.integrations.flask_oauth2 import AuthorizationServer
-from authlib.oauth2.rfc6749 import InvalidRequestError, grants
+from authlib.oauth2.rfc6749 import InvalidRequestError, OAuth2Error, grants
 from authlib.oauth2.rfc6749.util import list_to_scope, scope_to_list
 from authlib.oauth2.rfc7636 import CodeChallenge
 from authlib.oidc.core import UserInfo
 from authlib.oidc.core.grants import OpenIDCode, OpenIDToken
-from flask import Flask, Response, jsonify, render_template_string, request
+from flask import Flask, Response, g, jsonify, render_template_string, request
 
 from gitops.oidc.keys import KeyStore
 from gitops.oidc.passwords import verify
@@ -258,13 +258,14 @@ def create_app(config: ProviderConfig, keys: KeyStore) -> Flask:
         """How ID tokens are signed and what they claim (a mixin of the OIDC extensions)."""
 
         def resolve_client_private_key(self, client: Client):  # noqa: ANN201 -- joserfc's key
-            return keys.signing
+            return g.pop("signing_key", None) or keys.signing  # the key whose kid the header names
 
         def get_client_algorithm(self, client: Client) -> str:
             return "RS256"
 
         def get_encode_header(self, client: Client) -> dict[str, str]:
-            return {"alg": "RS256", "kid": keys.signing.kid, "typ": "JWT"}
+            g.signing_key = keys.signing  # one key for the header and the signature, whatever rotates meanwhile
+            return {"alg": "RS256", "kid": g.signing_key.kid, "typ": "JWT"}
 
         def get_client_claims(self, client: Client) -> dict[str, Any]:
             now = int(time.time())
@@ -295,8 +296,8 @@ def create_app(config: ProviderConfig, keys: KeyStore) -> Flask:
                     memory.nonces[(req.client.client_id, data["nonce"])] = time.time() + CODE_TTL + config.token_ttl
 
         def query_authorization_code(self, code: str, client: Client) -> _Code | None:
-            with memory.lock:
-                found = memory.codes.get(code)
+            with memory.lock:  # taken out as it is read: of two requests at once with one code, one gets it
+                found = memory.codes.pop(code, None)
             if found is None or found.client_id != client.client_id or found.expires < time.time():
                 return None
             return found
@@ -320,8 +321,8 @@ def create_app(config: ProviderConfig, keys: KeyStore) -> Flask:
         INCLUDE_NEW_REFRESH_TOKEN = True
 
         def authenticate_refresh_token(self, refresh_token: str) -> _Token | None:
-            with memory.lock:
-                found = memory.refresh.get(refresh_token)
+            with memory.lock:  # used once, even by two requests at once
+                found = memory.refresh.pop(refresh_token, None)
             return found if found is not None and found.refresh_expires > time.time() else None
 
         def authenticate_user(self, credential: _Token) -> User | None:
@@ -384,7 +385,7 @@ def create_app(config: ProviderConfig, keys: KeyStore) -> Flask:
     def authorize() -> Any:
         try:  # a bad client, redirect URI, response type or missing PKCE: refused before any login
             grant = server.get_consent_grant(end_user=None)
-        except Exception as err:  # noqa: BLE001 -- Authlib's OAuth2Error and its kinds
+        except OAuth2Error as err:
             description = getattr(err, "description", "") or str(err)
             return Response(f"refused: {getattr(err, 'error', 'invalid_request')}: {description}\n", 400,
                             mimetype="text/plain")
@@ -397,7 +398,11 @@ def create_app(config: ProviderConfig, keys: KeyStore) -> Flask:
 
     @app.post("/token")
     def token() -> Response:
-        return server.create_token_response()
+        try:
+            return server.create_token_response()
+        except OAuth2Error as err:  # raised before Authlib's own handling (a request not over https)
+            return Response(json.dumps({"error": err.error, "error_description": err.description or ""}), 400,
+                            mimetype="application/json")
 
     @app.route("/userinfo", methods=["GET", "POST"])
     def userinfo() -> Any:
