@@ -1,5 +1,6 @@
-"""Kubeconfigs gitops writes and reads: admin kubeconfigs from the recorded admin credential, and
-the `cluster-info` kubeconfig (server and CA, no user) workers discover a cluster with."""
+"""Kubeconfigs gitops writes and reads: admin kubeconfigs from the recorded admin credential, a person's
+(their token from an exec plugin), and the `cluster-info` kubeconfig (server and CA, no user) workers
+discover a cluster with."""
 from __future__ import annotations
 
 import base64
@@ -15,14 +16,13 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def admin_kubeconfig(cluster: str, record: ClusterRecord, endpoint: str, host_override: str | None = None) -> str:
-    """A kubeconfig for `kubernetes-admin` (O=system:masters) at `endpoint` (https://host:port)."""
-    if record.admin is None:
-        raise ValueError(f"cluster {cluster} has no admin credential yet")
+def _kubeconfig(cluster: str, record: ClusterRecord, endpoint: str, host_override: str | None, user: str,
+                credential: dict, context: str) -> str:
+    """One cluster (the recorded cluster CA, `endpoint` with `host_override` as its host), one user, one
+    context, as YAML with sorted keys."""
     if host_override:
         parts = urlsplit(endpoint)
         endpoint = f"{parts.scheme}://{host_port(host_override, parts.port)}"
-    user = f"{cluster}-admin"
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -30,15 +30,32 @@ def admin_kubeconfig(cluster: str, record: ClusterRecord, endpoint: str, host_ov
             "server": endpoint,
             "certificate-authority-data": _b64(record.trust_bundle("cluster")),
         }}],
-        "users": [{"name": user, "user": {
-            "client-certificate-data": _b64(record.admin.cert_pem),
-            "client-key-data": _b64(record.admin.key_pem),
-        }}],
-        "contexts": [{"name": f"{user}@{cluster}", "context": {"cluster": cluster, "user": user}}],
-        "current-context": f"{user}@{cluster}",
+        "users": [{"name": user, "user": credential}],
+        "contexts": [{"name": context, "context": {"cluster": cluster, "user": user}}],
+        "current-context": context,
         "preferences": {},
     }
     return yaml.safe_dump(config, sort_keys=True)
+
+
+def admin_kubeconfig(cluster: str, record: ClusterRecord, endpoint: str, host_override: str | None = None) -> str:
+    """A kubeconfig for `kubernetes-admin` (O=system:masters) at `endpoint` (https://host:port)."""
+    if record.admin is None:
+        raise ValueError(f"cluster {cluster} has no admin credential yet")
+    user = f"{cluster}-admin"
+    credential = {"client-certificate-data": _b64(record.admin.cert_pem),
+                  "client-key-data": _b64(record.admin.key_pem)}
+    return _kubeconfig(cluster, record, endpoint, host_override, user, credential, f"{user}@{cluster}")
+
+
+def person_kubeconfig(cluster: str, record: ClusterRecord, endpoint: str, username: str, plugin_args: list[str],
+                      host_override: str | None = None) -> str:
+    """A kubeconfig for `username`, whose token `gitops <plugin_args>` prints (an exec credential plugin)."""
+    user = f"{username}@{cluster}"
+    credential = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "gitops",
+                           "args": plugin_args,
+                           "installHint": "gitops oidc-login comes with gitops: pip install gitops"}}
+    return _kubeconfig(cluster, record, endpoint, host_override, user, credential, user)
 
 
 def cluster_info_kubeconfig(endpoint: str, ca_pem: str) -> str:

@@ -16,16 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from joserfc import jwt
 from joserfc.jwk import RSAKey
 
 from gitops.model.resources import ApiServerOIDC
 from gitops.oidc.keys import KeyStore
-from gitops.oidc.login import Login, oidc_kubeconfig
+from gitops.kubeconfig import person_kubeconfig
+from gitops.oidc.login import Login, plugin_args
 from gitops.oidc.passwords import hash_password
 from gitops.oidc.provider import make_server
 from gitops.pki import create_ca, issue_cert
+from gitops.state.records import CertRecord, ClusterRecord
 
 from kubeapi import KubeAPI, kube_api_server
 from ports import free_ports
@@ -110,9 +111,9 @@ def login_env(base: Path, password: str = PASSWORD) -> dict[str, str]:
 def test_a_person_logs_in_with_kubectl_and_rbac_decides(world):
     issuer, kube, oidc, base = world
     kubeconfig = base / "alice.kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump(oidc_kubeconfig("tenant", kube.url, kube.ca.cert_pem,
-                                                         Login(oidc.issuer_url, oidc.client_id, "alice",
-                                                               oidc.ca_bundle))))
+    record = ClusterRecord(authorities={"cluster": CertRecord(kube.ca.cert_pem, "")})
+    args = plugin_args(Login(oidc.issuer_url, oidc.client_id, "alice", oidc.ca_bundle))
+    kubeconfig.write_text(person_kubeconfig("tenant", record, kube.url, "alice", args))
     env = login_env(base)
 
     def kubectl(*args: str) -> subprocess.CompletedProcess:

@@ -7,18 +7,16 @@ import os
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import click
-import yaml
 from rich.console import Console
 
 from gitops.cli.secrets import identity_option, read_identity
 from gitops.compile import compile_desired
 from gitops.engine import ApplyResult, apply_plan, make_plan, observe_all
 from gitops.errors import GitopsError
-from gitops.hostport import host_port
-from gitops.kubeconfig import admin_kubeconfig
+from gitops.kubeconfig import admin_kubeconfig, person_kubeconfig
+from gitops.model.resources import ApiServerOIDC
 from gitops.model.validate import InvalidRepo, validate_repo
 from gitops.plan import converged
 from gitops.plan.actions import Action, Plan, UnknownKind
@@ -282,27 +280,24 @@ def kubeconfig(repo: Path, state_dir: Path | None, cluster: str, endpoint_host_o
                oidc_user: str | None) -> None:
     """Print an admin kubeconfig (kubernetes-admin, system:masters) for CLUSTER's ingress, or with --oidc one
     for a person."""
-    record, endpoint = applied_cluster(repo, state_dir, cluster)
+    record, endpoint, oidc = applied_cluster(repo, state_dir, cluster)
     if endpoint is None:
         raise GitopsError(f"Cluster {cluster} has no controlplane-ingress Node, so it has no API endpoint")
     if oidc_user is None:
         click.echo(admin_kubeconfig(cluster, record, endpoint, endpoint_host_override), nl=False)
         return
-    from gitops.oidc.login import Login, oidc_kubeconfig
+    from gitops.oidc.login import Login, plugin_args
 
-    oidc = load(repo, sealed_ok=True).model.clusters[cluster].oidc
     if oidc is None:
         raise GitopsError(f"Cluster {cluster} trusts no OIDC issuer: set its spec.apiServer.oidc first")
-    if endpoint_host_override:
-        endpoint = f"https://{host_port(endpoint_host_override, urlsplit(endpoint).port)}"
-    config = oidc_kubeconfig(cluster, endpoint, record.trust_bundle("cluster"),
-                             Login(oidc.issuer_url, oidc.client_id, oidc_user, oidc.ca_bundle))
-    click.echo(yaml.safe_dump(config, sort_keys=True), nl=False)
+    args = plugin_args(Login(oidc.issuer_url, oidc.client_id, oidc_user, oidc.ca_bundle))
+    click.echo(person_kubeconfig(cluster, record, endpoint, oidc_user, args, endpoint_host_override), nl=False)
 
 
-def applied_cluster(repo: Path, state_dir: Path | None, cluster: str) -> tuple[ClusterRecord, str | None]:
-    """CLUSTER's recorded credentials (it must have been applied) and its ingress endpoint (None without one).
-    Contacts no hypervisor, so encrypted client keys may stay encrypted."""
+def applied_cluster(repo: Path, state_dir: Path | None,
+                    cluster: str) -> tuple[ClusterRecord, str | None, ApiServerOIDC | None]:
+    """CLUSTER's recorded credentials (it must have been applied), its ingress endpoint (None without one) and
+    the OIDC issuer it trusts. Contacts no hypervisor, so encrypted client keys may stay encrypted."""
     model = load(repo, sealed_ok=True).model
     if cluster not in model.clusters:
         raise GitopsError(f"no Cluster {cluster!r} in {repo} (defined: {', '.join(sorted(model.clusters)) or 'none'})")
@@ -310,7 +305,7 @@ def applied_cluster(repo: Path, state_dir: Path | None, cluster: str) -> tuple[C
     record = state.clusters.get(cluster)
     if record is None or record.admin is None:
         raise GitopsError(f"Cluster {cluster} has not been applied yet (no credentials recorded); run gitops apply")
-    return record, compile_desired(model, state).desired.clusters[cluster].api_endpoint
+    return record, compile_desired(model, state).desired.clusters[cluster].api_endpoint, model.clusters[cluster].oidc
 
 
 COMMANDS: list[click.Command] = [plan, apply, kubeconfig]

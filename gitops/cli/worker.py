@@ -43,7 +43,7 @@ def join_token() -> None:
 def join_token_create(repo: Path, state_dir: Path | None, cluster: str, ttl: str) -> None:
     """Create a bootstrap token in CLUSTER and print the `gitops join` command a worker runs."""
     lifetime = _duration(ttl)
-    record, endpoint = applied_cluster(repo, state_dir, cluster)
+    record, endpoint, _ = applied_cluster(repo, state_dir, cluster)
     if endpoint is None:
         raise GitopsError(f"Cluster {cluster} has no controlplane-ingress Node: workers have nothing to join")
     token_id, secret = new_token()

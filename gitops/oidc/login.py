@@ -158,18 +158,10 @@ def exec_credential(token: str, expiry: int) -> str:
                                   "expirationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expiry))}})
 
 
-def oidc_kubeconfig(cluster: str, server: str, cluster_ca_pem: str, login: Login) -> dict:
-    """A kubeconfig for `login.username` on `cluster`, whose token comes from `gitops oidc-login`."""
+def plugin_args(login: Login) -> list[str]:
+    """The arguments of `gitops` that log `login` in (a kubeconfig's exec plugin)."""
     args = ["oidc-login", "--issuer-url", login.issuer_url, "--client-id", login.client_id,
             "--username", login.username]
     if login.ca_pem:
         args += ["--certificate-authority-data", base64.b64encode(login.ca_pem.encode()).decode()]
-    user = f"{login.username}@{cluster}"
-    return {"apiVersion": "v1", "kind": "Config", "preferences": {},
-            "clusters": [{"name": cluster, "cluster": {
-                "server": server, "certificate-authority-data": base64.b64encode(cluster_ca_pem.encode()).decode()}}],
-            "users": [{"name": user, "user": {"exec": {
-                "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "gitops", "args": args,
-                "installHint": "gitops oidc-login comes with gitops: pip install gitops"}}}],
-            "contexts": [{"name": user, "context": {"cluster": cluster, "user": user}}],
-            "current-context": user}
+    return args
