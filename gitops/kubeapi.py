@@ -111,6 +111,7 @@ class KubeAPI:
             # an idle kept-alive connection while it shuts down gracefully is not a failed request (client-go
             # replays an idempotent request in that case; a probe that reused the connection would count it)
             self._headers["Connection"] = "close"
+            self._fresh = True
 
     @classmethod
     def from_kubeconfig(cls, path: str | os.PathLike[str], context: str | None = None, *,
@@ -134,6 +135,7 @@ class KubeAPI:
         config.retries = False  # urllib3: no silent reconnect loops; callers retry
         self.server: str = config.host
         self.timeout = timeout
+        self._fresh = False
         self._config = config
         self._headers = {"Accept": "application/json", "Content-Type": "application/json",
                          "User-Agent": "gitops"}
@@ -170,6 +172,9 @@ class KubeAPI:
         except Exception as err:  # noqa: BLE001 -- urllib3 raises many kinds; all mean "no answer"
             reason = _reason(err)
             raise KubeAPIError(f"{self.server}: {method} {path}: no answer: {reason}", details=reason) from None
+        finally:
+            if self._fresh:  # (urllib3 keeps a connection the answer did not say it closes: never reuse it)
+                self._client.rest_client.pool_manager.clear()
         data = response.data or b""
         try:
             decoded = json.loads(data) if data else {}

@@ -11,7 +11,8 @@
 # of 2 pods behind a ClusterIP Service; an etcd backup of team-a with restic, listed; a check that nothing of the
 # lab is on the host's network (no address outside 127.0.0.0/8 added, no KUBE-* chain). Last, the lab is handed
 # to a controller (the repo pushed to a local bare repo, the state to its status branch, `gitops watch --ui`),
-# and the demo prints the web UI's URL.
+# and the demo ends with kubectl on team-a as alice, a person of tenant-1's OIDC provider (a pod gitops runs on a
+# public machine, which team-a's API servers trust), and prints the web UI's URL.
 # The lab stays up afterwards so you can look around; the last lines say how
 # to inspect it and tear it down. A run starts by undoing what an earlier one left in
 # $GITOPS_DEMO_DIR, finished, failed or still running, so it can always be run again.
@@ -28,7 +29,7 @@ REPO=$WORK/repo
 STATE=$WORK/state
 #: everything a run writes in $WORK but the controller's age identity (controller.key, kept if it reads)
 ARTEFACTS=(repo state demo.plan team-a.kubeconfig web.yaml client.yaml worker backups origin.git controller
-           controller.log controller.pid lab-hypervisors.yaml)
+           controller.log controller.pid lab-hypervisors.yaml oidc-user.txt team-a-oidc.kubeconfig oidc-cache)
 
 tree() {  # PID and its descendants, deepest first
     local child
@@ -88,6 +89,8 @@ echo "== gitops lab up: 5 containerd hypervisors (3 private, 2 public), each a m
 echo "   with gitops hypervisor init (on the machine) and its fleet side (mTLS fronts)"
 $G lab up --dir "$LAB" --hypervisors 5 --public 2 --remote > "$WORK/lab-hypervisors.yaml"
 $G lab status --dir "$LAB"
+echo "== the image tenant-1's OIDC provider runs (this gitops), into the public machines"
+$G lab images oidc --dir "$LAB"
 
 echo "== the example repo, wired to the lab: $REPO"
 # the hypervisors' mTLS client keys go to git age-encrypted to the controller's identity;
@@ -96,7 +99,13 @@ age-keygen -y "$WORK/controller.key" >/dev/null 2>&1 || { rm -f "$WORK/controlle
 export GITOPS_IDENTITY=$WORK/controller.key
 # two ingress nodes per cluster, on the two public machines: each cluster is reached at a virtual IP of the
 # lab's pool (gitops.yaml spec.ingress.virtualIPs), which keepalived moves between them
-$G lab example-repo --dir "$LAB" "$REPO" --encrypt-to "$(age-keygen -y "$WORK/controller.key")" --ingress-nodes 2
+# one person, alice, in tenant-1's OIDC provider: the repo holds her password's bcrypt hash, the password
+# stays in $WORK/oidc-user.txt (mode 0600); team-a's API servers trust that provider
+PASSWORD=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
+(umask 077 && echo "alice $PASSWORD" > "$WORK/oidc-user.txt")
+HASH=$(printf '%s\n' "$PASSWORD" | $G oidc hash-password)
+$G lab example-repo --dir "$LAB" "$REPO" --encrypt-to "$(age-keygen -y "$WORK/controller.key")" --ingress-nodes 2 \
+    --oidc-user alice --oidc-password-hash "$HASH"
 $G secrets list "$REPO"
 $G validate "$REPO"
 
@@ -222,6 +231,25 @@ if [ -z "$APPLIED" ]; then
 fi
 git -C "$ORIGIN" log --oneline -3 gitops/status
 
+echo "== kubectl on team-a as alice, who logs in through tenant-1's OIDC provider (a pod on a public machine)"
+(umask 077 && $G kubeconfig "$REPO" --state-dir "$STATE" --cluster team-a --oidc alice > "$WORK/team-a-oidc.kubeconfig")
+echo "her kubeconfig's issuer: $(awk '/- --issuer-url/ {getline; print $2}' "$WORK/team-a-oidc.kubeconfig")"
+k -n default create role configmap-reader --verb=get,list --resource=configmaps
+k -n default create rolebinding tenant-1-viewers --role=configmap-reader --group=oidc:tenant-1-viewers
+export PATH=$PWD/.venv/bin:$PATH  # kubectl runs `gitops oidc-login` for the token (the kubeconfig's exec plugin)
+a() {
+    echo "\$ kubectl --kubeconfig team-a-oidc.kubeconfig $*"
+    GITOPS_OIDC_PASSWORD=$PASSWORD XDG_CACHE_HOME=$WORK/oidc-cache \
+        "$KUBECTL" --kubeconfig "$WORK/team-a-oidc.kubeconfig" "$@"
+}
+for _ in $(seq 1 60); do  # RBAC takes the binding in
+    GITOPS_OIDC_PASSWORD=$PASSWORD XDG_CACHE_HOME=$WORK/oidc-cache "$KUBECTL" --kubeconfig "$WORK/team-a-oidc.kubeconfig" \
+        -n default get configmap gitops-demo >/dev/null 2>&1 && break
+    sleep 1
+done
+a -n default get configmap gitops-demo -o jsonpath='{.data.hello}{"\n"}'
+a get nodes 2>&1 || true  # what her group is not bound to: refused
+
 cat <<MSG
 
 Done. A controller now runs the lab (its log: $WORK/controller.log). Its web UI:
@@ -236,6 +264,8 @@ GITOPS_IDENTITY=$WORK/controller.key: export it first):
   $G backup list $REPO --cluster team-a
   $G status --repo $REPO --ref gitops/status  (after: git -C $REPO fetch $ORIGIN gitops/status:gitops/status)
   $KUBECTL --kubeconfig $WORK/team-a.kubeconfig get --raw /readyz
+  GITOPS_OIDC_PASSWORD=… $KUBECTL --kubeconfig $WORK/team-a-oidc.kubeconfig -n default get configmaps  (as alice;
+    her password: $WORK/oidc-user.txt; without the variable, gitops oidc-login asks for it)
 Tear it all down with (the worker leaves with the lab; running the demo again does this first):
   kill \$(cat $WORK/controller.pid)
   $G lab down --dir $LAB

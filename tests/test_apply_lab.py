@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import http.client
+import urllib.request
 import socket
 from collections import Counter
 from collections.abc import Callable
@@ -1042,6 +1043,97 @@ def test_an_api_server_flag_change_rolls_the_api_servers_with_no_failed_request(
     assert len(servers) == 3 and all("--event-ttl=2h0m0s" in argv for argv in servers), servers
     assert_converged(world)
     (world.repo / "clusters/team-a/cluster.yaml").write_text(original)  # left to the next apply
+
+
+def test_sip_oidc_provider_runs_in_its_pod_and_team_a_trusts_it(world):
+    """(#47) tenant-1's provider declares a user: its pod runs on the public hypervisor over TLS (a certificate
+    from the CA gitops keeps for tenant-1's services), team-a trusts it by name (its API servers roll, no
+    request failed), the user's kubectl gets 403 then 200 once RBAC binds its group; a provider removed by hand
+    is healed with the keys it had."""
+    import secrets as random
+
+    from gitops.compile.authorities import SERVICE_AUTHORITY
+    from gitops.lab.example import declare_oidc_user
+    from gitops.oidc.passwords import hash_password
+
+    world_gitops("lab", "images", "oidc", "--dir", str(world.dir / "lab"))
+    password = random.token_urlsafe(12)
+    declare_oidc_user(world.repo, "alice", hash_password(password))
+    applied = under_probe(world, "team-a", "oidc", world.apply_stamped)
+    assert "tenant-1-auth" in applied and "team-a/team-a-cp-3/kube-apiserver" in applied, applied
+    state, hvs = LocalDirStore(world.state).load(), world.hypervisors()
+    placed = state.nodes["tenant-1-auth"]
+    logs = Path(hvs[placed.hypervisor].data_dir) / "sip-tenant-1" / "tenant-1-auth" / "logs"
+
+    def provider_logs() -> str:
+        return "".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(logs.glob("*.log")))
+    issuer = f"https://{hvs[placed.hypervisor].ip_address}:{placed.ports['oidc']}"
+    assert hvs[placed.hypervisor].public
+    ca = state.clusters["sip-tenant-1"].authorities[SERVICE_AUTHORITY].cert_pem
+    context = ssl.create_default_context(cadata=ca)  # the issuer's address is in its certificate
+
+    def discovery() -> dict:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{issuer}/.well-known/openid-configuration", timeout=5,
+                                            context=context) as answer:
+                    return json.loads(answer.read())
+            except OSError:
+                assert time.monotonic() < deadline, f"{issuer} never answered:\n{provider_logs()}"
+                time.sleep(0.5)
+
+    assert discovery()["issuer"] == issuer
+    try:
+        assert_converged(world)  # (a controller-manager or scheduler may have lost its Lease during the roll)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{provider_logs()}") from None
+    with urllib.request.urlopen(f"{issuer}/keys", timeout=5, context=context) as answer:
+        kids = {k["kid"] for k in json.loads(answer.read())["keys"]}
+    kubeconfig = world.dir / "alice.kubeconfig"
+    kubeconfig.write_text(world.gitops("kubeconfig", str(world.repo), "--state-dir", str(world.state),
+                                       "--cluster", "team-a", "--oidc", "alice").stdout)
+    env = {**os.environ, "XDG_CACHE_HOME": str(world.dir / "oidc-cache"), "GITOPS_OIDC_PASSWORD": password,
+           "PATH": f"{Path(GITOPS).parent}:{os.environ['PATH']}"}
+
+    def as_alice(*args: str, password_env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([str(kubebin.kubectl()), "--kubeconfig", str(kubeconfig), "--request-timeout=20s",
+                               *args], capture_output=True, text=True, env=password_env or env, timeout=90)
+
+    deadline = time.monotonic() + 90  # the API servers fetch the issuer's keys in the background
+    while "Unauthorized" in (denied := as_alice("get", "configmaps", "-n", "default")).stderr:
+        assert time.monotonic() < deadline, denied.stderr
+        time.sleep(1)
+    assert 'User "oidc:alice@example.com" cannot list resource "configmaps"' in denied.stderr, denied.stderr
+    kubectl(world, "team-a", "create", "role", "cm-reader", "-n", "default", "--verb=get,list",
+            "--resource=configmaps")
+    kubectl(world, "team-a", "create", "rolebinding", "tenant-1-viewers", "-n", "default", "--role=cm-reader",
+            "--group=oidc:tenant-1-viewers")
+    deadline = time.monotonic() + 30
+    while (allowed := as_alice("get", "configmaps", "-n", "default", "-o", "name")).returncode != 0:
+        assert time.monotonic() < deadline and "Forbidden" in allowed.stderr, allowed.stderr
+        time.sleep(0.5)
+    assert "configmap/e2e-oidc" in allowed.stdout
+    wrong = {**env, "XDG_CACHE_HOME": str(world.dir / "oidc-cache-wrong"), "GITOPS_OIDC_PASSWORD": "wrong"}
+    refused = as_alice("get", "configmaps", "-n", "default", password_env=wrong)
+    assert refused.returncode != 0 and "refused the login" in refused.stderr, refused.stderr
+    # neither the hash nor the provider's keys are in the recorded state
+    hashed = yaml.safe_load((world.repo / "sip/tenant-1.yaml").read_text())["spec"]["services"]["auth"]["users"][0]
+    assert not [p for p in world.state.rglob("*") if p.is_file() and hashed["passwordHash"].encode() in p.read_bytes()]
+    # the provider removed by hand: planned back, and it serves the keys it had (born on the hypervisor)
+    lab_hv = next(hv for hv in world.lab.hypervisors if hv.ip == hvs[placed.hypervisor].ip_address)
+    with CRIClient(lab_hv.local().cri_endpoint()) as client:
+        (provider,) = [c for c in client.list_containers({MANAGED: MANAGER, NODE: "tenant-1-auth"})
+                       if c.labels["gitops.infra/component"] == "oidc"]
+        client.stop_container(provider.id, timeout=5)
+        client.remove_container(provider.id)
+    healing = world.plan().stdout
+    assert "tenant-1-auth" in healing and "oidc" in healing, healing
+    world.apply()
+    assert discovery()["issuer"] == issuer
+    with urllib.request.urlopen(f"{issuer}/keys", timeout=5, context=context) as answer:
+        assert {k["kid"] for k in json.loads(answer.read())["keys"]} == kids
+    assert world.plan("--detailed-exitcode").returncode == 0
 
 
 def test_renewing_every_leaf_certificate_restarts_its_readers_with_no_failed_request(world):

@@ -52,6 +52,7 @@ def test_default_images_and_overrides():
         "haproxy": "docker.io/library/haproxy:2.8",
         "keepalived": "docker.io/osixia/keepalived:2.0.20",
         "jumphost": "ghcr.io/gitops-infra/gitops-jumphost:0.1.0",
+        "oidc": "ghcr.io/gitops-infra/gitops:0.1.0",
     }
 
 

@@ -111,19 +111,36 @@ def down_cmd(lab_dir: Path | None) -> None:
               help="Ingress nodes per example cluster (default: the example's two). With 2 or more, each cluster is "
                    "reached at a virtual IP of the lab's pool, its ingress nodes on distinct public machines (the lab "
                    "needs as many); with 1, at its ingress node's machine.")
+@click.option("--oidc-user", metavar="USERNAME",
+              help="Declare this user in tenant-1's OIDC provider (its pod then runs: gitops lab images oidc first), "
+                   "and make team-a trust that provider.")
+@click.option("--oidc-password-hash", metavar="HASH", help="The user's password hash (gitops oidc hash-password).")
 def example_repo_cmd(target: Path, lab_dir: Path | None, recipients: tuple[str, ...],
-                     ingress_nodes: int | None) -> None:
+                     ingress_nodes: int | None, oidc_user: str | None, oidc_password_hash: str | None) -> None:
     """Write the example repo to TARGET with its Hypervisors pointing at this lab."""
-    from gitops.lab.example import write_example_repo
+    from gitops.lab.example import declare_oidc_user, write_example_repo
 
+    if (oidc_user is None) != (oidc_password_hash is None):
+        raise click.UsageError("--oidc-user and --oidc-password-hash go together")
     for line in write_example_repo(labmod.info(lab_dir), target, recipients=recipients, ingress_nodes=ingress_nodes):
         click.echo(line, err=True)
+    if oidc_user is not None and oidc_password_hash is not None:
+        declare_oidc_user(target, oidc_user, oidc_password_hash)
+        click.echo(f"{oidc_user}: a user of tenant-1's OIDC provider, which team-a trusts", err=True)
     click.echo(str(target))
 
 
 @lab.group("images")
 def images_group() -> None:
     """Images in the lab's hypervisors."""
+
+
+@images_group.command("oidc")
+@_DIR
+def images_oidc_cmd(lab_dir: Path | None) -> None:
+    """Build the image SIP's OIDC provider runs (this gitops, on this interpreter) and import it into the lab's
+    public hypervisors, where auth pods run; prints its ref."""
+    click.echo(labmod.lab.import_provider_image(labmod.info(lab_dir)))
 
 
 @images_group.command("import")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import signal
 import sys
 from pathlib import Path
@@ -40,6 +41,21 @@ def oidc() -> None:
     """The OpenID Connect provider of SIP's auth service (it runs in the service's pod)."""
 
 
+def _become(uid: int | None, keys: str) -> None:
+    """Started as root with a uid: the key directory (0700) and what is in it made that uid's, then the process
+    runs as it (no supplementary groups), before it reads anything else. Otherwise nothing changes."""
+    if uid is None or os.geteuid() != 0:
+        return
+    os.makedirs(keys, mode=0o700, exist_ok=True)
+    for root, _dirs, files in os.walk(keys):
+        for path in (root, *(os.path.join(root, f) for f in files)):
+            os.lchown(path, uid, uid)
+    os.chmod(keys, 0o700)
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+
 @oidc.command("serve")
 @click.option("--config", "config", required=True, type=click.Path(exists=True, dir_okay=False),
               help="The provider's JSON configuration (issuer, users with password hashes, clients).")
@@ -47,12 +63,16 @@ def oidc() -> None:
               help="Where its signing keys are born and kept (a directory of the machine).")
 @click.option("--listen", default="127.0.0.1:5556", show_default=True,
               help="host:port, loopback: the pod's TLS front is its only client.")
-def serve(config: str, keys: str, listen: str) -> None:
+@click.option("--user", "uid", type=click.IntRange(1, 2**31 - 1),
+              help="Started as root: read the configuration, make the key directory this uid's, then run as it.")
+def serve(config: str, keys: str, listen: str, uid: int | None) -> None:
     """Serve the provider until SIGTERM."""
-    from gitops.oidc.provider import make_server
+    from gitops.oidc.provider import make_server, read_config
 
     try:
-        server = make_server(config, keys, listen)
+        loaded = read_config(config)  # before it drops root: the file may be readable by root only
+        _become(uid, keys)
+        server = make_server(loaded, keys, listen)
     except (ValueError, KeyError) as err:  # a listen address not on loopback, a configuration without its fields
         raise GitopsError(f"gitops oidc serve: {err}") from None
     signal.signal(signal.SIGTERM, lambda *_: server.close())
@@ -67,9 +87,13 @@ def serve(config: str, keys: str, listen: str) -> None:
 @click.option("--keys", required=True, type=click.Path(file_okay=False), help="The provider's key directory.")
 @click.option("--token-ttl", default=600, show_default=True, help="Seconds its tokens live (old keys stay "
               "published that long).")
-def rotate_keys(keys: str, token_ttl: int) -> None:
+@click.option("--user", "uid", type=click.IntRange(1, 2**31 - 1),
+              help="Started as root: run as this uid (the provider's, which owns the key directory).")
+def rotate_keys(keys: str, token_ttl: int, uid: int | None) -> None:
     """Make a new signing key; the running provider signs with it from its next token on."""
     from gitops.oidc.keys import KeyStore
+
+    _become(uid, keys)
 
     click.echo(KeyStore(keys, token_ttl).rotate())
 

@@ -305,7 +305,8 @@ def applied_cluster(repo: Path, state_dir: Path | None,
     record = state.clusters.get(cluster)
     if record is None or record.admin is None:
         raise GitopsError(f"Cluster {cluster} has not been applied yet (no credentials recorded); run gitops apply")
-    return record, compile_desired(model, state).desired.clusters[cluster].api_endpoint, model.clusters[cluster].oidc
+    compiled = compile_desired(model, state)
+    return record, compiled.desired.clusters[cluster].api_endpoint, compiled.oidc.get(cluster)
 
 
 COMMANDS: list[click.Command] = [plan, apply, kubeconfig]

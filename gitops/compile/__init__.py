@@ -15,12 +15,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gitops.compile import vip
-from gitops.compile.authorities import ensure_authorities
+from gitops.compile.authorities import ensure_authorities, ensure_service_authority
 from gitops.compile.clusters import compile_clusters
 from gitops.compile.desired import DesiredState
 from gitops.compile.placement import PlacementError, freeze_etcd_flags, place
-from gitops.compile.sip_services import pinned_ports, service_nodes, service_pods
-from gitops.model.resources import BareMetalHost, RepoModel
+from gitops.compile.sip_services import (
+    pinned_ports,
+    resolve_issuers,
+    runs_provider,
+    service_cluster,
+    service_nodes,
+    service_pods,
+)
+from gitops.model.resources import ApiServerOIDC, BareMetalHost, RepoModel
 from gitops.state.records import State
 
 __all__ = ["Compiled", "PlacementError", "compile_desired"]
@@ -33,6 +40,8 @@ class Compiled:
     state: State
     #: nodes left out for now (only unreachable hypervisors could take them)
     deferred: tuple[str, ...] = ()
+    #: the OIDC issuer each cluster that trusts one trusts, with a SIPCluster's provider resolved
+    oidc: dict[str, ApiServerOIDC] = dataclasses.field(default_factory=dict)
 
 
 def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None = None,
@@ -47,6 +56,12 @@ def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None =
     freeze_etcd_flags(model, new)
     for name, cluster in model.clusters.items():
         new.clusters[name] = ensure_authorities(cluster, new.clusters.get(name), now)
+    for name, sip in model.sip_clusters.items():
+        if runs_provider(sip):
+            new.clusters[service_cluster(name)] = ensure_service_authority(
+                service_cluster(name), new.clusters.get(service_cluster(name)), now)
+    if any(c.oidc is not None and c.oidc.sip_cluster for c in model.clusters.values()):
+        model = resolve_issuers(model, new, deferred)
     placed_in = {r.cluster for r in new.nodes.values()}
     for name in [n for n in new.clusters if n not in model.clusters and n not in placed_in]:
         del new.clusters[name]  # left the repo and its last pod is gone
@@ -56,6 +71,7 @@ def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None =
         placed = {n: (model.hypervisors[new.nodes[n].hypervisor], new.nodes[n]) for n in services if n in new.nodes}
         pods.update(service_pods(model, placed, hosts, deferred))
     return Compiled(desired=DesiredState(pods=dict(sorted(pods.items())), clusters=clusters), state=new,
-                    deferred=tuple(deferred))
+                    deferred=tuple(deferred),
+                    oidc={n: c.oidc for n, c in sorted(model.clusters.items()) if c.oidc is not None})
 
 

@@ -85,6 +85,19 @@ def ensure_authorities(cluster: Cluster, record: ClusterRecord | None, now: dt.d
                                rotation=rotation)
 
 
+#: the authority of a SIPCluster's services (the pseudo-cluster `sip-<name>`): it signs its OIDC provider's
+#: serving certificate, and API servers trusting that provider trust it
+SERVICE_AUTHORITY = "auth"
+
+
+def ensure_service_authority(cluster: str, record: ClusterRecord | None, now: dt.datetime) -> ClusterRecord:
+    """`record` of a SIPCluster's services (`cluster`: `sip-<name>`) with its authority, made once."""
+    record = ClusterRecord() if record is None else record.copy()
+    if SERVICE_AUTHORITY not in record.authorities:
+        record.authorities = {**record.authorities, SERVICE_AUTHORITY: _new_ca(f"{cluster}-auth-ca", now)}
+    return record
+
+
 def ca_name(cluster: str, cn: str, generation: int) -> str:
     """A CA's common name; generations after the first are numbered (distinct subjects keep chains apart)."""
     return f"{cluster}-{cn}" if generation <= 1 else f"{cluster}-{cn}-{generation}"

@@ -170,6 +170,8 @@ def container_summary(spec: ContainerSpec) -> dict[str, Any]:
     data = asdict(spec)
     data.pop("labels", None)
     data.pop("annotations", None)
+    if data.get("user") is None:  # (a field added later: the hashes of containers without it stay as they were)
+        data.pop("user", None)
     return data
 
 

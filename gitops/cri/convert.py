@@ -113,5 +113,6 @@ def container_config(spec: ContainerSpec, *, host_network: bool) -> pb.Container
         log_path=spec.log_path,
         linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
             privileged=spec.privileged, namespace_options=_namespaces(host_network),
+            run_as_user=pb.Int64Value(value=spec.user) if spec.user is not None else None,
             capabilities=pb.Capability(add_capabilities=list(spec.capabilities)) if spec.capabilities else None)),
     )

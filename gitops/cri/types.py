@@ -130,3 +130,5 @@ class ContainerSpec:
     privileged: bool = False
     #: capabilities added to the runtime's default set (e.g. NET_ADMIN for keepalived)
     capabilities: tuple[str, ...] = ()
+    #: the uid it runs as (None: the image's user)
+    user: int | None = None

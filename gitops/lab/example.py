@@ -191,3 +191,42 @@ def _encrypted_secrets_policy(path: Path, recipients: Sequence[str]) -> None:
     new = [f"{indent}- {r}  # set by gitops lab example-repo --encrypt-to\n" for r in recipients]
     lines[items[0] - 1:items[-1]] = new
     path.write_text("".join(lines))
+
+
+#: the client the example's tenant API servers trust (tenant-1's services.auth.clientID)
+EXAMPLE_OIDC_CLIENT = "tenant-1-kubernetes"
+
+
+def declare_oidc_user(repo: Path, username: str, password_hash: str, *, sip: str = "tenant-1",
+                      cluster: str = "team-a", groups: Sequence[str] = ("tenant-1-viewers",)) -> None:
+    """In an example repo: SIPCluster `sip`'s provider gets user `username` (email `<username>@example.com`) and
+    the client its tenant API servers trust (password and refresh grants: kubectl's plugin in a terminal), served
+    at its hypervisor's address (the example's oidcIssuerURL names no machine of the lab); Cluster `cluster`
+    trusts that provider by name."""
+    sip_path = repo / "sip" / f"{sip}.yaml"
+    doc = yaml.safe_load(sip_path.read_text())
+    auth = doc["spec"]["services"].setdefault("auth", {})
+    auth.pop("oidcIssuerURL", None)
+    client = auth.setdefault("clientID", EXAMPLE_OIDC_CLIENT)
+    users = [u for u in auth.get("users", []) if u["username"] != username]
+    auth["users"] = [*users, {"username": username, "email": f"{username}@example.com", "passwordHash": password_hash,
+                              "groups": list(groups)}]
+    if not any(c["id"] == client for c in auth.get("clients", [])):
+        auth["clients"] = [*auth.get("clients", []), {"id": client, "name": f"{sip} Kubernetes",
+                                                      "grantTypes": ["password", "refresh_token"]}]
+    sip_path.write_text(_header(sip_path) + yaml.dump(doc, Dumper=LiteralDumper, sort_keys=False))
+    cluster_path = repo / "clusters" / cluster / "cluster.yaml"
+    doc = yaml.safe_load(cluster_path.read_text())
+    doc["spec"].setdefault("apiServer", {})["oidc"] = {"sipCluster": sip, "usernamePrefix": "oidc:",
+                                                       "groupsPrefix": "oidc:"}
+    cluster_path.write_text(_header(cluster_path) + yaml.dump(doc, Dumper=LiteralDumper, sort_keys=False))
+
+
+def _header(path: Path) -> str:
+    """The leading comment lines of a YAML file (the schema hint), kept when it is written again."""
+    lines = []
+    for line in path.read_text().splitlines(keepends=True):
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return "".join(lines)

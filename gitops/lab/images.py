@@ -10,6 +10,7 @@ same host files.
 """
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import io
 import json
@@ -57,7 +58,9 @@ class ImageRecipe:
     `binaries` and `extra` are host paths copied at the same path (symlinks
     resolved; /bin and /sbin map to /usr/bin and /usr/sbin); directories in
     `extra` are copied whole; `installs` are (host path, image path) pairs for
-    files that go elsewhere (a cached build's binaries into /usr/local/bin).
+    files or directories that go elsewhere (a cached build's binaries into /usr/local/bin,
+    Python packages into dist-packages). `exclude`: fnmatch patterns of host paths below
+    `extra` and `installs` directories left out (a library's tests, byte code).
     ELF files bring their shared libraries. With a `base`, the base's layers
     come first and this recipe adds one layer.
     """
@@ -71,6 +74,7 @@ class ImageRecipe:
     extra: tuple[str, ...] = ()
     files: tuple[ImageFile, ...] = ()
     installs: tuple[tuple[str, str], ...] = ()
+    exclude: tuple[str, ...] = ()
     base: ImageRecipe | None = None
     stop_signal: str = ""  # e.g. SIGKILL for images whose PID 1 ignores SIGTERM (sleep)
     labels: tuple[tuple[str, str], ...] = ()
@@ -176,15 +180,19 @@ def _image_path(path: str) -> str:
     return rel
 
 
-def _host_files(path: str) -> list[str]:
-    """`path`, or every file below it if it is a directory (sorted)."""
+def _host_files(path: str, exclude: tuple[str, ...] = ()) -> list[str]:
+    """`path`, or every file below it if it is a directory (sorted), but those `exclude` matches."""
     if not os.path.isdir(path):
         return [path]
     found = []
     for root, dirnames, filenames in os.walk(path):
-        dirnames.sort()
-        found += [os.path.join(root, name) for name in sorted(filenames)]
+        dirnames[:] = sorted(d for d in dirnames if not _excluded(os.path.join(root, d), exclude))
+        found += [p for p in (os.path.join(root, name) for name in sorted(filenames)) if not _excluded(p, exclude)]
     return found
+
+
+def _excluded(path: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
 
 
 def _layer(recipe: ImageRecipe) -> bytes:
@@ -194,13 +202,16 @@ def _layer(recipe: ImageRecipe) -> bytes:
     for extra in recipe.extra:
         if not os.path.exists(extra):
             raise LabError(f"{extra} not found on this machine (run scripts/install-deps.sh)")
-        for path in _host_files(extra):
+        for path in _host_files(extra, recipe.exclude):
             sources += [path, *shared_libraries(os.path.realpath(path))]
     placed = [(path, _image_path(path)) for path in sources]
     for host, target in recipe.installs:
         if not os.path.exists(host):
             raise LabError(f"{host} not found on this machine")
-        placed += [(host, target.lstrip("/"))] + [(lib, _image_path(lib)) for lib in shared_libraries(host)]
+        for path in _host_files(host, recipe.exclude):
+            inside = target.lstrip("/") if path == host else os.path.join(target.lstrip("/"),
+                                                                          os.path.relpath(path, host))
+            placed += [(path, inside)] + [(lib, _image_path(lib)) for lib in shared_libraries(os.path.realpath(path))]
     for path, target in placed:
         real = os.path.realpath(path)
         files[target] = (real, None, os.stat(real).st_mode & 0o7777)

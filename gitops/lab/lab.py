@@ -50,6 +50,7 @@ from gitops.lab.netns import RECORD, release
 from gitops.lab.network import LabNetwork, Machine, enter
 from gitops.lab.errors import LabError
 from gitops.lab.standins import DEFAULT_KUBERNETES_VERSIONS
+from gitops.model.components import COMPONENTS, OIDC
 from gitops.model.resources import (
     DATA_DIR_ANNOTATION,
     DEFAULT_ETCD_VERSION,
@@ -435,6 +436,19 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
     for hv in hvs:
         event(log, logging.INFO, "lab hypervisor ready", hypervisor=hv.name, ip=hv.ip, remote=remote)
     return LabInfo(lab_dir, tuple(hvs), image_refs, tuple(started), aliases, kinds, subnet)
+
+
+def import_provider_image(info: LabInfo) -> str:
+    """The image SIP's OIDC provider runs (`standins.python_recipe`: this gitops on the interpreter it runs on),
+    tagged under the provider's default image too, into the lab's public hypervisors, where auth pods run.
+    Built on demand: only labs that run a provider need it. Returns its lab ref."""
+    recipe = standins.python_recipe()
+    alias = COMPONENTS[OIDC].default_image
+    archive = images.build_archive([(recipe, [alias])], info.dir / "images" / recipe.filename)
+    _import_everywhere([hv for hv in info.hypervisors if hv.public], archive)
+    event(log, logging.INFO, "the OIDC provider's image imported", ref=recipe.ref, alias=alias,
+          hypervisors=sum(1 for hv in info.hypervisors if hv.public))
+    return recipe.ref
 
 
 def _lab_fleet(pki_dir: Path) -> tuple[CertKey, CertKey]:

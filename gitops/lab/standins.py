@@ -12,7 +12,11 @@ kube-scheduler; every other version gets the stand-ins below. The images:
 * `kube-controller-manager` and `kube-scheduler` STAND-INS: sh scripts that check
   their kubeconfig and the files it names, say what they would do, and sleep;
 * the `jumphost`: Debian's real sshd with ssh-keygen, sh and the entrypoint of
-  `gitops.compile.jumphost` (not a stand-in: the real daemon, configured by gitops).
+  `gitops.compile.jumphost` (not a stand-in: the real daemon, configured by gitops);
+* `gitops-oidc`: the interpreter gitops runs on, its standard library, gitops and the
+  packages `gitops oidc serve` imports (not a stand-in: the provider SIP's auth pod runs,
+  as the controller image would run it). Built on demand (`python_recipe`): only labs
+  that run an auth pod import it, on their public hypervisors.
 
 Every stand-in fails loudly (exit 1, message on stderr) when a file a flag names
 (`--*-file`, `--*file`, `--*kubeconfig`, `--*-certificate`, `--*-key`) is missing.
@@ -25,13 +29,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
+import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
 
 from gitops.lab import kubebin
 from gitops.lab.errors import LabError
 from gitops.lab.images import ImageFile, ImageRecipe, _which, base_recipes
-from gitops.model.components import COMPONENTS as COMPONENT_REGISTRY, DEFAULT_AGENT_IMAGE, KEEPALIVED
+from gitops import __version__
+from gitops.model.components import COMPONENTS as COMPONENT_REGISTRY, DEFAULT_AGENT_IMAGE, KEEPALIVED, OIDC
 from gitops.model.resources import DEFAULT_ETCD_VERSION
 from gitops.compile import jumphost
 
@@ -114,6 +122,81 @@ def jumphost_recipe() -> ImageRecipe:
                ImageFile("/etc/passwd", jumphost.passwd_text().encode()),
                ImageFile("/etc/group", jumphost.group_text().encode())),
         labels=(("org.opencontainers.image.description", "gitops jump host (lab build of the host's sshd)"),))
+
+
+#: what `gitops oidc serve` imports, at once or later (the password hashes), beyond the standard library
+OIDC_MODULES = ("gitops.cli", "gitops.cli.oidc", "gitops.oidc.provider", "gitops.oidc.passwords", "waitress",
+                "bcrypt", "argon2", "joserfc.jwk")
+#: parts of the standard library a server never imports
+_STDLIB_UNUSED = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "venv",
+                  "unittest", "distutils", "site-packages", "dist-packages", "config-*", "lib-dynload/_test*",
+                  "lib-dynload/_tkinter*", "lib-dynload/_ctypes_test*", "lib-dynload/xx*", "lib-dynload/_xx*")
+#: where its packages go in the image (the launcher puts it first on sys.path: the interpreter's own
+#: site-packages directory differs between Debian's python3 and others)
+PACKAGES_DIR = "/opt/gitops/lib"
+PYTHON_HOME = "/opt/python"
+#: the uid the provider drops to (the controller image's user)
+OIDC_UID = 10001
+
+_FIND_PACKAGES = r"""
+import importlib, importlib.metadata as md, json, os, sys, sysconfig
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+std = {os.path.realpath(sysconfig.get_paths()["stdlib"])}
+dists = md.packages_distributions()
+found = set()
+for name, module in list(sys.modules.items()):
+    top = name.partition(".")[0]
+    where = getattr(sys.modules.get(top), "__path__", None)
+    path = list(where)[0] if where else getattr(sys.modules.get(top), "__file__", None)
+    if not path or any(os.path.realpath(path).startswith(s + os.sep) for s in std):
+        continue
+    found.add(os.path.realpath(path))
+    parent = os.path.dirname(os.path.realpath(path))
+    if os.path.isdir(os.path.join(parent, top + ".libs")):
+        found.add(os.path.join(parent, top + ".libs"))
+    for dist in dists.get(top, ()):
+        meta = md.distribution(dist)
+        info = getattr(meta, "_path", None)
+        if info is not None and os.path.isdir(str(info)):
+            found.add(os.path.realpath(str(info)))
+print(json.dumps(sorted(found)))
+"""
+
+
+def python_packages(modules: Iterable[str] = OIDC_MODULES) -> list[str]:
+    """Host paths of the packages (with their dist-info and bundled libraries) outside the standard library
+    that importing `modules` loads, in the interpreter gitops runs on."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _FIND_PACKAGES, *modules], capture_output=True, text=True,
+                              check=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise LabError(f"cannot list what {' '.join(modules)} import: {err}") from err
+    return json.loads(done.stdout)
+
+
+def python_recipe() -> ImageRecipe:
+    """`gitops.lab/gitops-oidc:<version>-py<X.Y>`: the interpreter and standard library this gitops runs on (under
+    /opt/python, readable by any user: the provider drops root), gitops itself and what `gitops oidc serve`
+    imports, and /usr/local/bin/gitops; `gitops` (uid OIDC_UID) in /etc/passwd."""
+    python = os.path.realpath(sys.executable)
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    home = f"{PYTHON_HOME}/lib/python{version}"  # where the interpreter looks for it, from its own path
+    launcher = (f"#!{PYTHON_HOME}/bin/python{version} -s\nimport sys\nsys.path.insert(0, {PACKAGES_DIR!r})\n"
+                "from gitops.cli import main\nsys.exit(main())\n")
+    return ImageRecipe(
+        "gitops-oidc", f"{__version__}-py{version}", (), ("/usr/local/bin/gitops",),
+        installs=((python, f"{PYTHON_HOME}/bin/python{version}"), (stdlib, home),
+                  *((path, f"{PACKAGES_DIR}/{os.path.basename(path)}") for path in python_packages())),
+        exclude=(*(f"{stdlib}/{part}" for part in _STDLIB_UNUSED), "*/__pycache__", "*.pyc"),
+        dirs=("tmp", "var/lib/gitops"),
+        files=(ImageFile("/usr/local/bin/gitops", launcher.encode(), 0o755),
+               ImageFile("/etc/passwd", (f"root:x:0:0:root:/root:/bin/sh\n"
+                                         f"gitops:x:{OIDC_UID}:{OIDC_UID}:gitops:/var/lib/gitops:/bin/false\n"
+                                         "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n").encode()),
+               ImageFile("/etc/group", f"root:x:0:\ngitops:x:{OIDC_UID}:\nnogroup:x:65534:\n".encode())),
+        labels=(("org.opencontainers.image.description", "gitops OIDC provider (lab build of this gitops)"),))
 
 
 # ---------------------------------------------------------------------------- scripts
@@ -312,6 +395,8 @@ def upstream_aliases(recipes: dict[str, ImageRecipe], kubernetes_versions: Itera
         DEFAULT_AGENT_IMAGE: recipes["agent"].ref,
         jumphost.DEFAULT_JUMPHOST_IMAGE: recipes["jumphost"].ref,
     }
+    if "gitops-oidc" in recipes:
+        aliases[COMPONENT_REGISTRY[OIDC].default_image] = recipes["gitops-oidc"].ref
     for version in dict.fromkeys(normalize_version(v) for v in kubernetes_versions):
         for component in COMPONENTS:
             aliases[f"registry.k8s.io/{component}:{version}"] = recipes[f"{component}/{version}"].ref

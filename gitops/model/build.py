@@ -97,9 +97,9 @@ def _auth(spec: dict) -> AuthService:
 
 
 def _oidc(spec: dict) -> ApiServerOIDC:
-    return ApiServerOIDC(spec["issuerURL"], spec["clientID"], spec.get("usernameClaim", "email"),
+    return ApiServerOIDC(spec.get("issuerURL", ""), spec.get("clientID", ""), spec.get("usernameClaim", "email"),
                          spec.get("groupsClaim", "groups"), spec.get("usernamePrefix"), spec.get("groupsPrefix"),
-                         spec.get("caBundle", ""))
+                         spec.get("caBundle", ""), spec.get("sipCluster", ""))
 
 
 def cluster(doc: Document) -> Cluster:

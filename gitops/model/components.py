@@ -22,6 +22,8 @@ HAPROXY = "haproxy"
 #: beside haproxy in the ingress pods of a cluster with a virtual IP: VRRP decides which one holds it
 KEEPALIVED = "keepalived"
 JUMPHOST = "jumphost"
+#: SIP's OpenID Connect provider (`gitops oidc serve`), behind haproxy terminating TLS in the same pod
+OIDC = "oidc"
 
 #: how a running container is replaced: stopped, then started (the default)
 STOP_START = ""
@@ -39,6 +41,8 @@ RELOAD = "reload"
 DEFAULT_AGENT_IMAGE = "ghcr.io/gitops-infra/gitops-agent:0.1.0"
 #: the SIP jump host: Debian's sshd (see `gitops.compile.jumphost`)
 DEFAULT_JUMPHOST_IMAGE = "ghcr.io/gitops-infra/gitops-jumphost:0.1.0"
+#: SIP's OIDC provider: the controller's own image (see Dockerfile, target `gitops`), which has `gitops oidc serve`
+DEFAULT_OIDC_IMAGE = "ghcr.io/gitops-infra/gitops:0.1.0"
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in (
     # virtual IP where it is; a restart would hand it to another node
     Component(KEEPALIVED, "keepalived", "docker.io/osixia/keepalived:2.0.20", RELOAD, ("kill", "-HUP", "1")),
     Component(JUMPHOST, "", DEFAULT_JUMPHOST_IMAGE),
+    Component(OIDC, "", DEFAULT_OIDC_IMAGE),
 )}
 
 
@@ -95,6 +100,7 @@ INGRESS = "controlplane-ingress"
 INGRESS_CHECK_PORT = "ingress-check"
 SIP_LOADBALANCER = "sip-loadbalancer"
 SIP_JUMPHOST = "sip-jumphost"
+SIP_AUTH = "sip-auth"
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,8 @@ ROLES: dict[str, Role] = {r.name: r for r in (
     # SIP support services: pods on public hypervisors, like ingresses
     Role(SIP_LOADBALANCER, True, ("loadbalancer",), (HAPROXY,)),
     Role(SIP_JUMPHOST, True, ("ssh",), (JUMPHOST,)),
+    # haproxy terminates TLS on the port, the provider serves it on the same port of 127.0.0.1
+    Role(SIP_AUTH, True, ("oidc",), (HAPROXY, OIDC)),
 )}
 #: the roles a Node of the repo may have (node.schema.json's enum); the others are SIP's services
 NODE_ROLES = (CONTROLPLANE, INGRESS)

@@ -134,6 +134,9 @@ class ApiServerOIDC:
     groups_prefix: str | None = None
     #: PEM the issuer's serving certificate is checked against ("": the system's trust)
     ca_bundle: str = ""
+    #: the SIPCluster whose provider is the issuer: compile fills in `issuer_url`, `ca_bundle` and a missing
+    #: `client_id` from where that provider runs (`gitops.compile.sip_services.resolve_issuers`)
+    sip_cluster: str = ""
 
     def flags(self, ca_file: str) -> tuple[str, ...]:
         """The kube-apiserver flags it becomes (`ca_file`: where the API server reads `ca_bundle`)."""

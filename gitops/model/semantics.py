@@ -318,21 +318,52 @@ def api_server_args(docs: list[Document], _everything: list[Document]) -> Iterab
                                     f"--{name} is set by gitops itself and cannot be overridden")
 
 
-def api_server_oidc(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
-    """spec.apiServer.oidc.caBundle: one or more PEM certificates, nothing else."""
-    from cryptography import x509  # here: only a cluster trusting an issuer's own CA needs it
-
+def api_server_oidc(docs: list[Document], everything: list[Document]) -> Iterable[Diagnostic]:
+    """spec.apiServer.oidc: a caBundle is one or more PEM certificates, nothing else; a sipCluster names a
+    SIPCluster whose services.auth runs a provider, and the client (clientID, else that provider's) is one of
+    its clients."""
+    sips = {d.name: d for d in _of_kind(everything, "SIPCluster")}
     for cluster in _of_kind(docs, "Cluster"):
-        path = ("spec", "apiServer", "oidc", "caBundle")
+        base = ("spec", "apiServer", "oidc")
+        name = cluster.get(base + ("sipCluster",))
+        if name is not None:
+            yield from _sip_issuer(cluster, base, sips.get(name))
+        path = base + ("caBundle",)
         bundle = cluster.get(path)
         if bundle is None:
             continue
         try:
-            certs = x509.load_pem_x509_certificates(bundle.encode())
+            certs = _load_pem_certificates(bundle)
         except ValueError:
             certs = []
         if not certs:
             yield cluster.error(path, "not PEM certificates (expected -----BEGIN CERTIFICATE----- blocks)")
+
+
+def _load_pem_certificates(text: str) -> list:
+    from cryptography import x509  # here: only a cluster trusting an issuer's own CA needs it
+
+    return x509.load_pem_x509_certificates(text.encode())
+
+
+def _sip_issuer(cluster: Document, base: tuple[str, ...], sip: Document | None) -> Iterable[Diagnostic]:
+    name = cluster.get(base + ("sipCluster",))
+    auth = sip.get(("spec", "services", "auth")) if sip is not None else None
+    if sip is None:
+        yield cluster.error(base + ("sipCluster",), f"no SIPCluster {name!r} in the repo")
+        return
+    if not auth or not (auth.get("users") or auth.get("clients")):
+        yield cluster.error(base + ("sipCluster",), f"SIPCluster {name} runs no OIDC provider: declare "
+                            "users or clients in its spec.services.auth")
+        return
+    client = cluster.get(base + ("clientID",)) or auth.get("clientID")
+    clients = [c["id"] for c in auth.get("clients", [])]
+    if not client:
+        yield cluster.error(base, f"no clientID, and SIPCluster {name}'s services.auth names none")
+    elif client not in clients:
+        yield cluster.error(base + (("clientID",) if cluster.get(base + ("clientID",)) else ("sipCluster",)),
+                            f"client {client!r} is not a client of SIPCluster {name}'s provider "
+                            f"(its clients: {', '.join(clients) or 'none'})")
 
 
 def _network(doc: Document, path: tuple[str, ...]):
@@ -390,6 +421,9 @@ def sip_auth(docs: list[Document], _everything: list[Document]) -> Iterable[Diag
                 first = seen.setdefault((key, user[key].lower()), i)
                 if first != i:
                     yield sip.error(base + ("users", i, key), f"{user[key]!r} is also the {key} of users[{first}]")
+        trusted = sip.get(base + ("clientID",))
+        if trusted is not None and clients and trusted not in {c["id"] for c in clients}:
+            yield sip.error(base + ("clientID",), f"{trusted!r} is not one of the clients declared below")
         ids: dict[str, int] = {}
         for i, client in enumerate(clients):
             first = ids.setdefault(client["id"], i)

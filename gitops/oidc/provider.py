@@ -424,9 +424,15 @@ def new_client_secret() -> tuple[str, str]:
     return secret, hashlib.sha256(secret.encode()).hexdigest()
 
 
-def make_server(config_path: str, key_dir: str, listen: str):  # noqa: ANN201 -- waitress's server
+def read_config(path: str) -> ProviderConfig:
+    """The provider's configuration file (JSON); ValueError or KeyError when it is not one."""
+    with open(path) as f:
+        return ProviderConfig.from_json(json.load(f))
+
+
+def make_server(config: str | ProviderConfig, key_dir: str, listen: str):  # noqa: ANN201 -- waitress's server
     """The provider on `listen` (host:port, loopback: its TLS front is the only client), trusting that front's
-    X-Forwarded-Proto; `.run()` serves until `.close()`."""
+    X-Forwarded-Proto; `.run()` serves until `.close()`. `config`: its configuration, or the path of its file."""
     import ipaddress
 
     from waitress import create_server
@@ -438,8 +444,8 @@ def make_server(config_path: str, key_dir: str, listen: str):  # noqa: ANN201 --
         loopback = False
     if not loopback:  # its TLS front is its only client, and the only one whose X-Forwarded-Proto it trusts
         raise ValueError(f"the provider listens on loopback only (an IP of 127.0.0.0/8 or ::1), not {host!r}")
-    with open(config_path) as f:
-        config = ProviderConfig.from_json(json.load(f))
+    if not isinstance(config, ProviderConfig):
+        config = read_config(config)
     app = create_app(config, KeyStore(key_dir, config.token_ttl))
     return create_server(app, host=host.strip("[]"), port=int(port), threads=4, ident="gitops-oidc",
                          trusted_proxy=host.strip("[]"), trusted_proxy_headers={"x-forwarded-proto"},

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState
+from gitops.compile.sip_services import auth_node, issuer_url, runs_provider
 from gitops.coordination.scope import Scope
 from gitops.hostport import host_port
 from gitops.model.resources import RepoModel
@@ -442,9 +443,18 @@ def _service_endpoints(model: RepoModel, name: str, desired: DesiredState | None
             hv, ports = placements[node]
             out[key] = host_port(model.hypervisors[hv].ip_address, ports[purpose])
     if sip.auth is not None:
-        out["auth"] = {"oidcIssuerURL": sip.auth.oidc_issuer_url, "users": len(sip.auth.users),
-                       "clients": sorted(c.client_id for c in sip.auth.clients),
-                       "note": "no pod runs its OIDC provider yet (docs/operations/oidc.md)"}
+        node = auth_node(name)
+        auth: dict[str, Any] = {"users": len(sip.auth.users), "clients": sorted(c.client_id for c in sip.auth.clients)}
+        if not runs_provider(sip):
+            auth.update(oidcIssuerURL=sip.auth.oidc_issuer_url,
+                        note="no provider runs: declare users or clients (docs/operations/oidc.md)")
+        elif node in placements and desired is not None and node in desired.pods:
+            hv, ports = placements[node]
+            auth.update(oidcIssuerURL=issuer_url(sip.auth, model.hypervisors[hv], ports["oidc"]),
+                        endpoint=host_port(model.hypervisors[hv].ip_address, ports["oidc"]))
+        else:
+            auth.update(oidcIssuerURL=sip.auth.oidc_issuer_url, note="its provider is not placed yet")
+        out["auth"] = auth
     return out
 
 
