@@ -24,6 +24,7 @@ from gitops.oidc.keys import KeyStore
 from gitops.kubeconfig import person_kubeconfig
 from gitops.oidc.login import Login, plugin_args
 from gitops.oidc.passwords import hash_password
+from gitops.compile.sip_services import SERVING_CERT, provider_front_config
 from gitops.oidc.provider import make_server
 from gitops.pki import create_ca, issue_cert
 from gitops.state.records import CertRecord, ClusterRecord
@@ -42,14 +43,16 @@ GITOPS_BIN = Path(sys.executable).parent
 class Issuer:
     def __init__(self, base: Path):
         self.base = base
-        front, (back, self.callback_port) = free_ports(FRONT_IP, 1)[0], free_ports("127.0.0.1", 2)
-        self.url = f"https://{FRONT_IP}:{front}"
+        # as in SIP's auth pod: the TLS front on FRONT_IP and the provider on the same port of 127.0.0.1
+        port, self.callback_port = free_ports("127.0.0.1", 2)
+        self.url = f"https://{FRONT_IP}:{port}"
         self.ca = create_ca("issuer-test-ca")
         serving = issue_cert(self.ca, "issuer", ip_addresses=[FRONT_IP], server=True)
         self.serving_pem = serving.cert_pem
         self.redirect = f"http://127.0.0.1:{self.callback_port}/callback"
-        (base / "front.pem").write_text(serving.cert_pem + serving.key_pem)
-        (base / "front.pem").chmod(0o600)
+        (base / f"{SERVING_CERT}.crt").write_text(serving.cert_pem)  # the key beside it, as the files agent puts it
+        (base / f"{SERVING_CERT}.key").write_text(serving.key_pem)
+        (base / f"{SERVING_CERT}.key").chmod(0o600)
         (base / "config.json").write_text(json.dumps({
             "issuer": self.url, "tokenTTL": 600,
             "users": [{"username": "alice", "email": "alice@example.com",
@@ -57,15 +60,10 @@ class Issuer:
             "clients": [{"id": "kubernetes", "grantTypes": ["password", "refresh_token", "authorization_code"],
                          "redirectURIs": [self.redirect], "name": "Tenant <kubectl>"}]}))
         self.keys = base / "keys"
-        self.server = make_server(str(base / "config.json"), str(self.keys), f"127.0.0.1:{back}")
+        self.server = make_server(str(base / "config.json"), str(self.keys), f"127.0.0.1:{port}")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        (base / "haproxy.cfg").write_text(
-            "global\n  log stderr format raw local0 warning\n"
-            "defaults\n  mode http\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n"
-            f"frontend tls\n  bind {FRONT_IP}:{front} ssl crt {base / 'front.pem'}\n"
-            "  http-request set-header X-Forwarded-Proto https\n  default_backend provider\n"
-            f"backend provider\n  server p 127.0.0.1:{back}\n")
+        (base / "haproxy.cfg").write_text(provider_front_config(FRONT_IP, port, str(base)))
         self.haproxy = subprocess.Popen([shutil.which("haproxy") or "haproxy", "-db", "-f", str(base / "haproxy.cfg")],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
@@ -249,3 +247,27 @@ def test_a_person_logs_in_through_the_login_page_in_chromium(world):
     claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
     assert (claims["email"], claims["nonce"], claims["aud"]) == ("alice@example.com", query["nonce"], "kubernetes")
     assert status_with(kube, token) == 403  # authenticated as alice@example.com; RBAC grants her nothing here
+
+
+def test_the_front_answers_429_past_30_password_checks_a_minute_from_one_address(world):
+    """The pod's TLS front (haproxy's stick table) limits password checks per client address; another address is
+    not limited by it."""
+    import http.client
+    import ssl
+
+    issuer = world[0]
+    host, port = FRONT_IP, int(issuer.url.rsplit(":", 1)[1])
+    context = ssl.create_default_context(cadata=issuer.ca.cert_pem)
+
+    def token_request(source: str) -> int:
+        conn = http.client.HTTPSConnection(host, port, timeout=20, context=context, source_address=(source, 0))
+        try:
+            conn.request("POST", "/token", "grant_type=password&username=alice&password=wrong&client_id=kubernetes",
+                         {"Content-Type": "application/x-www-form-urlencoded"})
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    answers = [token_request("127.0.33.4") for _ in range(32)]  # an address no other test sends from
+    assert answers[:30] == [400] * 30 and answers[30:] == [429, 429], answers
+    assert token_request("127.0.33.5") == 400

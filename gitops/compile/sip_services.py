@@ -225,10 +225,11 @@ def provider_config(auth: AuthService, issuer: str) -> str:
     }, indent=2, sort_keys=True) + "\n"
 
 
-def provider_front_config(ip: str, port: int) -> str:
+def provider_front_config(ip: str, port: int, files: str = FILES) -> str:
     """haproxy in front of the provider: TLS on `ip:port` with the serving certificate (its key beside it,
     `<name>.key`), HTTP to the provider on 127.0.0.1:`port`, with X-Forwarded-Proto, and at most
-    LOGINS_PER_MINUTE POSTs (password checks) per client address and minute."""
+    LOGINS_PER_MINUTE POSTs (password checks) per client address and minute. `files`: where the
+    certificate is (the pod's /etc/gitops)."""
     return "\n".join([
         "global",
         "  maxconn 1024",
@@ -241,7 +242,7 @@ def provider_front_config(ip: str, port: int) -> str:
         "  timeout server 30s",
         "  timeout http-request 10s",
         "frontend oidc",
-        f"  bind {url_host(ip)}:{port} ssl crt {FILES}/{SERVING_CERT}.crt",
+        f"  bind {url_host(ip)}:{port} ssl crt {files}/{SERVING_CERT}.crt",
         "  stick-table type ip size 100k expire 60s store http_req_rate(60s)",
         "  http-request track-sc0 src if METH_POST",
         f"  http-request deny deny_status 429 if METH_POST {{ sc_http_req_rate(0) gt {LOGINS_PER_MINUTE} }}",
