@@ -66,6 +66,7 @@ from jsonschema import Draft202012Validator  # noqa: E402
 from gitops.compile import compile_desired  # noqa: E402
 from gitops.compile.desired import SPEC_ANNOTATION, SPEC_HASH, DesiredState  # noqa: E402
 from gitops.engine import make_plan  # noqa: E402
+from gitops.model.config import Rollout, Wave  # noqa: E402
 from gitops.model.resources import RepoModel  # noqa: E402
 from gitops.model.schemas import schema  # noqa: E402
 from gitops.model.validate import validate_repo  # noqa: E402
@@ -443,8 +444,7 @@ def status_commits(files: dict[str, bytes], observed: ObservedState, cluster: st
             cwd=seed)
         run("git", "push", "-q", "origin", "HEAD:main", cwd=seed)
         branch = StatusBranch(str(origin), Path(tmp) / "controller")
-        with branch.repo.config_writer() as config:
-            config.set_value("gc", "auto", "0")
+        branch.repo.configure({"gc.auto": "0"})
         tree = dict(files)
         branch.publish(lambda b: b.write_tree(tree, MANAGED), "the whole status tree")
         for i in range(runs):
@@ -554,7 +554,21 @@ def main(argv: list[str] | None = None) -> int:
                                                                              now=NOW))
         check_changed_plan(planned.plan, target, CHANGED_IMAGE.format(args.repeat - 1))
         n_changed = len(planned.plan.actions)
-        del planned, others
+        del planned
+
+        # the same plans with the fleet in two waves (issue #46): a canary wave by label, then the rest
+        waved = dataclasses.replace(config, rollout=Rollout(
+            (Wave("canary", {"matchLabels": {"owner": "team-1"}}), Wave("rest")), 0.999))
+        planned = repeated(t, CONVERGED_WAVES, args.repeat, lambda _: make_plan(model, waved, state, observed, now=NOW))
+        assert planned.plan.actions == (), planned.plan.actions[:3]
+        # (other images than above: nothing of these plans is cached yet, as for the plain one-change plans)
+        others = [changed_model(model, target, CHANGED_IMAGE.format(args.repeat + run)) for run in range(args.repeat)]
+        planned = repeated(t, ONE_CHANGE_WAVES, args.repeat, lambda run: make_plan(others[run], waved, state, observed,
+                                                                                   now=NOW))
+        gates = [a for a in planned.plan.actions if a.kind in (Kind.START_WAVE, Kind.SOAK_WAVE)]
+        assert {a.cluster for a in planned.plan.actions if a not in gates} == {target}, planned.plan.actions[:3]
+        assert gates, "the changed cluster's wave is started and soaked"
+        del planned, others, waved
 
         # the status tree a report writes: every resource's status document and the snapshot
         with timed(t, DOCUMENTS):
@@ -657,6 +671,8 @@ FLOOR = "bare floor (CSafeLoader + Draft202012Validator)"
 COLD = "make_plan, converged, first in this process"
 CONVERGED = "make_plan, converged (no change)"
 ONE_CHANGE = "make_plan, one cluster changed since the last plan"
+CONVERGED_WAVES = "make_plan, converged, two waves"
+ONE_CHANGE_WAVES = "make_plan, one cluster changed, two waves"
 LOAD = "load the observed snapshot (per cluster files)"
 DOCUMENTS = "status documents of every resource (YAML)"
 SNAPSHOT = "snapshot files of every cluster (compact JSON)"
@@ -674,6 +690,10 @@ def figures(p: Params, t: dict[str, tuple], rss: int, commit_bytes: int) -> dict
         "plan_converged_s": round(t[CONVERGED][0], 3),
         "plan_one_change_s": round(t[ONE_CHANGE][0], 3),
         "plan_converged_over_floor": round(t[CONVERGED][0] / t[FLOOR][0], 2),
+        "plan_converged_waves_s": round(t[CONVERGED_WAVES][0], 3),
+        "plan_one_change_waves_s": round(t[ONE_CHANGE_WAVES][0], 3),
+        "waves_over_plain_converged": round(t[CONVERGED_WAVES][0] / t[CONVERGED][0], 3),
+        "waves_over_plain_one_change": round(t[ONE_CHANGE_WAVES][0] / t[ONE_CHANGE][0], 3),
         "rss_mib": round(rss / 2**20, 1),
         "rss_after_plans_mib": round(t[ONE_CHANGE][1] / 2**20, 1),  # before the snapshot is written
         "load_observed_s": round(t[LOAD][0], 3),

@@ -160,3 +160,17 @@ def test_the_status_shows_the_issuer_and_the_apply_record_holds_no_hash(declared
     record = apply_document("0" * 40, planned.plan, len(planned.plan.actions), "", False, None, [], NOW)
     password_hash = model.sip_clusters["tenant-1"].auth.users[0].password_hash
     assert b"tenant-1-auth" in record and password_hash.encode() not in record
+
+
+def test_a_user_may_not_claim_a_system_group(declared):
+    repo, _ = declared
+    path = repo / "sip/tenant-1.yaml"
+    before = path.read_text()
+    path.write_text(before.replace("- tenant-1-viewers", "- tenant-1-viewers\n        - system:masters"))
+    try:
+        result = validate_repo(repo)
+    finally:
+        path.write_text(before)
+    errors = [str(d) for d in result.diagnostics]
+    assert any("'system:masters': the system: groups are Kubernetes' own" in e and "tenant-1.yaml" in e
+               and "groups[1]" in e for e in errors), errors

@@ -417,6 +417,11 @@ def sip_auth(docs: list[Document], _everything: list[Document]) -> Iterable[Diag
                 yield sip.error(base + ("users", i, "passwordHash"),
                                 "not a bcrypt ($2b$...) or argon2id ($argon2id$...) hash: a password is never written "
                                 "in the repo; put its hash (gitops oidc hash-password)")
+            for j, group in enumerate(user.get("groups", [])):
+                if group.lower().startswith("system:"):
+                    yield sip.error(base + ("users", i, "groups", j),
+                                    f"{group!r}: the system: groups are Kubernetes' own (system:masters is every "
+                                    "right); an OIDC user may not claim one")
             for key in ("username", "email"):
                 first = seen.setdefault((key, user[key].lower()), i)
                 if first != i:
