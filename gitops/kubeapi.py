@@ -10,6 +10,7 @@ gitops manages a handful of well-known objects and has no use for the generated 
 from __future__ import annotations
 
 import binascii
+import contextlib
 import json
 import logging
 import os
@@ -125,7 +126,11 @@ class KubeAPI:
         """
         api = cls.__new__(cls)
         api._files = MemoryFiles()
-        api._open(load_kubeconfig(path, context), timeout)
+        try:
+            api._open(load_kubeconfig(path, context, api._files), timeout)
+        except BaseException:
+            api._files.close()
+            raise
         return api
 
     def _open(self, config: Configuration, timeout: float) -> None:
@@ -281,8 +286,13 @@ def _reason(err: BaseException) -> str:
 # --------------------------------------------------------------------------- kubeconfig
 
 
-def load_kubeconfig(path: str | os.PathLike[str], context: str | None = None) -> Configuration:
-    """The official client's configuration for `context` of the kubeconfig at `path`; KubeAPIError when unusable."""
+def load_kubeconfig(path: str | os.PathLike[str], context: str | None = None,
+                    files: MemoryFiles | None = None) -> Configuration:
+    """The official client's configuration for `context` of the kubeconfig at `path`; KubeAPIError when unusable.
+
+    The loader writes the kubeconfig's embedded CA, certificate and key (`*-data`) to temporary files that it
+    removes only when the process exits normally; given `files`, they move into them at once and the temporary
+    files go (a process killed later leaves no key on the disk)."""
     with _IMPORT:
         from kubernetes.client import Configuration
         from kubernetes.config import kube_config
@@ -300,6 +310,8 @@ def load_kubeconfig(path: str | os.PathLike[str], context: str | None = None) ->
         raise KubeAPIError(" ".join(f"{path}: unusable kubeconfig: {_loader_reason(err)}".split())) from None
     finally:
         logging.getLogger().removeHandler(exec_errors)
+        if files is not None:
+            _into_memory(configuration, kube_config, files)
     if exec_errors.messages:  # the loader only logs a failed exec plugin and goes on as anonymous
         raise KubeAPIError(" ".join(f"{path}: the exec credential plugin failed: {exec_errors.messages[0]}".split()))
     if not configuration.host.startswith("https://"):
@@ -307,6 +319,24 @@ def load_kubeconfig(path: str | os.PathLike[str], context: str | None = None) ->
     _check_tls_material(configuration, path)
     _strip_tokens(configuration)
     return configuration
+
+
+def _into_memory(configuration: Configuration, kube_config: Any, files: MemoryFiles) -> None:
+    """The loader's temporary files that `configuration` names, moved into `files` and removed."""
+    with _IMPORT:  # the loader's record of its files is global
+        made = {name: content for content, name in kube_config._temp_files.items()}
+        for attribute in ("ssl_ca_cert", "cert_file", "key_file"):
+            name = getattr(configuration, attribute, None)
+            if not name or name not in made:
+                continue
+            try:
+                text = Path(name).read_text()
+            except OSError:
+                continue
+            setattr(configuration, attribute, files.add(attribute, text))
+            kube_config._temp_files.pop(made[name], None)
+            with contextlib.suppress(OSError):
+                os.remove(name)
 
 
 class _ExecErrors(logging.Handler):

@@ -9,6 +9,8 @@ read and its patch, so the 409 Conflicts are the API server's own.
 """
 from __future__ import annotations
 
+import os
+
 import copy
 import json
 from collections.abc import Callable, Iterator
@@ -390,6 +392,16 @@ def test_one_client_from_pem_strings_and_from_a_kubeconfig(kube):
         assert "default" in {n["metadata"]["name"] for n in admin.list("/api/v1/namespaces")}
     with Client.from_kubeconfig(kube.admin_kubeconfig) as from_file:
         assert "default" in {n["metadata"]["name"] for n in from_file.list("/api/v1/namespaces")}
+    # embedded key material (*-data) goes to memory at once: the loader's temporary files would outlive a kill -9
+    from kubernetes.config import kube_config
+
+    embedded = kube.cert_kubeconfig("embedded", "embedded-admin", ("system:masters",))
+    with Client.from_kubeconfig(embedded) as from_data:
+        config = from_data._config
+        assert all(p.startswith(f"/proc/{os.getpid()}/fd/") for p in (config.ssl_ca_cert, config.cert_file,
+                                                                       config.key_file))
+        assert not [p for p in kube_config._temp_files.values() if os.path.exists(p)]
+        assert "default" in {n["metadata"]["name"] for n in from_data.list("/api/v1/namespaces")}
     with Client(kube.url, kube.ca.cert_pem) as anonymous, pytest.raises(KubeAPIError) as err:
         anonymous.create(whoami, review)
     assert err.value.status == 403 and 'User "system:anonymous"' in err.value.details
