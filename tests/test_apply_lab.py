@@ -1072,24 +1072,26 @@ def test_sip_oidc_provider_runs_in_its_pod_and_team_a_trusts_it(world):
     ca = state.clusters["sip-tenant-1"].authorities[SERVICE_AUTHORITY].cert_pem
     context = ssl.create_default_context(cadata=ca)  # the issuer's address is in its certificate
 
-    def discovery() -> dict:
+    def answer(path: str) -> dict:
+        """The provider's answer at `path`, once it is up (started just now: a few seconds)."""
         deadline = time.monotonic() + 60
         while True:
             try:
-                with urllib.request.urlopen(f"{issuer}/.well-known/openid-configuration", timeout=5,
-                                            context=context) as answer:
-                    return json.loads(answer.read())
+                with urllib.request.urlopen(f"{issuer}{path}", timeout=5, context=context) as got:
+                    return json.loads(got.read())
             except OSError:
                 assert time.monotonic() < deadline, f"{issuer} never answered:\n{provider_logs()}"
                 time.sleep(0.5)
+
+    def discovery() -> dict:
+        return answer("/.well-known/openid-configuration")
 
     assert discovery()["issuer"] == issuer
     try:
         assert_converged(world)  # (a controller-manager or scheduler may have lost its Lease during the roll)
     except AssertionError as err:
         raise AssertionError(f"{err}\n{provider_logs()}") from None
-    with urllib.request.urlopen(f"{issuer}/keys", timeout=5, context=context) as answer:
-        kids = {k["kid"] for k in json.loads(answer.read())["keys"]}
+    kids = {k["kid"] for k in answer("/keys")["keys"]}
     kubeconfig = world.dir / "alice.kubeconfig"
     kubeconfig.write_text(world.gitops("kubeconfig", str(world.repo), "--state-dir", str(world.state),
                                        "--cluster", "team-a", "--oidc", "alice").stdout)
@@ -1131,8 +1133,7 @@ def test_sip_oidc_provider_runs_in_its_pod_and_team_a_trusts_it(world):
     assert "tenant-1-auth" in healing and "oidc" in healing, healing
     world.apply()
     assert discovery()["issuer"] == issuer
-    with urllib.request.urlopen(f"{issuer}/keys", timeout=5, context=context) as answer:
-        assert {k["kid"] for k in json.loads(answer.read())["keys"]} == kids
+    assert {k["kid"] for k in answer("/keys")["keys"]} == kids
     assert world.plan("--detailed-exitcode").returncode == 0
 
 

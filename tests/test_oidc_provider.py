@@ -126,10 +126,17 @@ def test_the_code_flow_with_pkce_logs_a_user_in_through_the_login_page(provider)
     assert claims["nonce"] == "n-1" and claims["sub"] == "alice"
     again = login(base, authorize(base, nonce="n-1")["query"])  # a nonce is used once
     assert again.status_code == 400 and "Location" not in again.headers, again.text
+    bearer = {"Authorization": f"Bearer {token.json()['access_token']}"}
+    assert get(base, "/userinfo", headers=bearer).status_code == 200
     replayed = post(base, "/token", data={"grant_type": "authorization_code", "code": back["code"][0],
                                            "redirect_uri": REDIRECT, "client_id": "kubernetes",
                                            "code_verifier": flow["verifier"]})
     assert replayed.status_code == 400 and replayed.json()["error"] == "invalid_grant"
+    # the replay revokes what the code gave (RFC 6749 4.1.2): its access token and its refresh token
+    assert get(base, "/userinfo", headers=bearer).status_code == 401
+    refreshed = post(base, "/token", data={"grant_type": "refresh_token", "client_id": "kubernetes",
+                                            "refresh_token": token.json()["refresh_token"]})
+    assert refreshed.status_code == 400
 
 
 def test_a_confidential_client_needs_its_secret(provider):

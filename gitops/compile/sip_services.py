@@ -249,5 +249,6 @@ def provider_front_config(ip: str, port: int, files: str = FILES) -> str:
         "  http-request set-header X-Forwarded-Proto https",
         "  default_backend provider",
         "backend provider",
-        f"  server provider 127.0.0.1:{port} check inter 2s",
+        "  retries 3",  # (no health check: with one server it would only hold requests back once it is up again)
+        f"  server provider 127.0.0.1:{port}",
     ]) + "\n"

@@ -38,6 +38,8 @@ from gitops.oidc.keys import KeyStore
 from gitops.oidc.passwords import verify
 
 CODE_TTL = 60
+#: how long a refresh token lives (used once; each use gives a new one)
+REFRESH_TTL = 24 * 3600
 SCOPES = ("openid", "email", "profile", "groups", "offline_access")
 
 
@@ -149,6 +151,8 @@ class _Token:
     refresh_token: str | None
     expires: float
     refresh_expires: float
+    #: the code its first token of the chain came from ("" without one): a replay of that code revokes them all
+    family: str = ""
 
     # -- Authlib's TokenMixin (a refresh token's credential)
     def check_client(self, client: Client) -> bool:
@@ -180,9 +184,12 @@ class _Memory:
     refresh: dict[str, _Token] = field(default_factory=dict)
     #: (client, nonce) of each authorization, until the longest token it could have given expires: once only
     nonces: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: codes exchanged already, until the tokens they gave expire: a second use of one is a replay
+    used: dict[str, float] = field(default_factory=dict)
 
     def sweep(self, now: float) -> None:
         self.codes = {k: v for k, v in self.codes.items() if v.expires > now}
+        self.used = {k: v for k, v in self.used.items() if v > now}
         self.nonces = {k: v for k, v in self.nonces.items() if v > now}
         self.access = {k: v for k, v in self.access.items() if v.expires > now}
         self.refresh = {k: v for k, v in self.refresh.items() if v.refresh_expires > now}
@@ -236,11 +243,13 @@ def create_app(config: ProviderConfig, keys: KeyStore) -> Flask:
 
     def save_token(token: dict[str, Any], req: Any) -> None:
         now = time.time()
+        code, earlier = getattr(req, "authorization_code", None), getattr(req, "credential", None)
+        family = code.code if isinstance(code, _Code) else earlier.family if isinstance(earlier, _Token) else ""
         with memory.lock:
             memory.sweep(now)
             held = _Token(req.client.client_id, req.user, token.get("scope", ""), token["access_token"],
                           token.get("refresh_token"), now + token.get("expires_in", config.token_ttl),
-                          now + 24 * 3600)
+                          now + REFRESH_TTL, family)
             memory.access[held.access_token] = held
             if held.refresh_token:
                 memory.refresh[held.refresh_token] = held
@@ -298,6 +307,13 @@ def create_app(config: ProviderConfig, keys: KeyStore) -> Flask:
         def query_authorization_code(self, code: str, client: Client) -> _Code | None:
             with memory.lock:  # taken out as it is read: of two requests at once with one code, one gets it
                 found = memory.codes.pop(code, None)
+                if found is None and code in memory.used:
+                    # a replay (RFC 6749 4.1.2): what the code gave is revoked (its ID tokens, signed, live on
+                    # until they expire, as every ID token does)
+                    memory.access = {k: v for k, v in memory.access.items() if v.family != code}
+                    memory.refresh = {k: v for k, v in memory.refresh.items() if v.family != code}
+                elif found is not None:
+                    memory.used[code] = time.time() + REFRESH_TTL
             if found is None or found.client_id != client.client_id or found.expires < time.time():
                 return None
             return found
