@@ -1134,6 +1134,14 @@ def test_sip_oidc_provider_runs_in_its_pod_and_team_a_trusts_it(world):
     world.apply()
     assert discovery()["issuer"] == issuer
     assert {k["kid"] for k in answer("/keys")["keys"]} == kids
+    # a new signing key on request, in the provider's container: published at once, the old one still there
+    with CRIClient(lab_hv.local().cri_endpoint()) as client:
+        (provider,) = [c for c in client.list_containers({MANAGED: MANAGER, NODE: "tenant-1-auth"})
+                       if c.labels["gitops.infra/component"] == "oidc" and c.state.value == "running"]
+        code, out, err = client.exec_sync(provider.id, ["gitops", "oidc", "rotate-keys", "--keys",
+                                                        "/var/lib/gitops-oidc", "--user", "10001"], timeout=60)
+    assert code == 0, err
+    assert kids < {k["kid"] for k in answer("/keys")["keys"]}, out
     assert world.plan("--detailed-exitcode").returncode == 0
 
 

@@ -166,7 +166,8 @@ def test_a_user_may_not_claim_a_system_group(declared):
     repo, _ = declared
     path = repo / "sip/tenant-1.yaml"
     before = path.read_text()
-    path.write_text(before.replace("- tenant-1-viewers", "- tenant-1-viewers\n        - system:masters"))
+    declared_group = '- "tenant-1-viewers"\n'
+    path.write_text(before.replace(declared_group, declared_group + "            - system:masters\n"))
     try:
         result = validate_repo(repo)
     finally:

@@ -1,6 +1,7 @@
 """The example repo wired to a running lab: the embedded default `gitops` runs on."""
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Sequence
 from importlib import resources
@@ -202,31 +203,53 @@ def declare_oidc_user(repo: Path, username: str, password_hash: str, *, sip: str
     """In an example repo: SIPCluster `sip`'s provider gets user `username` (email `<username>@example.com`) and
     the client its tenant API servers trust (password and refresh grants: kubectl's plugin in a terminal), served
     at its hypervisor's address (the example's oidcIssuerURL names no machine of the lab); Cluster `cluster`
-    trusts that provider by name."""
+    trusts that provider by name. The files are edited line by line: the rest of them stays as it was."""
     sip_path = repo / "sip" / f"{sip}.yaml"
-    doc = yaml.safe_load(sip_path.read_text())
-    auth = doc["spec"]["services"].setdefault("auth", {})
-    auth.pop("oidcIssuerURL", None)
-    client = auth.setdefault("clientID", EXAMPLE_OIDC_CLIENT)
-    users = [u for u in auth.get("users", []) if u["username"] != username]
-    auth["users"] = [*users, {"username": username, "email": f"{username}@example.com", "passwordHash": password_hash,
-                              "groups": list(groups)}]
-    if not any(c["id"] == client for c in auth.get("clients", [])):
-        auth["clients"] = [*auth.get("clients", []), {"id": client, "name": f"{sip} Kubernetes",
-                                                      "grantTypes": ["password", "refresh_token"]}]
-    sip_path.write_text(_header(sip_path) + yaml.dump(doc, Dumper=LiteralDumper, sort_keys=False))
+    lines = sip_path.read_text().splitlines(keepends=True)
+    auth = _block(lines, "    auth:", sip_path)
+    client = next((line.split(":", 1)[1].strip() for line in lines[auth] if line.startswith("      clientID:")),
+                  EXAMPLE_OIDC_CLIENT)
+    if any(line.startswith(("      users:", "      clients:")) for line in lines[auth]):
+        raise LabError(f"{sip_path}: services.auth declares users or clients already")
+    added = [f"      clientID: {client}\n"] if not any(line.startswith("      clientID:") for line in lines[auth]) else []
+    added += ["      users:\n", f"        - username: {username}\n", f"          email: {username}@example.com\n",
+              f"          passwordHash: {json.dumps(password_hash)}\n", "          groups:\n",
+              *(f"            - {json.dumps(g)}\n" for g in groups),
+              "      clients:\n", f"        - id: {client}\n", f"          name: {json.dumps(sip + ' Kubernetes')}\n",
+              "          grantTypes: [password, refresh_token]\n"]
+    kept = [line for line in lines[auth] if not line.startswith("      oidcIssuerURL:")]
+    lines[auth] = kept + added
+    _write_checked(sip_path, "".join(lines))
     cluster_path = repo / "clusters" / cluster / "cluster.yaml"
-    doc = yaml.safe_load(cluster_path.read_text())
-    doc["spec"].setdefault("apiServer", {})["oidc"] = {"sipCluster": sip, "usernamePrefix": "oidc:",
-                                                       "groupsPrefix": "oidc:"}
-    cluster_path.write_text(_header(cluster_path) + yaml.dump(doc, Dumper=LiteralDumper, sort_keys=False))
+    lines = cluster_path.read_text().splitlines(keepends=True)
+    oidc = ["    oidc:\n", f"      sipCluster: {sip}\n", '      usernamePrefix: "oidc:"\n',
+            '      groupsPrefix: "oidc:"\n']
+    if any(line == "  apiServer:\n" for line in lines):
+        where = lines.index("  apiServer:\n") + 1
+    else:
+        where = lines.index("spec:\n") + 1
+        oidc = ["  apiServer:\n", *oidc]
+    lines[where:where] = oidc
+    _write_checked(cluster_path, "".join(lines))
 
 
-def _header(path: Path) -> str:
-    """The leading comment lines of a YAML file (the schema hint), kept when it is written again."""
-    lines = []
-    for line in path.read_text().splitlines(keepends=True):
-        if not line.startswith("#"):
-            break
-        lines.append(line)
-    return "".join(lines)
+def _block(lines: list[str], header: str, path: Path) -> slice:
+    """The lines of the YAML mapping `header` opens (its deeper-indented lines after it), as a slice."""
+    try:
+        first = next(i for i, line in enumerate(lines) if line.rstrip("\n") == header) + 1
+    except StopIteration:
+        raise LabError(f"{path}: no {header.strip()!r} block") from None
+    depth = len(header) - len(header.lstrip())
+    end = first
+    while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > depth):
+        end += 1
+    return slice(first, end)
+
+
+def _write_checked(path: Path, text: str) -> None:
+    """Write `text` to `path` once it parses as YAML."""
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise LabError(f"{path}: the edit would not be YAML: {err}") from None
+    path.write_text(text)
