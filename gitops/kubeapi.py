@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # the client is imported when an API is used: it costs ~0.3 s
 
 
 _IMPORT = threading.Lock()
+#: held while the official kubeconfig loader runs and its temporary files move to memory
+_LOADER = threading.Lock()
 
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -303,40 +305,66 @@ def load_kubeconfig(path: str | os.PathLike[str], context: str | None = None,
     configuration = Configuration()
     exec_errors = _ExecErrors()
     logging.getLogger().addHandler(exec_errors)
+    moved: dict[str, str] = {}
     try:
-        kube_config.load_kube_config(config_file=str(path), context=context,
-                                     client_configuration=configuration, persist_config=False)
+        with _LOADER:  # its temporary files are shared by content between loads: none taken while another moves
+            try:
+                kube_config.load_kube_config(config_file=str(path), context=context,
+                                             client_configuration=configuration, persist_config=False)
+            finally:
+                if files is not None:
+                    moved = _into_memory(configuration, kube_config, files)
     except Exception as err:  # noqa: BLE001 -- the loader raises ConfigException, yaml, base64, OS and type errors
         raise KubeAPIError(" ".join(f"{path}: unusable kubeconfig: {_loader_reason(err)}".split())) from None
     finally:
         logging.getLogger().removeHandler(exec_errors)
-        if files is not None:
-            _into_memory(configuration, kube_config, files)
     if exec_errors.messages:  # the loader only logs a failed exec plugin and goes on as anonymous
         raise KubeAPIError(" ".join(f"{path}: the exec credential plugin failed: {exec_errors.messages[0]}".split()))
     if not configuration.host.startswith("https://"):
         raise KubeAPIError(f"{path}: the cluster needs an https:// server, got {configuration.host!r}")
     _check_tls_material(configuration, path)
     _strip_tokens(configuration)
+    _keep_paths(configuration, moved)
     return configuration
 
 
-def _into_memory(configuration: Configuration, kube_config: Any, files: MemoryFiles) -> None:
-    """The loader's temporary files that `configuration` names, moved into `files` and removed."""
-    with _IMPORT:  # the loader's record of its files is global
-        made = {name: content for content, name in kube_config._temp_files.items()}
-        for attribute in ("ssl_ca_cert", "cert_file", "key_file"):
-            name = getattr(configuration, attribute, None)
-            if not name or name not in made:
-                continue
-            try:
-                text = Path(name).read_text()
-            except OSError:
-                continue
-            setattr(configuration, attribute, files.add(attribute, text))
-            kube_config._temp_files.pop(made[name], None)
-            with contextlib.suppress(OSError):
-                os.remove(name)
+def _into_memory(configuration: Configuration, kube_config: Any, files: MemoryFiles) -> dict[str, str]:
+    """The loader's temporary files that `configuration` names, moved into `files` and removed; returns the
+    attributes set to the memory files' paths."""
+    made = {name: content for content, name in kube_config._temp_files.items()}
+    moved = {}
+    for attribute in ("ssl_ca_cert", "cert_file", "key_file"):
+        name = getattr(configuration, attribute, None)
+        if not name or name not in made:
+            continue
+        try:
+            text = Path(name).read_text()
+        except OSError:
+            continue
+        moved[attribute] = files.add(attribute, text)
+        setattr(configuration, attribute, moved[attribute])
+        kube_config._temp_files.pop(made[name], None)
+        with contextlib.suppress(OSError):
+            os.remove(name)
+    return moved
+
+
+def _keep_paths(configuration: Configuration, moved: dict[str, str]) -> None:
+    """The loader's refresh hook (a token user's, before every request, and once already by `_strip_tokens`)
+    copies its file paths into the configuration again: the memory files' paths are put back after it."""
+    for attribute, name in moved.items():
+        setattr(configuration, attribute, name)
+    refresh = configuration.refresh_api_key_hook
+    if refresh is None or not moved:
+        return
+
+    def kept(config: Configuration) -> None:
+        refresh(config)
+        for attribute, name in moved.items():
+            setattr(config, attribute, name)
+        config.refresh_api_key_hook = kept
+
+    configuration.refresh_api_key_hook = kept
 
 
 class _ExecErrors(logging.Handler):
