@@ -323,8 +323,7 @@ def load_kubeconfig(path: str | os.PathLike[str], context: str | None = None,
     if not configuration.host.startswith("https://"):
         raise KubeAPIError(f"{path}: the cluster needs an https:// server, got {configuration.host!r}")
     _check_tls_material(configuration, path)
-    _strip_tokens(configuration)
-    _keep_paths(configuration, moved)
+    _after_refresh(configuration, moved)
     return configuration
 
 
@@ -347,24 +346,6 @@ def _into_memory(configuration: Configuration, kube_config: Any, files: MemoryFi
         with contextlib.suppress(OSError):
             os.remove(name)
     return moved
-
-
-def _keep_paths(configuration: Configuration, moved: dict[str, str]) -> None:
-    """The loader's refresh hook (a token user's, before every request, and once already by `_strip_tokens`)
-    copies its file paths into the configuration again: the memory files' paths are put back after it."""
-    for attribute, name in moved.items():
-        setattr(configuration, attribute, name)
-    refresh = configuration.refresh_api_key_hook
-    if refresh is None or not moved:
-        return
-
-    def kept(config: Configuration) -> None:
-        refresh(config)
-        for attribute, name in moved.items():
-            setattr(config, attribute, name)
-        config.refresh_api_key_hook = kept
-
-    configuration.refresh_api_key_hook = kept
 
 
 class _ExecErrors(logging.Handler):
@@ -394,20 +375,23 @@ def _check_tls_material(configuration: Configuration, path: Path) -> None:
             raise KubeAPIError(f"{path}: client certificate/key unusable: {_reason(err)}") from None
 
 
-def _strip_tokens(configuration: Configuration) -> None:
-    """Trim a token as client-go does: the Python loader sends a tokenFile's trailing newline,
-    which http.client refuses as a header value. The loader's refresh hook re-sets the token
-    (and itself) before every request, so trimming wraps that hook and re-installs itself."""
+def _after_refresh(configuration: Configuration, paths: dict[str, str]) -> None:
+    """What the loader's refresh hook (which re-sets the token, the file paths and itself before every request)
+    gets wrong, mended after it on every call: a token trimmed as client-go does (the Python loader sends a
+    tokenFile's trailing newline, which http.client refuses as a header value), and `paths` (attribute -> memory
+    file path) put back over the loader's temporary files. Runs once now, and re-installs itself."""
     refresh = configuration.refresh_api_key_hook
 
-    def stripped(config: Configuration) -> None:
+    def mended(config: Configuration) -> None:
         if refresh is not None:
             refresh(config)
-        config.refresh_api_key_hook = stripped
+        config.refresh_api_key_hook = mended
         config.api_key = {k: v.strip() if isinstance(v, str) else v for k, v in config.api_key.items()}
+        for attribute, name in paths.items():
+            setattr(config, attribute, name)
 
-    stripped(configuration)
-    configuration.refresh_api_key_hook = stripped
+    mended(configuration)
+    configuration.refresh_api_key_hook = mended
 
 
 def _loader_reason(err: Exception) -> str:

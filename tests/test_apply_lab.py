@@ -1124,9 +1124,14 @@ def test_sip_oidc_provider_runs_in_its_pod_and_team_a_trusts_it(world):
     assert not [p for p in world.state.rglob("*") if p.is_file() and hashed["passwordHash"].encode() in p.read_bytes()]
     # the provider removed by hand: planned back, and it serves the keys it had (born on the hypervisor)
     lab_hv = next(hv for hv in world.lab.hypervisors if hv.ip == hvs[placed.hypervisor].ip_address)
+
+    def provider_container(client: CRIClient):
+        (found,) = [c for c in client.list_containers({MANAGED: MANAGER, NODE: "tenant-1-auth"})
+                    if c.labels["gitops.infra/component"] == "oidc" and c.state.value == "running"]
+        return found
+
     with CRIClient(lab_hv.local().cri_endpoint()) as client:
-        (provider,) = [c for c in client.list_containers({MANAGED: MANAGER, NODE: "tenant-1-auth"})
-                       if c.labels["gitops.infra/component"] == "oidc"]
+        provider = provider_container(client)
         client.stop_container(provider.id, timeout=5)
         client.remove_container(provider.id)
     healing = world.plan().stdout
@@ -1136,9 +1141,7 @@ def test_sip_oidc_provider_runs_in_its_pod_and_team_a_trusts_it(world):
     assert {k["kid"] for k in answer("/keys")["keys"]} == kids
     # a new signing key on request, in the provider's container: published at once, the old one still there
     with CRIClient(lab_hv.local().cri_endpoint()) as client:
-        (provider,) = [c for c in client.list_containers({MANAGED: MANAGER, NODE: "tenant-1-auth"})
-                       if c.labels["gitops.infra/component"] == "oidc" and c.state.value == "running"]
-        code, out, err = client.exec_sync(provider.id, ["gitops", "oidc", "rotate-keys", "--keys",
+        code, out, err = client.exec_sync(provider_container(client).id, ["gitops", "oidc", "rotate-keys", "--keys",
                                                         "/var/lib/gitops-oidc", "--user", "10001"], timeout=60)
     assert code == 0, err
     assert kids < {k["kid"] for k in answer("/keys")["keys"]}, out

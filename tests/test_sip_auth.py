@@ -98,13 +98,13 @@ def test_without_users_or_clients_no_provider_runs():
     assert "sip-tenant-1" not in planned.state.clusters
 
 
-def _refused(repo, edit) -> list[str]:
-    path = repo / "clusters/team-a/cluster.yaml"
+def _diagnostics(repo, rel: str, edit) -> list[str]:
+    """What validation says of `repo` with file `rel` edited by `edit` (text -> text); the file is put back."""
+    path = repo / rel
     before = path.read_text()
     path.write_text(edit(before))
     try:
-        result = validate_repo(repo)
-        return [str(d) for d in result.diagnostics]
+        return [str(d) for d in validate_repo(repo).diagnostics]
     finally:
         path.write_text(before)
 
@@ -118,20 +118,14 @@ def _refused(repo, edit) -> list[str]:
 ])
 def test_a_cluster_trusting_a_provider_by_name_is_checked(declared, edit, words):
     repo, _ = declared
-    errors = _refused(repo, edit)
+    errors = _diagnostics(repo, "clusters/team-a/cluster.yaml", edit)
     assert any(words in e and "cluster.yaml" in e for e in errors), errors
 
 
 def test_the_trusted_client_must_be_declared(declared):
     repo, _ = declared
-    path = repo / "sip/tenant-1.yaml"
-    before = path.read_text()
-    path.write_text(before.replace("clientID: tenant-1-kubernetes", "clientID: someone-else"))
-    try:
-        result = validate_repo(repo)
-    finally:
-        path.write_text(before)
-    errors = [str(d) for d in result.diagnostics]
+    errors = _diagnostics(repo, "sip/tenant-1.yaml",
+                          lambda t: t.replace("clientID: tenant-1-kubernetes", "clientID: someone-else"))
     assert any("'someone-else' is not one of the clients declared below" in e and "tenant-1.yaml" in e
                for e in errors), errors
 
@@ -164,14 +158,8 @@ def test_the_status_shows_the_issuer_and_the_apply_record_holds_no_hash(declared
 
 def test_a_user_may_not_claim_a_system_group(declared):
     repo, _ = declared
-    path = repo / "sip/tenant-1.yaml"
-    before = path.read_text()
     declared_group = '- "tenant-1-viewers"\n'
-    path.write_text(before.replace(declared_group, declared_group + "            - system:masters\n"))
-    try:
-        result = validate_repo(repo)
-    finally:
-        path.write_text(before)
-    errors = [str(d) for d in result.diagnostics]
+    errors = _diagnostics(repo, "sip/tenant-1.yaml",
+                          lambda t: t.replace(declared_group, declared_group + "            - system:masters\n"))
     assert any("'system:masters': the system: groups are Kubernetes' own" in e and "tenant-1.yaml" in e
                and "groups[1]" in e for e in errors), errors

@@ -56,10 +56,8 @@ def compile_desired(model: RepoModel, state: State, *, now: dt.datetime | None =
     freeze_etcd_flags(model, new)
     for name, cluster in model.clusters.items():
         new.clusters[name] = ensure_authorities(cluster, new.clusters.get(name), now)
-    for name, sip in model.sip_clusters.items():
-        if runs_provider(sip):
-            new.clusters[service_cluster(name)] = ensure_service_authority(
-                service_cluster(name), new.clusters.get(service_cluster(name)), now)
+    for served in (service_cluster(name) for name, sip in model.sip_clusters.items() if runs_provider(sip)):
+        new.clusters[served] = ensure_service_authority(served, new.clusters.get(served), now)
     if any(c.oidc is not None and c.oidc.sip_cluster for c in model.clusters.values()):
         model = resolve_issuers(model, new, deferred)
     placed_in = {r.cluster for r in new.nodes.values()}

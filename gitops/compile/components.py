@@ -153,14 +153,15 @@ def _shared(items: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(map(sys.intern, items))
 
 
-def _files_mount(base: str) -> Mount:
+def files_dir_mount(base: str) -> Mount:
+    """The node's files directory (under `base`), read-only at /etc/gitops."""
     return Mount(FILES, f"{base}/files", readonly=True)
 
 
 def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cluster_record: ClusterRecord,
                   peers: dict[str, tuple[Hypervisor, NodeRecord]], address: VirtualIP | None = None):
     """Files, certificates, keys and the components of a controlplane node (its role's), in start order."""
-    files_mount = _files_mount(node_dir(hv, node))
+    files_mount = files_dir_mount(node_dir(hv, node))
     local_api = f"https://{host_port(hv.ip_address, record.ports['apiserver'])}"
     files = (
         _service_account_bundle(cluster.name, cluster_record, peers),
@@ -451,7 +452,7 @@ def keepalived_container(image: str, base: str) -> ContainerSpec:
         command=("keepalived",),
         args=("--dont-fork", "--log-console", "--log-detail", "--vrrp", "--use-file", f"{FILES}/keepalived.conf",
               "--pid", "/tmp/keepalived.pid", "--vrrp_pid", "/tmp/keepalived-vrrp.pid"),
-        mounts=(_files_mount(base),),
+        mounts=(files_dir_mount(base),),
         capabilities=("NET_ADMIN", "NET_RAW", "NET_BROADCAST"),
     )
 
@@ -464,7 +465,7 @@ def haproxy_container(image: str, base: str, transparent: bool = False) -> Conta
         image=image,
         command=("haproxy",),
         args=("-W", "-db", "-f", f"{FILES}/haproxy.cfg"),
-        mounts=(_files_mount(base),),
+        mounts=(files_dir_mount(base),),
         capabilities=("NET_ADMIN",) if transparent else (),
     )
 

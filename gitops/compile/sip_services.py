@@ -20,12 +20,13 @@ apply, drift healing and pruning machinery of control planes serves them as is.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from gitops.compile.authorities import SERVICE_AUTHORITY
-from gitops.compile.components import assemble_pod, haproxy_config, haproxy_container, node_dir
+from gitops.compile.components import assemble_pod, files_dir_mount, haproxy_config, haproxy_container, node_dir
 from gitops.compile.desired import CertificateSpec, DesiredPod, FileSpec
 from gitops.compile.jumphost import jumphost_container, jumphost_files
 from gitops.cri.types import ContainerSpec, Mount
@@ -203,7 +204,7 @@ def _provider(node: Node, sip: SIPCluster, hv: Hypervisor, record: NodeRecord) -
         name=OIDC, image=COMPONENTS[OIDC].default_image, command=("gitops", "oidc", "serve"),
         args=("--config", f"{FILES}/{PROVIDER_CONFIG}", "--keys", KEYS_DIR, "--listen", f"127.0.0.1:{port}",
               "--user", str(PROVIDER_UID)),
-        mounts=(Mount(FILES, f"{base}/files", readonly=True), Mount(KEYS_DIR, f"{base}/oidc-keys")),
+        mounts=(files_dir_mount(base), Mount(KEYS_DIR, f"{base}/oidc-keys")),
         user=0)  # root until its key directory is its own, then PROVIDER_UID (the image may say another user)
     return assemble_pod(node, hv, DEFAULT_AGENT_IMAGE, files, [cert], (),
                         (haproxy_container(COMPONENTS[HAPROXY].default_image, base), provider))
@@ -212,8 +213,6 @@ def _provider(node: Node, sip: SIPCluster, hv: Hypervisor, record: NodeRecord) -
 def provider_config(auth: AuthService, issuer: str) -> str:
     """The provider's configuration (`gitops oidc serve --config`): its users with their password hashes, its
     clients with the SHA-256 of their secrets (never the secrets)."""
-    import hashlib
-
     return json.dumps({
         "issuer": issuer, "tokenTTL": auth.token_ttl,
         "users": [{"username": u.username, "email": u.email, "passwordHash": u.password_hash,
