@@ -19,12 +19,12 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gitops.apply import ApplyError
+from gitops.apply import ApplyError, Timing
 from gitops.coordination.member import Member
 from gitops.coordination.scope import PlacementRaced, Scope
 from gitops.engine import ApplyResult, Planned, apply_repo, desired_for, observe_all
@@ -149,8 +149,9 @@ class Applied:
     after: Planned | None = None
     #: a Lease lost or stale stopped the run before this action ("" when not)
     fenced: str = ""
-    #: seconds each action took (the failed one last), and the whole apply stage
-    seconds: tuple[float, ...] = ()
+    #: by plan index: when each action done and each failed one ran; the seconds of the whole apply stage
+    done: Mapping[int, Timing] = field(default_factory=dict)
+    failed: Mapping[int, Timing] = field(default_factory=dict)
     duration: float | None = None
 
 
@@ -485,7 +486,7 @@ class Controller:
             if err.halted is not None:
                 self.trigger.set()  # the next reconcile puts back what the rollout reached
             return Applied(Result.HALTED if err.halted is not None else Result.FAILED, str(err), len(err.executed),
-                           err.plan, error=str(err), seconds=tuple(err.seconds),
+                           err.plan, error=str(err), done=err.done, failed=err.failed,
                            duration=round(time.monotonic() - began, 1))
         except PlacementRaced as err:  # nothing ran; plan again at once, from the branch as it is now
             log.warning("placement raced another replica", extra={"sha": sha, "error": str(err)})
@@ -497,7 +498,7 @@ class Controller:
         finally:
             if self.member is not None:
                 self.member.busy = set()
-        return dataclasses.replace(_applied(sha, result), seconds=tuple(result.seconds),
+        return dataclasses.replace(_applied(sha, result), done=result.done,
                                    duration=round(time.monotonic() - began, 1))
 
     def _report(self, target: Target, applied: Applied, refused: Outcome | None, applied_before: str,
@@ -514,9 +515,8 @@ class Controller:
         report = dataclasses.replace(_reported(sha, applied, refused, in_force), untrusted_status=untrusted)
         record = None
         if applied.plan is not None and (applied.actions or applied.error or applied.follow_up is not None):
-            record = apply_document(sha, applied.plan, applied.actions, applied.error, applied.stopped,
-                                    applied.follow_up, list(applied.surprises), now, applied.seconds,
-                                    applied.duration)
+            record = apply_document(sha, applied.plan, applied.done, applied.failed, applied.error, applied.stopped,
+                                    applied.follow_up, list(applied.surprises), now, applied.duration)
         last = applied.after
         if last is not None:  # its observation is the live state after the apply
             observed, compiled, sip = last.observed, last.compiled, last.sip

@@ -217,8 +217,8 @@ class ApplyResult:
     after: Planned | None = None
     #: why the fence stopped the run ("" when it did not)
     fenced: str = ""
-    #: seconds each executed action took
-    seconds: list[float] = field(default_factory=list)
+    #: by plan index: when each action done ran (`gitops.apply.run.Timing`)
+    done: dict = field(default_factory=dict)
 
     @property
     def converged(self) -> bool:
@@ -269,7 +269,7 @@ def apply_plan(the_plan: Plan, state: State, model: RepoModel, config: RepoConfi
         err.plan = the_plan
         raise
     result.executed, result.stopped, result.surprises = execution.executed, execution.stopped, execution.surprises
-    result.fenced, result.seconds = execution.fenced, execution.seconds
+    result.fenced, result.done = execution.fenced, execution.done
     if result.stopped:
         return result
     after = narrow(make_plan(model, config, store.load(), watch(model), source=the_plan.source))

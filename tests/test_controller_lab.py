@@ -794,3 +794,68 @@ def test_a_good_change_rolls_through_both_waves_and_a_controller_killed_in_the_s
             print(f"wave {wave['name']} ({took.total_seconds():.0f}s): {cluster}: {figures}")
             assert figures["failed"] == 0 and figures["success_ratio"] == 1.0, figures
     print(f"rolled both waves in {time.monotonic() - began:.0f}s")
+
+
+TOGETHER = """  rollout:
+    waves:
+      - name: all
+        soakSeconds: 5
+        maxConcurrent: 2
+    slo:
+      minSuccessRatio: 0.999
+"""
+
+
+def rollout_config(loop: Loop, rollout: str, message: str) -> None:
+    """gitops.yaml's spec.rollout replaced by `rollout` (pushed and applied: a rollout alone changes nothing)."""
+    config = loop.work / "gitops.yaml"
+    text = config.read_text()
+    config.write_text(text[:text.index("  rollout:")] + rollout)
+    loop.push(message)
+    loop.converged()
+
+
+def test_a_wave_with_max_concurrent_applies_its_clusters_at_once(loop):
+    """issue #46: one wave of maxConcurrent 2: team-a's and team-b's API servers roll at the same time (each
+    cluster's one at a time, in its order), and no probe request through either ingress fails."""
+    with_waves(loop)
+    rollout_config(loop, TOGETHER, "one wave: both clusters at once")
+    try:
+        args = {"default-watch-cache-size": "102"}
+        if yaml.safe_load((loop.work / "clusters" / "team-a" / "cluster.yaml").read_text())["spec"]["apiServer"].get(
+                "extraArgs") == args:
+            args = {}
+        api_server_args(loop, args)
+        sha = loop.push("another watch cache size, both clusters in one batch")
+        began = time.monotonic()
+        result = loop.reconcile()
+        took = time.monotonic() - began
+        assert result.stdout.startswith("Applied: "), result.stdout
+        record = yaml.safe_load(loop.status_file("status/apply.yaml"))["status"]
+        assert all(a["result"] == "Done" for a in record["actions"]), record["actions"]
+        spans: dict[str, list[tuple[float, float]]] = {}
+        for a in record["actions"]:
+            if a["kind"] == "recreate-container" and a["subject"].endswith("/kube-apiserver"):
+                spans.setdefault(a["subject"].split("/")[0], []).append(
+                    (a["startedSeconds"], a["startedSeconds"] + a["seconds"]))
+        a_, b_ = (spans["team-a"], spans["team-b"])
+        assert len(a_) == len(b_) == 3, spans
+        for one in (a_, b_):  # within a cluster, one API server after another
+            assert all(end <= start for (_, end), (start, _) in zip(one, one[1:])), one
+        # the two clusters' rolls overlap in time: each started before the other ended
+        assert a_[0][0] < b_[-1][1] and b_[0][0] < a_[-1][1], spans
+        alone = sum(one[-1][1] - one[0][0] for one in (a_, b_))
+        together = max(a_[-1][1], b_[-1][1]) - min(a_[0][0], b_[0][0])
+        print(f"both clusters' API servers rolled in {together:.0f}s (each alone: {alone:.0f}s in all); "
+              f"reconcile {took:.0f}s")
+        assert together < alone
+        rollout = rollout_status(loop)
+        assert (rollout["commit"], rollout["phase"]) == (sha, "Soaked")
+        [wave] = rollout["waves"]
+        assert wave["name"] == "all" and set(wave["clusters"]) == {"team-a", "team-b"}
+        for cluster, figures in wave["clusters"].items():
+            print(f"wave all: {cluster}: {figures}")
+            assert figures["failed"] == 0 and figures["requests"] > 20, figures
+        assert (running(loop, "team-a"), running(loop, "team-b")) == (sha, sha)
+    finally:
+        rollout_config(loop, WAVES, "roll out in waves again: team-a first")

@@ -12,6 +12,7 @@ from repo_helpers import EXAMPLE_REPO
 from rich.console import Console
 from test_plan_diff import NOW, nothing_observed, settle
 
+from gitops.apply import Timing
 from gitops.compile.authorities import SERVICE_AUTHORITY
 from gitops.engine import make_plan
 from gitops.lab.example import declare_oidc_user
@@ -151,7 +152,8 @@ def test_the_status_shows_the_issuer_and_the_apply_record_holds_no_hash(declared
     auth = _service_endpoints(model, "tenant-1", planned.compiled.desired, placements_of(planned.state))["auth"]
     assert auth == {"users": 1, "clients": ["tenant-1-kubernetes"],
                     "oidcIssuerURL": f"https://{ip}:{placed.ports['oidc']}", "endpoint": f"{ip}:{placed.ports['oidc']}"}
-    record = apply_document("0" * 40, planned.plan, len(planned.plan.actions), "", False, None, [], NOW)
+    done = {i: Timing(0.0, 0.0) for i in range(len(planned.plan.actions))}
+    record = apply_document("0" * 40, planned.plan, done, {}, "", False, None, [], NOW)
     password_hash = model.sip_clusters["tenant-1"].auth.users[0].password_hash
     assert b"tenant-1-auth" in record and password_hash.encode() not in record
 

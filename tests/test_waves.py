@@ -21,6 +21,7 @@ from gitops.model.validate import validate_repo
 from gitops.plan.actions import Kind, Plan
 from gitops.plan.payloads import WaveGate
 from gitops.plan.render import render_markdown, render_text
+from gitops.plan.waves import steps
 from gitops.state.records import HALTED, ROLLING, SOAKED, RolloutRecord, State, WaveRecord
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "gitops" / "example_repo"
@@ -129,6 +130,94 @@ def test_max_concurrent_rolls_clusters_of_a_wave_together(waved):
     plan = make_plan(model, serial, State(), _nothing(model), now=NOW).plan
     assert {(a.cluster, a.batch) for a in plan.actions if a.cluster} == {("team-a", 0), ("team-b", 1)}
     assert plan.actions[-1].kind == Kind.SOAK_WAVE and plan.actions[-1].batch == 1
+
+
+def test_a_batch_of_several_clusters_is_one_step_with_a_lane_per_cluster(waved):
+    """maxConcurrent 2: apply runs team-a's and team-b's actions at once, each cluster's in plan order; the wave's
+    start before them and its soak after, alone. maxConcurrent 1: every action a step of its own."""
+    model, config = waved
+    together = dataclasses.replace(config, rollout=Rollout((Wave("all", None, 10, 2),)))
+    plan = make_plan(model, together, State(), _nothing(model), now=NOW).plan
+    ran = steps(plan.actions)
+    assert ran[0] == [(0,)] and plan.actions[0].kind == Kind.START_WAVE
+    assert ran[-1] == [(len(plan.actions) - 1,)] and plan.actions[-1].kind == Kind.SOAK_WAVE
+    batch = [step for step in ran if len(step) > 1]
+    assert len(batch) == 1 and len(batch[0]) == 2, ran
+    lanes = {plan.actions[lane[0]].cluster: lane for lane in batch[0]}
+    assert set(lanes) == {"team-a", "team-b"}
+    for cluster, lane in lanes.items():
+        assert list(lane) == sorted(lane) and {plan.actions[i].cluster for i in lane} == {cluster}
+    assert sorted(i for step in ran for lane in step for i in lane) == list(range(len(plan.actions)))
+    serial = dataclasses.replace(config, rollout=Rollout((Wave("all", None, 10, 1),)))
+    plan = make_plan(model, serial, State(), _nothing(model), now=NOW).plan
+    assert steps(plan.actions) == [[(i,)] for i in range(len(plan.actions))]
+
+
+def _lanes_plan(clusters: tuple[str, ...], each: int) -> Plan:
+    """`each` actions of every cluster, all in wave 1's batch 0, in the plan's order (phase by phase)."""
+    from gitops.plan.actions import Action
+    from gitops.plan.payloads import RotationStep
+
+    return Plan(tuple(Action(Kind.ADVANCE_CA_ROTATION, "", c, "", str(n), wave=1, payload=RotationStep(c, 1, str(n)))
+                      for n in range(each) for c in clusters), source="c0ffee")
+
+
+def test_the_clusters_of_a_batch_apply_at_once_and_a_failure_stops_the_others_after_their_action(tmp_path,
+                                                                                               monkeypatch):
+    """The executor's lanes (the handler replaced: what runs is the lanes, not the actions). Each cluster's first
+    action waits for the other's to start, so a serial run would time out; team-a's second action fails, and
+    team-b ends after the action it has in flight, its last one not run. The apply record says which did what."""
+    import datetime as dt
+    import time
+
+    import yaml
+
+    from gitops.apply import handlers
+    from gitops.apply.executor import ApplyError, Connections, execute
+    from gitops.state.records import ClusterRecord
+    from gitops.state.store import LocalDirStore
+    from gitops.status.report import apply_document
+
+    plan = _lanes_plan(("team-a", "team-b"), 3)
+    meet = threading.Barrier(2, timeout=10)
+    second_b = threading.Event()
+    threads: dict[str, set[str]] = {}
+
+    def handler(run, action, p):
+        threads.setdefault(action.cluster, set()).add(threading.current_thread().name)
+        if p.phase == "0":
+            meet.wait()  # both clusters' first actions run at the same time
+        elif p.phase == "1" and action.cluster == "team-a":
+            assert second_b.wait(10)
+            raise ApplyError("the second step of team-a breaks")
+        elif p.phase == "1":
+            second_b.set()
+            time.sleep(0.5)  # in flight while team-a fails: it ends, and team-b stops there
+        with run.recording():  # (saved by one thread at a time)
+            pass
+
+    monkeypatch.setitem(handlers.HANDLERS, Kind.ADVANCE_CA_ROTATION, handler)
+    store = LocalDirStore(tmp_path)
+    state = State(clusters={"team-a": ClusterRecord(commit="old"), "team-b": ClusterRecord(commit="old")})
+    store.save(state)
+    with pytest.raises(ApplyError) as failed:
+        execute(plan, state, Connections(cri=lambda name: None, hosts=lambda s: None), store)
+    err = failed.value
+    subject = {i: (a.cluster, a.component) for i, a in enumerate(plan.actions)}
+    assert sorted(subject[i] for i in err.done) == [("team-a", "0"), ("team-b", "0"), ("team-b", "1")]
+    assert [subject[i] for i in err.failed] == [("team-a", "1")]
+    assert "team-a/1" in str(err) and "the second step of team-a breaks" in str(err)
+    assert threads["team-a"].isdisjoint(threads["team-b"]), threads  # a thread per cluster
+    saved = store.load()
+    assert (saved.clusters["team-a"].commit, saved.clusters["team-b"].commit) == ("c0ffee", "c0ffee")
+    record = yaml.safe_load(apply_document("c0ffee", plan, err.done, err.failed, str(err), False, None, [],
+                                           dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)))["status"]
+    results = {(a["subject"], a["result"]) for a in record["actions"]}
+    assert results == {("team-a/0", "Done"), ("team-b/0", "Done"), ("team-a/1", "Failed"), ("team-b/1", "Done"),
+                       ("team-a/2", "NotRun"), ("team-b/2", "NotRun")}
+    assert record["summary"]["executed"] == 3
+    first = {a["subject"]: a["startedSeconds"] for a in record["actions"] if a["result"] != "NotRun"}
+    assert abs(first["team-a/0"] - first["team-b/0"]) < 1.0
 
 
 def test_a_rollout_stopped_during_a_soak_soaks_that_wave_again_and_no_other(waved):

@@ -23,8 +23,8 @@ def create_pod(run: Run, action: Action, p: CreatePod) -> None:
         client.pull_image(image)
     record = run.state.clusters.get(action.cluster)
     if p.bootstrap_members and record is not None and not record.etcd_members:
-        record.etcd_members = list(p.bootstrap_members)  # the initial members start together
-        run.save()
+        with run.recording():
+            record.etcd_members = list(p.bootstrap_members)  # the initial members start together
     sandbox_id = client.run_sandbox(p.sandbox)
     agent_id = client.create_container(sandbox_id, p.agent, p.sandbox)
     client.start_container(agent_id)
@@ -34,17 +34,17 @@ def create_pod(run: Run, action: Action, p: CreatePod) -> None:
 def generate_keys(run: Run, action: Action, p: GenerateKeys) -> None:
     client = run.client(action.hypervisor)
     agent_id = run.agent_id(action, p.pod)
-    for key in p.keys:
-        public = agent.public_key(client, agent_id, key.name)
-        if key.purpose != "service-account":
-            continue
-        record = run.state.clusters[action.cluster]
-        before = record.service_account_keys.get(action.node)
-        if before is not None and before != public:
-            run.outcome.surprises.append(f"Node {action.node}: its service-account key was regenerated "
-                                          "(the old one was gone); every API server must trust the new one")
-        record.set_service_account_key(action.node, public)
-    run.save()
+    public = {key.name: agent.public_key(client, agent_id, key.name) for key in p.keys}
+    with run.recording() as state:
+        for key in p.keys:
+            if key.purpose != "service-account":
+                continue
+            record = state.clusters[action.cluster]
+            before = record.service_account_keys.get(action.node)
+            if before is not None and before != public[key.name]:
+                run.outcome.surprises.append(f"Node {action.node}: its service-account key was regenerated "
+                                              "(the old one was gone); every API server must trust the new one")
+            record.set_service_account_key(action.node, public[key.name])
 
 
 def write_files(run: Run, action: Action, p: WriteFiles) -> None:

@@ -69,10 +69,10 @@ def recover_etcd(run: Run, action: Action, p: RecoverEtcd) -> None:
     start_container(run, action, p.create)
     with run.etcd(action, (p.client_url,)) as etcd:
         etcd.wait_healthy([p.client_url], p.timeout, f"after rebuilding etcd on {action.node}")
-    record = run.state.clusters[action.cluster]
-    record.etcd_members, record.etcd_learners = [action.node], []
-    record.recovered, record.forcing = p.record, ""
-    run.save()
+    with run.recording() as state:
+        record = state.clusters[action.cluster]
+        record.etcd_members, record.etcd_learners = [action.node], []
+        record.recovered, record.forcing = p.record, ""
     log.info("etcd of %s rebuilt from %s", action.cluster, action.node)
 
 
@@ -91,9 +91,9 @@ def restore_etcd(run: Run, action: Action, p: RestoreEtcd) -> None:
         _restore_member(run, action, member)
     for member in p.members:
         agent.swap_restored(run.client(member.hypervisor), member.pod.agent_id, p.token)
-    record = run.state.clusters[action.cluster]
-    record.restored, record.etcd_learners = p.record, []
-    run.save()
+    with run.recording() as state:
+        record = state.clusters[action.cluster]
+        record.restored, record.etcd_learners = p.record, []
     log.info("etcd of %s restored from snapshot %s of %s", action.cluster, p.snapshot[:8], p.target)
 
 

@@ -1,4 +1,4 @@
-"""Serial execution of a plan: exactly its actions, in its order, and nothing else.
+"""Execution of a plan: exactly its actions, in its order, and nothing else.
 
 Apply decides nothing. Each action carries its payload (`gitops.plan.payloads`):
 the sandbox and container specs, the certificates to issue, the etcd URLs, the
@@ -11,23 +11,30 @@ first failure stops the run with a message naming the action; every action is
 safe to repeat, so a re-run after a crash (even SIGKILL) observes what exists
 and plans only what is missing.
 
+Actions run one after another, except a rollout wave's batch of several clusters (`maxConcurrent`), whose
+clusters the plan applies at once (`gitops.plan.waves.steps`): a thread per cluster, each running that
+cluster's actions in their order. A failure, a stop or a fence in one stops the others after the action each
+has in flight.
+
 Each kind of action has one handler, found in `HANDLERS` (`gitops.apply.handlers`), grouped by family in
 this package's modules; what they share is a `Run` (`gitops.apply.run`).
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
 from gitops.apply.handlers import HANDLERS
-from gitops.apply.run import ApplyError, Connections, Execution, Fence, Progress, Run, StopRequested
+from gitops.apply.run import ApplyError, Connections, Execution, Fence, Progress, Run, StopRequested, Timing
 from gitops.errors import GitopsError
 from gitops.plan.actions import KINDS, Action, Plan
+from gitops.plan.waves import steps
 from gitops.state.records import State
 from gitops.state.store import StateStore
 
-__all__ = ["ApplyError", "Connections", "Execution", "Fence", "Progress", "execute"]
+__all__ = ["ApplyError", "Connections", "Execution", "Fence", "Progress", "Timing", "execute"]
 
 log = logging.getLogger(__name__)
 
@@ -40,28 +47,71 @@ def execute(plan: Plan, state: State, connections: Connections, store: StateStor
     run = Run(state.copy(), connections, store)
     run.fence, run.should_stop = fence, should_stop
     try:
-        return _run(run, plan.actions, should_stop, progress, plan.source)
+        return _Steps(run, plan.actions, progress, plan.source).all()
     finally:
         if run.unsaved:
             run.save()
         run.close()
 
 
-def _run(run: Run, actions: tuple[Action, ...], should_stop: Callable[[], bool],
-         progress: Progress | None, source: str = "") -> Execution:
-    outcome = run.outcome
-    for index, action in enumerate(actions):
-        if should_stop():
-            log.info("stop requested; %d of %d actions done", index, len(actions))
+class _Steps:
+    """The plan's steps, one after another; the lanes of a step at the same time (`gitops.plan.waves.steps`)."""
+
+    def __init__(self, run: Run, actions: tuple[Action, ...], progress: Progress | None, source: str):
+        self.run, self.actions, self.progress, self.source = run, actions, progress, source
+        self.began = time.monotonic()
+        self.lock = threading.Lock()
+        #: set when a lane ends early (failed, stopped, fenced): the others end after the action in flight
+        self.ended = threading.Event()
+        #: the first failure: (plan index, error)
+        self.failure: tuple[int, BaseException] | None = None
+        self.failed: dict[int, Timing] = {}
+
+    def all(self) -> Execution:
+        """Every step, until the plan's end or a lane ended early; ApplyError for the first action that failed."""
+        outcome = self.run.outcome
+        for step in steps(self.actions):
+            if len(step) == 1:
+                self._lane(step[0])
+            else:
+                lanes = [threading.Thread(target=self._lane, args=(lane,), daemon=True,
+                                          name=f"apply-{self.actions[lane[0]].cluster}") for lane in step]
+                for lane in lanes:
+                    lane.start()
+                for lane in lanes:
+                    lane.join()
+            if self.ended.is_set():
+                break
+        if self.failure is not None:
+            index, err = self.failure
+            action = self.actions[index]
+            failed = ApplyError(f"action {index + 1}/{len(self.actions)} failed: {action.symbol} {action.subject} "
+                                f"{action.kind.value}: {err}", outcome.executed)
+            failed.done, failed.failed = dict(outcome.done), dict(self.failed)
+            failed.halted = getattr(err, "halted", None)
+            raise failed from None
+        return outcome
+
+    def _lane(self, lane: tuple[int, ...]) -> None:
+        for index in lane:
+            if self.ended.is_set() or not self._one(index):
+                self.ended.set()
+                return
+
+    def _one(self, index: int) -> bool:
+        """Run the action at `index`: False when the run ends there (stopped, fenced or failed)."""
+        run, action, outcome, total = self.run, self.actions[index], self.run.outcome, len(self.actions)
+        if run.should_stop():
+            log.info("stop requested; %d of %d actions done", len(outcome.done), total)
             outcome.stopped = True
-            return outcome
+            return False
         refused = run.refused(action)
         if refused:
-            log.warning("fenced: %s; %d of %d actions done", refused, index, len(actions))
+            log.warning("fenced: %s; %d of %d actions done", refused, len(outcome.done), total)
             outcome.stopped, outcome.fenced = True, refused
-            return outcome
-        _report(progress, index, len(actions), action, "start")
-        _runs(run, action, source)
+            return False
+        self._report(index, action, "start")
+        self._runs(action)
         began = time.monotonic()
         try:
             expected = KINDS[action.kind].payload
@@ -72,32 +122,35 @@ def _run(run: Run, actions: tuple[Action, ...], should_stop: Callable[[], bool],
                                  f"{expected.__name__} a {action.kind.value} action takes")
             HANDLERS[action.kind](run, action, action.payload)
         except StopRequested as err:
-            log.info("%s; %d of %d actions done", err, index, len(actions))
+            log.info("%s; %d of %d actions done", err, len(outcome.done), total)
             outcome.stopped = True
-            return outcome
+            return False
         except (GitopsError, OSError) as err:
-            _report(progress, index, len(actions), action, "failed")
-            failed = ApplyError(f"action {index + 1}/{len(actions)} failed: {action.symbol} {action.subject} "
-                                f"{action.kind.value}: {err}", outcome.executed)
-            failed.seconds = [*outcome.seconds, round(time.monotonic() - began, 3)]
-            failed.halted = getattr(err, "halted", None)
-            raise failed from None
-        outcome.seconds.append(round(time.monotonic() - began, 3))
-        outcome.executed.append(action)
-        _report(progress, index, len(actions), action, "done")
-    return outcome
+            self._report(index, action, "failed")
+            with self.lock:
+                self.failed[index] = self._timing(began)
+                if self.failure is None:
+                    self.failure = (index, err)
+            return False
+        with self.lock:
+            outcome.done[index] = self._timing(began)
+            outcome.executed.append(action)
+        self._report(index, action, "done")
+        return True
 
+    def _timing(self, began: float) -> Timing:
+        return Timing(round(began - self.began, 3), round(time.monotonic() - began, 3))
 
-def _runs(run: Run, action: Action, source: str) -> None:
-    """Record that `action`'s cluster now runs commit `source` (saved with the run's next save)."""
-    record = run.state.clusters.get(action.cluster) if source else None
-    if record is not None and record.commit != source:
-        record.commit = source
-        run.unsaved = True
+    def _runs(self, action: Action) -> None:
+        """Record that `action`'s cluster now runs the plan's commit (saved with the run's next save)."""
+        record = self.run.state.clusters.get(action.cluster) if self.source else None
+        if record is not None and record.commit != self.source:
+            with self.run.recording(save=False):
+                record.commit = self.source
 
-
-def _report(progress: Progress | None, index: int, total: int, action: Action, status: str) -> None:
-    log.info("action %s", status, extra={"index": index + 1, "total": total, "kind": action.kind.value,
-                                        "subject": action.subject})
-    if progress is not None:
-        progress(index, total, action, status)
+    def _report(self, index: int, action: Action, status: str) -> None:
+        log.info("action %s", status, extra={"index": index + 1, "total": len(self.actions),
+                                            "kind": action.kind.value, "subject": action.subject})
+        if self.progress is not None:
+            with self.lock:
+                self.progress(index, len(self.actions), action, status)

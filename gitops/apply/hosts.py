@@ -11,5 +11,5 @@ from gitops.sip.selection import LabelChange
 def label_host(run: Run, action: Action, p: LabelHost) -> None:
     if run.provider is None:
         run.provider = run.connections.hosts(run.state)
-    apply_change(run.provider, LabelChange(p.host, action.cluster, p.set, p.remove, action.reason), run.state)
-    run.save()
+    with run.recording() as state:
+        apply_change(run.provider, LabelChange(p.host, action.cluster, p.set, p.remove, action.reason), state)

@@ -14,5 +14,5 @@ def advance_ca_rotation(run: Run, action: Action, p: RotationStep) -> None:
         now = f"{rotation.generation}/{rotation.phase}" if rotation is not None else "none"
         raise ApplyError(f"cluster {p.cluster}: the plan ends CA rotation phase {p.generation}/{p.phase}, but the "
                          f"recorded rotation is {now}; plan again")
-    run.state.clusters[p.cluster] = record.next_phase()
-    run.save()
+    with run.recording() as state:
+        state.clusters[p.cluster] = record.next_phase()

@@ -4,8 +4,10 @@ signers, its etcd and its API, the fence every wait asks)."""
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,16 +36,26 @@ class StopRequested(GitopsError):
     """A stop was asked for during a long wait (a wave's soak): the run ends there as stopped, not failed."""
 
 
+@dataclass(frozen=True)
+class Timing:
+    """When an action of the plan started (seconds from the run's start) and the seconds it took."""
+
+    started: float
+    seconds: float
+
+
 class ApplyError(GitopsError):
-    """An action failed; the run stopped there. `executed` holds the actions done before it."""
+    """An action failed; the run stopped there (the other clusters of a batch applied at once, after the action
+    each had in flight). `executed` holds the actions done, `done` and `failed` their plan indices."""
 
     def __init__(self, message: str, executed: list[Action] | None = None):
         super().__init__(message)
         self.executed = list(executed or [])
         #: the plan that was being executed
         self.plan: Plan | None = None
-        #: seconds each action took, the failed one last
-        self.seconds: list[float] = []
+        #: by plan index: when each action done and each failed one ran
+        self.done: dict[int, Timing] = {}
+        self.failed: dict[int, Timing] = {}
         #: a rollout wave breached its SLO: (wave, cluster, breach), None for any other failure
         self.halted: tuple[str, str, str] | None = None
 
@@ -64,19 +76,23 @@ class Connections:
 
 @dataclass
 class Execution:
+    #: the actions done, in the order they ended
     executed: list[Action] = field(default_factory=list)
+    #: by plan index: when each action done ran
+    done: dict[int, Timing] = field(default_factory=dict)
     #: stopped on request before the end of the plan
     stopped: bool = False
     #: what turned out other than the plan assumed (the follow-up plan shows what it takes)
     surprises: list[str] = field(default_factory=list)
     #: why the fence stopped the run before an action ("" when it did not)
     fenced: str = ""
-    #: seconds each executed action took
-    seconds: list[float] = field(default_factory=list)
 
 
 class Run:
-    """One execution of a plan: its state (saved as it changes), its clients, what it made so far."""
+    """One execution of a plan: its state (saved as it changes), its clients, what it made so far.
+
+    The clusters of a batch apply at once (`gitops.plan.waves.steps`), each in a thread: a handler changes the
+    recorded state only inside `recording()`, which one thread holds at a time and which saves it."""
 
     def __init__(self, state: State, connections: Connections, store: StateStore):
         self.state = state
@@ -97,6 +113,7 @@ class Run:
         self.unsaved = False
         #: rollout waves being watched, by name (`gitops.apply.waves`: each has a stop())
         self.watches: dict[str, Any] = {}
+        self._lock = threading.RLock()
 
     def close(self) -> None:
         for watch in self.watches.values():
@@ -106,13 +123,26 @@ class Run:
             client.close()
 
     def client(self, hypervisor: str) -> CRIClient:
-        if hypervisor not in self.clients:
-            self.clients[hypervisor] = self.connections.cri(hypervisor)
-        return self.clients[hypervisor]
+        with self._lock:
+            if hypervisor not in self.clients:
+                self.clients[hypervisor] = self.connections.cri(hypervisor)
+            return self.clients[hypervisor]
 
     def save(self) -> None:
-        self.store.save(self.state)
-        self.unsaved = False
+        with self._lock:
+            self.store.save(self.state)
+            self.unsaved = False
+
+    @contextmanager
+    def recording(self, save: bool = True) -> Iterator[State]:
+        """The recorded state to change, held by this thread alone, then saved (or, `save` False, left for the
+        next save: `unsaved`)."""
+        with self._lock:
+            yield self.state
+            if save:
+                self.save()
+            else:
+                self.unsaved = True
 
     def pod(self, action: Action, ref: PodRef) -> PodRef:
         """The pod's ids: from the plan, or from the `create-pod` action that ran earlier in this plan."""
@@ -201,10 +231,10 @@ class Run:
 
     def forget(self, node: str, cluster: str) -> None:
         """The node left the repo and its pod is gone: free its ports and records."""
-        self.state.nodes.pop(node, None)
-        record = self.state.clusters.get(cluster)
-        if record is not None:
-            record.retire_service_account_key(node)
-            record.etcd_members = [m for m in record.etcd_members if m != node]
-            record.etcd_learners = [m for m in record.etcd_learners if m != node]
-        self.save()
+        with self.recording() as state:
+            state.nodes.pop(node, None)
+            record = state.clusters.get(cluster)
+            if record is not None:
+                record.retire_service_account_key(node)
+                record.etcd_members = [m for m in record.etcd_members if m != node]
+                record.etcd_learners = [m for m in record.etcd_learners if m != node]

@@ -9,10 +9,14 @@ the repo) come before every wave.
 
 A wave the recorded rollout of this very commit shows started and not soaked, and that has nothing left to
 do, is soaked again (a controller killed during the soak resumes there: the waves before it stay done).
+
+A batch of several clusters (`maxConcurrent` > 1) is applied at once: each cluster's actions in their order, in
+a lane of its own beside the others' (`steps`).
 """
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from gitops.compile.desired import DesiredState
 from gitops.model.components import CONTROLPLANE
@@ -134,3 +138,31 @@ def _soak_details(gate: WaveGate) -> tuple[str, ...]:
             "than at the wave's start",
             "a breach halts the rollout here: no later wave starts, the commit is held like a refused one and the "
             "clusters it reached are put back to the commit in force before (a plan recorded on the status branch)")
+
+
+def steps(actions: Sequence[Action]) -> list[list[tuple[int, ...]]]:
+    """How apply runs the plan `actions`, step after step: each step its lanes, run at the same time, each lane
+    plan indices in plan order. A wave's batch that holds several clusters is one step with a lane per cluster;
+    every other action is a step of its own, with one lane."""
+    out: list[list[tuple[int, ...]]] = []
+    batch: dict[str, list[int]] = {}
+    at: tuple[int, int] | None = None
+
+    def close() -> None:
+        if len(batch) > 1:
+            out.append([tuple(lane) for lane in batch.values()])
+        else:  # a batch of one cluster: its actions one after another, as before waves
+            out.extend([(i,)] for lane in batch.values() for i in lane)
+        batch.clear()
+
+    for index, action in enumerate(actions):
+        here = (action.wave, action.batch) if action.wave and action.cluster else None
+        if here is None or here != at:
+            close()
+        at = here
+        if here is None:
+            out.append([(index,)])
+        else:
+            batch.setdefault(action.cluster, []).append(index)
+    close()
+    return out

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from gitops.apply import Timing
 from gitops.compile.desired import DesiredCluster, DesiredPod, DesiredState
 from gitops.compile.sip_services import auth_node, issuer_url, runs_provider
 from gitops.coordination.scope import Scope
@@ -124,13 +125,14 @@ def source_document(outcome: Outcome, previous: Callable[[str], bytes | None], n
                  "status": status})
 
 
-def apply_document(sha: str, plan: Plan, executed: int, error: str, stopped: bool, follow_up: Plan | None,
-                   surprises: list[str], now: dt.datetime, seconds: tuple[float, ...] = (),
+def apply_document(sha: str, plan: Plan, done: Mapping[int, Timing], failed: Mapping[int, Timing], error: str,
+                   stopped: bool, follow_up: Plan | None, surprises: list[str], now: dt.datetime,
                    duration: float | None = None) -> bytes:
-    """The plan the controller executed for `sha`, each action with its result (and the seconds it took),
-    and the follow-up plan.
+    """The plan the controller executed for `sha`, each action with its result (when it started, in seconds
+    from the first, and the seconds it took), and the follow-up plan.
 
-    `executed`: how many actions (from the first) completed; the next one failed when `error` is set.
+    `done`, `failed`: by plan index (from 0), the actions that completed and those that failed. The clusters
+    of a wave's batch apply at once, so what is done need not be the plan's first actions.
     `duration`: the seconds the whole apply stage took (planning, actions, the plan after).
     """
     def row(index: int, action: Action, result: str | None) -> dict[str, Any]:
@@ -138,20 +140,19 @@ def apply_document(sha: str, plan: Plan, executed: int, error: str, stopped: boo
                 "hypervisor": action.hypervisor, "reason": action.reason, "details": list(action.details)}
         if result is not None:
             data["result"] = result
-            if index < len(seconds):
-                data["seconds"] = seconds[index]
+            timing = done.get(index) or failed.get(index)
+            if timing is not None:
+                data["startedSeconds"], data["seconds"] = timing.started, timing.seconds
         return data
 
     def result(index: int) -> str:
-        if index < executed:
-            return "Done"
-        return "Failed" if index == executed and error else "NotRun"
+        return "Done" if index in done else "Failed" if index in failed else "NotRun"
 
     outcome = "Failed" if error else ("Stopped" if stopped else "Applied")
     status: dict[str, Any] = {
         "sha": sha, "time": now.isoformat(timespec="seconds"), "result": outcome,
         **({"durationSeconds": duration} if duration is not None else {}),
-        "summary": {**plan.summary(), "executed": executed, "planned": len(plan.actions)},
+        "summary": {**plan.summary(), "executed": len(done), "planned": len(plan.actions)},
         "actions": [row(i, a, result(i)) for i, a in enumerate(plan.actions)],
     }
     if error:
