@@ -65,6 +65,8 @@ class _Steps:
         self.ended = threading.Event()
         #: the first failure: (plan index, error)
         self.failure: tuple[int, BaseException] | None = None
+        #: what a lane's thread raised that is no action's failure (a bug): raised again once the lanes ended
+        self.crashed: BaseException | None = None
         self.failed: dict[int, Timing] = {}
 
     def all(self) -> Execution:
@@ -74,12 +76,14 @@ class _Steps:
             if len(step) == 1:
                 self._lane(step[0])
             else:
-                lanes = [threading.Thread(target=self._lane, args=(lane,), daemon=True,
+                lanes = [threading.Thread(target=self._thread, args=(lane,), daemon=True,
                                           name=f"apply-{self.actions[lane[0]].cluster}") for lane in step]
                 for lane in lanes:
                     lane.start()
                 for lane in lanes:
                     lane.join()
+                if self.crashed is not None:
+                    raise self.crashed
             if self.ended.is_set():
                 break
         if self.failure is not None:
@@ -91,6 +95,13 @@ class _Steps:
             failed.halted = getattr(err, "halted", None)
             raise failed from None
         return outcome
+
+    def _thread(self, lane: tuple[int, ...]) -> None:
+        try:
+            self._lane(lane)
+        except BaseException as err:  # noqa: BLE001 (raised again in the run's own thread)
+            self.crashed = self.crashed or err
+            self.ended.set()
 
     def _lane(self, lane: tuple[int, ...]) -> None:
         for index in lane:
