@@ -125,7 +125,8 @@ def test_max_concurrent_rolls_clusters_of_a_wave_together(waved):
     together = dataclasses.replace(config, rollout=Rollout((Wave("all", None, 10, 2),)))
     plan = make_plan(model, together, State(), _nothing(model), now=NOW).plan
     assert {a.batch for a in plan.actions if a.cluster} == {0}
-    assert "wave 1 of 1: team-a, team-b, 2 at a time" in _text(plan)
+    assert "wave 1 of 1: team-a, team-b; applied 2 at a time, the clusters of a batch at once: team-a + team-b" in _text(
+        plan)
     serial = dataclasses.replace(config, rollout=Rollout((Wave("all", None, 10, 1),)))
     plan = make_plan(model, serial, State(), _nothing(model), now=NOW).plan
     assert {(a.cluster, a.batch) for a in plan.actions if a.cluster} == {("team-a", 0), ("team-b", 1)}

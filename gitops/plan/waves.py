@@ -92,8 +92,8 @@ def in_waves(actions: list[Action], model: RepoModel, rollout: Rollout, desired:
         gate = WaveGate(spec.name, source, watched, spec.soak_seconds, rollout.min_success_ratio, timeout)
         last = (len(names) - 1) // spec.max_concurrent if names else 0
         if not resumed:
-            out.append(Action(Kind.START_WAVE, "", "", "", spec.name, reason=_members(spec, gated, len(rollout.waves),
-                                                                                         index),
+            out.append(Action(Kind.START_WAVE, "", "", "", spec.name,
+                              reason=_members(spec, gated, names, len(rollout.waves), index),
                               details=_start_details(gate, observed), wave=index + 1, payload=gate))
         out.append(Action(Kind.SOAK_WAVE, "", "", "", spec.name,
                           reason=("resumed: this commit's rollout reached this wave and was stopped before its soak "
@@ -113,9 +113,14 @@ def _watched(name: str, desired: DesiredState, observed: ObservedState, servers:
                        serving=seen is not None and seen.reachable)
 
 
-def _members(spec: Wave, names: list[str], waves: int, index: int) -> str:
-    together = f", {spec.max_concurrent} at a time" if spec.max_concurrent > 1 and len(names) > 1 else ""
-    return f"wave {index + 1} of {waves}: {', '.join(names)}{together}"
+def _members(spec: Wave, gated: list[str], changed: list[str], waves: int, index: int) -> str:
+    """The wave's clusters, and the batches applied at once (`steps`) when the plan changes several together."""
+    text = f"wave {index + 1} of {waves}: {', '.join(gated)}"
+    batches = [changed[i:i + spec.max_concurrent] for i in range(0, len(changed), spec.max_concurrent)]
+    if any(len(batch) > 1 for batch in batches):
+        text += (f"; applied {spec.max_concurrent} at a time, the clusters of a batch at once: "
+                 + ", then ".join(" + ".join(batch) for batch in batches))
+    return text
 
 
 def _start_details(gate: WaveGate, observed: ObservedState) -> tuple[str, ...]:
