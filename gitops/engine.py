@@ -20,7 +20,7 @@ from gitops.hostport import host_port
 from gitops.learn import learn
 from gitops.model.components import APISERVER
 from gitops.model.config import RepoConfig
-from gitops.model.resources import BareMetalHost, RepoModel
+from gitops.model.resources import RepoModel
 from gitops.observe.types import ClusterTarget, FilesReuse, ObservedState
 from gitops.plan.actions import Plan, Unknown, UnknownKind
 from gitops.plan.cluster_api import cluster_api_actions
@@ -79,8 +79,8 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     learned = learn(state, observed, {name: node.cluster for name, node in model.nodes.items()})
     hosts = planned_hosts(model, config, learned, observed.hosts)
     sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else HostSelection((), ())
-    compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable,
-                               hosts=relabeled(hosts or [], sip))
+    labelled = sip.relabeled(hosts or [])
+    compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable, hosts=labelled)
     options = DiffOptions(prune=config.prune.enabled, health_timeout=config.health_timeout)
     renew_at: dict[str, dt.datetime] = {}
     found = plan_nodes(compiled.desired, observed, compiled.state, options, now=now, skip=unchanged,
@@ -98,13 +98,14 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     unknowns += [*inside_unknowns, *left_the_repo(model, compiled.state)]
     actions = [*found.actions, *label_actions(sip), *inside]
     steps = rotation_steps(model, compiled.state, actions, unknowns)
+    notes = rotation_notes(compiled.state)
     placed, rollout_warnings = in_waves(actions + steps, model, config.rollout, compiled.desired, observed,
                                         compiled.state, source, config.health_timeout)
     plan = Plan(actions=ordered(placed),
                 warnings=tuple(list(found.warnings) + warnings + inside_warnings + list(compiled.deferred)
                                + recovery_warnings + rollout_warnings),
                 source=source, unknowns=tuple(unknowns),
-                notes=tuple(rotation_notes(compiled.state) + recovery_notes
+                notes=tuple(notes + recovery_notes
                             + endpoint_notes(model, learned, compiled.state)),
                 unchanged=tuple(sorted(unchanged)))
     settled = not (found.warnings or inside_warnings or compiled.deferred or recovery_warnings or plan.notes
@@ -120,17 +121,7 @@ def desired_for(model: RepoModel, config: RepoConfig, state: State, observed: Ob
     hosts = planned_hosts(model, config, learned, observed.hosts)
     sip = select_hosts(model.sip_clusters, hosts) if hosts is not None else HostSelection((), ())
     return compile_desired(model, learned, now=now, unavailable=observed.unreachable,
-                           hosts=relabeled(hosts or [], sip)), sip
-
-
-def relabeled(hosts: list[BareMetalHost], sip: HostSelection) -> list[BareMetalHost]:
-    """The hosts as they will be once the plan's label changes are made."""
-    changes = {c.host: c for c in sip.changes}
-    out = []
-    for host in hosts:
-        change = changes.get(f"{host.namespace}/{host.name}")
-        out.append(dataclasses.replace(host, labels=change.apply(host.labels)) if change else host)
-    return out
+                           hosts=sip.relabeled(hosts or [])), sip
 
 
 def observe_all(model: RepoModel, config: RepoConfig, state: State | None = None,

@@ -56,6 +56,7 @@ def in_waves(actions: list[Action], model: RepoModel, rollout: Rollout, desired:
 
     record = state.rollout if source and state.rollout is not None and state.rollout.commit == source else None
     halted = record.halted if record is not None else None
+    recorded = {w.name: w for w in record.waves} if record is not None else {}
     stop = next((i for i, w in enumerate(rollout.waves) if halted and w.name == halted.name), len(rollout.waves))
     warnings = []
     if halted is not None:
@@ -75,7 +76,7 @@ def in_waves(actions: list[Action], model: RepoModel, rollout: Rollout, desired:
         out.append(dataclasses.replace(action, wave=index + 1, batch=batch))
     for index, spec in enumerate(rollout.waves[:stop + 1]):
         names = sorted(changed.get(index, []))
-        started = record.wave(spec.name) if record is not None else None
+        started = recorded.get(spec.name)
         if started is not None and started.phase == ROLLING:  # stopped on the way: every cluster it reached
             gated = sorted(n for n, i in wave.items() if i == index and n in desired.clusters
                            and (n in names or reached(n)))

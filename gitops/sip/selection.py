@@ -50,6 +50,7 @@ planning again over the result yields no changes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,6 +193,15 @@ class HostSelection:
             if sel.cluster == cluster:
                 return sel
         raise KeyError(cluster)
+
+    def relabeled(self, hosts: Iterable[BareMetalHost]) -> list[BareMetalHost]:
+        """`hosts` as they will be once this selection's label changes are made."""
+        changes = {c.host: c for c in self.changes}
+        out = []
+        for host in hosts:
+            change = changes.get(f"{host.namespace}/{host.name}")
+            out.append(dataclasses.replace(host, labels=change.apply(host.labels)) if change else host)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (for `gitops plan -o json` and the status branch)."""
