@@ -859,3 +859,49 @@ def test_a_wave_with_max_concurrent_applies_its_clusters_at_once(loop):
         assert (running(loop, "team-a"), running(loop, "team-b")) == (sha, sha)
     finally:
         rollout_config(loop, WAVES, "roll out in waves again: team-a first")
+
+
+def test_a_controller_killed_while_a_batch_applies_at_once_resumes_both_clusters(loop):
+    """issue #46: SIGKILL while team-a's and team-b's API servers roll at once (team-a's first one done). The next
+    reconcile plans what each cluster has left, applies it at once again and soaks the wave; no probe request of
+    the wave fails (its SLO would halt it), and both clusters run the commit with their objects."""
+    with_waves(loop)
+    rollout_config(loop, TOGETHER, "one wave: both clusters at once")
+    try:
+        kept = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kept-at-once"}, "data": {"a": "b"}}
+        for cluster in ("team-a", "team-b"):
+            status, _ = cluster_request(loop, cluster, "POST", "/api/v1/namespaces/default/configmaps", kept)
+            assert status in (201, 409), status
+        args = {"default-watch-cache-size": "103"}
+        if yaml.safe_load((loop.work / "clusters" / "team-a" / "cluster.yaml").read_text())["spec"]["apiServer"].get(
+                "extraArgs") == args:
+            args = {}
+        api_server_args(loop, args)
+        sha = loop.push("another watch cache size, killed on the way")
+        loop.reconcile_killed(lambda line: '"action done"' in line and '"recreate-container"' in line
+                              and "team-a-cp-" in line and "kube-apiserver" in line)
+        assert running(loop, "team-a") != sha  # killed before publishing anything
+        result = loop.reconcile()
+        assert result.stdout.startswith("Applied: "), result.stdout
+        record = yaml.safe_load(loop.status_file("status/apply.yaml"))["status"]
+        assert record["sha"] == sha and all(a["result"] == "Done" for a in record["actions"]), record["actions"]
+        # (one in flight at the kill may be gone: then it is created, not recreated)
+        rolled = {c: [a for a in record["actions"] if a["kind"] in ("recreate-container", "create-container")
+                      and a["subject"].startswith(f"{c}/") and a["subject"].endswith("/kube-apiserver")]
+                  for c in ("team-a", "team-b")}
+        print("resumed:", {c: len(rows) for c, rows in rolled.items()})
+        assert len(rolled["team-a"]) == 2 and 1 <= len(rolled["team-b"]) <= 3, rolled  # what each had left
+        (a_first, a_last), (b_first, b_last) = ((rows[0], rows[-1]) for rows in rolled.values())
+        assert a_first["startedSeconds"] < b_last["startedSeconds"] + b_last["seconds"]
+        assert b_first["startedSeconds"] < a_last["startedSeconds"] + a_last["seconds"]
+        rollout = rollout_status(loop)
+        assert (rollout["commit"], rollout["phase"]) == (sha, "Soaked")
+        for cluster, figures in rollout["waves"][0]["clusters"].items():
+            print(f"wave all, killed and resumed: {cluster}: {figures}")
+            assert figures["failed"] == 0, figures
+        for cluster in ("team-a", "team-b"):
+            assert running(loop, cluster) == sha
+            status, found = cluster_request(loop, cluster, "GET", "/api/v1/namespaces/default/configmaps/kept-at-once")
+            assert status == 200 and found["data"] == {"a": "b"}
+    finally:
+        rollout_config(loop, WAVES, "roll out in waves again: team-a first")
