@@ -144,3 +144,33 @@ def test_a_check_failing_at_the_end_of_a_short_soak_is_watched_until_it_breaches
     state, failure = run_wave(kube, tmp_path, gate(kube, 0, api_servers=(kube.url, closed)))
     assert failure is not None and failure.halted is not None
     assert f"the API server at {closed} is not ready" in failure.halted[2] and "3 checks in a row" in failure.halted[2]
+
+
+def test_what_the_probe_counted_while_the_wave_rolled_survives_a_run_that_stopped(kube, tmp_path, monkeypatch):
+    """The probe's counts are saved while the wave's clusters roll (here: the start, then the counts kept, as the
+    executor keeps them after each action), so a run that ends there (a controller killed) loses none of them:
+    the next run starts and soaks the wave again, and its ratio counts from the wave's first start."""
+    from gitops.apply.run import Run
+
+    monkeypatch.setattr(waves, "COUNTS_EVERY", 0.5)
+    put_node(kube, "worker-1", True)
+    payload = gate(kube, 2)
+    store = LocalDirStore(tmp_path / "state")
+    store.save(state_of(kube))
+    connections = Connections(cri=lambda name: None, hosts=lambda state: None)
+    first = Run(store.load(), connections, store)
+    start = Action(Kind.START_WAVE, "", "", "", "canary", wave=1, payload=payload)
+    try:
+        waves.start_wave(first, start, payload)
+        time.sleep(3)  # the wave's clusters rolling
+        waves.keep_counts(first)
+    finally:
+        first.close()  # stopped there: what the probe counted after the last save is lost, as in a kill
+    kept = store.load().rollout.wave("canary").figures["team-x"]
+    assert kept["requests"] >= 8 and kept["failed"] == 0, kept
+    plan = Plan((start, Action(Kind.SOAK_WAVE, "", "", "", "canary", wave=1, payload=payload)))
+    execute(plan, store.load(), connections, store)
+    wave = store.load().rollout.wave("canary")
+    assert wave.phase == SOAKED
+    # the soak alone (2 s, a request every 0.25 s) makes at most 9: the ratio counts the first run's too
+    assert wave.figures["team-x"]["requests"] >= kept["requests"] + 4, (kept, wave.figures)

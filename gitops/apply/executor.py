@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from gitops.apply.handlers import HANDLERS
 from gitops.apply.run import ApplyError, Connections, Execution, Fence, Progress, Run, StopRequested, Timing
+from gitops.apply.waves import keep_counts
 from gitops.errors import GitopsError
 from gitops.plan.actions import KINDS, Action, Plan
 from gitops.plan.waves import steps
@@ -147,6 +148,8 @@ class _Steps:
             outcome.done[index] = self._timing(began)
             outcome.executed.append(action)
         self._report(index, action, "done")
+        if run.watches:  # a wave's clusters rolling: what its probe counted so far is kept
+            keep_counts(run)
         return True
 
     def _timing(self, began: float) -> Timing:

@@ -9,8 +9,10 @@ What is watched, per cluster:
   and no fewer workers are Ready than at the wave's start. One of these failing three checks in a row halts
   the rollout at once (a single blip does not).
 
-The figures and the outcome go to the recorded state (`State.rollout`), saved as they change, so the status
-branch shows them and a controller killed during the soak soaks that wave again.
+The figures and the outcome go to the recorded state (`State.rollout`), saved as they change (the probe's
+counts every few seconds, while the wave's clusters roll too: `keep_counts`), so the status branch shows them
+and a controller killed during the roll or the soak counts on from there when it rolls or soaks that wave
+again.
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ CHECK_EVERY = 2.0
 STRIKES = 3
 #: seconds one probe request or health check may take
 REQUEST_TIMEOUT = 5.0
+#: seconds between saves of the probe's counts while a wave's clusters roll
+COUNTS_EVERY = 5.0
 _CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 
 
@@ -108,9 +112,12 @@ class Probe:
 
 @dataclass
 class Watch:
-    """One wave's probes, by cluster (closed with the run, whatever happens)."""
+    """One wave's probes, by cluster (closed with the run, whatever happens), and the requests and failures
+    recorded before each probe began (a run stopped on the way counted them)."""
 
     probes: dict[str, Probe] = field(default_factory=dict)
+    base: dict[str, tuple[int, int]] = field(default_factory=dict)
+    saved: float = field(default_factory=time.monotonic)
 
     def stop(self) -> dict[str, Tally]:
         return {name: probe.stop() for name, probe in self.probes.items()}
@@ -126,7 +133,7 @@ def start_wave(run: Run, action: Action, p: WaveGate) -> None:
     for c in p.clusters:
         if c.serving:
             try:
-                wave.figures.setdefault(c.cluster, {})["workers_ready_before"] = _begin(run, watch, c, p)
+                wave.figures.setdefault(c.cluster, {})["workers_ready_before"] = _begin(run, watch, c, p, wave)
             except ApplyError as err:  # nothing of the wave changed yet: a failure to retry, not a breach
                 raise ApplyError(f"wave {p.wave}: cluster {c.cluster}: {err}") from None
     _put(run, p.commit, wave)
@@ -142,15 +149,14 @@ def soak_wave(run: Run, action: Action, p: WaveGate) -> None:
     for c in p.clusters:
         if c.cluster not in watch.probes:
             try:
-                before = _begin(run, watch, c, p)
+                before = _begin(run, watch, c, p, wave)
             except ApplyError as err:  # the wave's changes are made: a cluster that cannot be watched breaches
                 breach = (c.cluster, str(err))
                 before = 0
             wave.figures.setdefault(c.cluster, {}).setdefault("workers_ready_before", before)
     _put(run, p.commit, wave)
     # requests counted before a stop on the way (a resumed soak adds to them: the ratio is from the wave's start)
-    base = {c.cluster: (int(wave.figures[c.cluster].get("requests", 0)), int(wave.figures[c.cluster].get("failed", 0)))
-            for c in p.clusters}
+    base = {c.cluster: watch.base.get(c.cluster) or _counted(wave.figures[c.cluster]) for c in p.clusters}
     checks: dict[str, _Checks] = {}
     began = time.monotonic()
     deadline = began + p.soak_seconds
@@ -208,6 +214,23 @@ def soak_wave(run: Run, action: Action, p: WaveGate) -> None:
     _put(run, p.commit, wave)
 
 
+def keep_counts(run: Run) -> None:
+    """While a wave's clusters roll (between its start and its soak): the probe's counts so far into the
+    recorded wave, saved every COUNTS_EVERY seconds (a controller killed on the way counts on from them)."""
+    record = run.state.rollout
+    for name, watch in list(run.watches.items()):
+        wave = record.wave(name) if record is not None else None
+        if wave is None or time.monotonic() - watch.saved < COUNTS_EVERY:
+            continue
+        with run.recording():
+            _count(wave, dict(watch.base), watch)
+        watch.saved = time.monotonic()
+
+
+def _counted(figures: dict[str, Any]) -> tuple[int, int]:
+    return int(figures.get("requests", 0)), int(figures.get("failed", 0))
+
+
 def _count(wave: WaveRecord, base: dict[str, tuple[int, int]], watch: Watch,
            tallies: dict[str, Tally] | None = None) -> None:
     """Each cluster's requests and failures so far into the wave's figures: those before a stop on the way
@@ -262,8 +285,9 @@ class _Checks:
             api.close()
 
 
-def _begin(run: Run, watch: Watch, c: WaveCluster, p: WaveGate) -> int:
-    """Write the cluster's sentinel, start its probe; its Ready workers now."""
+def _begin(run: Run, watch: Watch, c: WaveCluster, p: WaveGate, wave: WaveRecord) -> int:
+    """Write the cluster's sentinel, start its probe (counting on from what `wave` recorded); its Ready workers
+    now."""
     api = run.api(c.cluster, c.server)
     try:
         api.apply("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
@@ -273,6 +297,7 @@ def _begin(run: Run, watch: Watch, c: WaveCluster, p: WaveGate) -> int:
         api.close()
         raise ApplyError(f"its API cannot be watched through {c.server}: {err}") from None
     api.close()
+    watch.base[c.cluster] = _counted(wave.figures.get(c.cluster, {}))
     watch.probes[c.cluster] = Probe(run.api(c.cluster, c.server, fresh_connections=True), p.commit)
     return _ready(nodes)
 
