@@ -27,6 +27,7 @@ import pytest
 import yaml
 from conftest import running_lab
 
+from gitops.apply.waves import PROBE_EVERY
 from gitops.cri.client import CRIClient
 from gitops.lab.probe import admin_tls
 from gitops.pods import MANAGED, MANAGER, NODE
@@ -879,7 +880,7 @@ def test_a_controller_killed_while_a_batch_applies_at_once_resumes_both_clusters
         api_server_args(loop, args)
         sha = loop.push("another watch cache size, killed on the way")
         loop.reconcile_killed(lambda line: '"action done"' in line and '"recreate-container"' in line
-                              and "team-a-cp-" in line and "kube-apiserver" in line)
+                              and "team-a-cp-" in line and "kube-apiserver" in line, after=1)
         assert running(loop, "team-a") != sha  # killed before publishing anything
         result = loop.reconcile()
         assert result.stdout.startswith("Applied: "), result.stdout
@@ -896,9 +897,15 @@ def test_a_controller_killed_while_a_batch_applies_at_once_resumes_both_clusters
         assert b_first["startedSeconds"] < a_last["startedSeconds"] + a_last["seconds"]
         rollout = rollout_status(loop)
         assert (rollout["commit"], rollout["phase"]) == (sha, "Soaked")
+        # the probe paces itself (a request every PROBE_EVERY at most): more than the resumed run could make means
+        # the killed run's counts were kept
+        gates = {a["kind"]: a for a in record["actions"] if a["kind"] in ("start-wave", "soak-wave")}
+        resumed = gates["soak-wave"]["startedSeconds"] + gates["soak-wave"]["seconds"] - gates["start-wave"][
+            "startedSeconds"]
         for cluster, figures in rollout["waves"][0]["clusters"].items():
-            print(f"wave all, killed and resumed: {cluster}: {figures}")
+            print(f"wave all, killed and resumed ({resumed:.0f}s): {cluster}: {figures}")
             assert figures["failed"] == 0, figures
+            assert figures["requests"] > resumed / PROBE_EVERY + 2, (resumed, figures)
         for cluster in ("team-a", "team-b"):
             assert running(loop, cluster) == sha
             status, found = cluster_request(loop, cluster, "GET", "/api/v1/namespaces/default/configmaps/kept-at-once")
