@@ -8,6 +8,7 @@ command. The tests share one lab and one origin; each first brings about what it
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import http.client
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -816,6 +817,25 @@ def rollout_config(loop: Loop, rollout: str, message: str) -> None:
     loop.converged()
 
 
+@contextlib.contextmanager
+def all_at_once(loop: Loop) -> Iterator[None]:
+    """Both clusters in one wave of maxConcurrent 2 (TOGETHER) while the block runs; the canary's waves after."""
+    with_waves(loop)
+    rollout_config(loop, TOGETHER, "one wave: both clusters at once")
+    try:
+        yield
+    finally:
+        rollout_config(loop, WAVES, "roll out in waves again: team-a first")
+
+
+def another_watch_cache(loop: Loop, size: str) -> None:
+    """Both clusters' API servers get --default-watch-cache-size `size`, or no extra flag if they run it already:
+    a harmless change every API server rolls for."""
+    current = yaml.safe_load((loop.work / "clusters" / "team-a" / "cluster.yaml").read_text())["spec"]["apiServer"]
+    args = {"default-watch-cache-size": size}
+    api_server_args(loop, {} if current.get("extraArgs") == args else args)
+
+
 def controlplanes(loop: Loop, cluster: str) -> int:
     """How many control-plane Nodes the repo declares for `cluster`."""
     docs = yaml.safe_load_all((loop.work / "clusters" / cluster / "nodes.yaml").read_text())
@@ -825,14 +845,8 @@ def controlplanes(loop: Loop, cluster: str) -> int:
 def test_a_wave_with_max_concurrent_applies_its_clusters_at_once(loop):
     """issue #46: one wave of maxConcurrent 2: team-a's and team-b's API servers roll at the same time (each
     cluster's one at a time, in its order), and no probe request through either ingress fails."""
-    with_waves(loop)
-    rollout_config(loop, TOGETHER, "one wave: both clusters at once")
-    try:
-        args = {"default-watch-cache-size": "102"}
-        if yaml.safe_load((loop.work / "clusters" / "team-a" / "cluster.yaml").read_text())["spec"]["apiServer"].get(
-                "extraArgs") == args:
-            args = {}
-        api_server_args(loop, args)
+    with all_at_once(loop):
+        another_watch_cache(loop, "102")
         sha = loop.push("another watch cache size, both clusters in one batch")
         began = time.monotonic()
         result = loop.reconcile()
@@ -865,26 +879,18 @@ def test_a_wave_with_max_concurrent_applies_its_clusters_at_once(loop):
             print(f"wave all: {cluster}: {figures}")
             assert figures["failed"] == 0 and figures["requests"] > 20, figures
         assert (running(loop, "team-a"), running(loop, "team-b")) == (sha, sha)
-    finally:
-        rollout_config(loop, WAVES, "roll out in waves again: team-a first")
 
 
 def test_a_controller_killed_while_a_batch_applies_at_once_resumes_both_clusters(loop):
     """issue #46: SIGKILL while team-a's and team-b's API servers roll at once (team-a's first one done). The next
     reconcile plans what each cluster has left, applies it at once again and soaks the wave; no probe request of
     the wave fails (its SLO would halt it), and both clusters run the commit with their objects."""
-    with_waves(loop)
-    rollout_config(loop, TOGETHER, "one wave: both clusters at once")
-    try:
+    with all_at_once(loop):
         kept = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kept-at-once"}, "data": {"a": "b"}}
         for cluster in ("team-a", "team-b"):
             status, _ = cluster_request(loop, cluster, "POST", "/api/v1/namespaces/default/configmaps", kept)
             assert status in (201, 409), status
-        args = {"default-watch-cache-size": "103"}
-        if yaml.safe_load((loop.work / "clusters" / "team-a" / "cluster.yaml").read_text())["spec"]["apiServer"].get(
-                "extraArgs") == args:
-            args = {}
-        api_server_args(loop, args)
+        another_watch_cache(loop, "103")
         sha = loop.push("another watch cache size, killed on the way")
         loop.reconcile_killed(lambda line: '"action done"' in line and '"recreate-container"' in line
                               and "team-a-cp-" in line and "kube-apiserver" in line, after=1)
@@ -919,5 +925,3 @@ def test_a_controller_killed_while_a_batch_applies_at_once_resumes_both_clusters
             assert running(loop, cluster) == sha
             status, found = cluster_request(loop, cluster, "GET", "/api/v1/namespaces/default/configmaps/kept-at-once")
             assert status == 200 and found["data"] == {"a": "b"}
-    finally:
-        rollout_config(loop, WAVES, "roll out in waves again: team-a first")

@@ -223,7 +223,7 @@ def keep_counts(run: Run) -> None:
         if wave is None or time.monotonic() - watch.saved < COUNTS_EVERY:
             continue
         with run.recording():
-            _count(wave, dict(watch.base), watch)
+            _count(wave, watch.base, watch)
         watch.saved = time.monotonic()
 
 
