@@ -27,7 +27,7 @@ from gitops.plan.cluster_api import cluster_api_actions
 from gitops.plan.diff import DiffOptions
 from gitops.plan import converged, recorded, recovery
 from gitops.plan.hosts import label_actions, sip_warnings
-from gitops.plan.inputs import left_the_repo
+from gitops.plan.inputs import plan_inputs
 from gitops.plan.clusters import plan_nodes
 from gitops.plan.rollout import ordered
 from gitops.plan.endpoints import endpoint_notes
@@ -83,8 +83,8 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
     compiled = compile_desired(model, learned, now=now, unavailable=observed.unreachable, hosts=labelled)
     options = DiffOptions(prune=config.prune.enabled, health_timeout=config.health_timeout)
     renew_at: dict[str, dt.datetime] = {}
-    found = plan_nodes(compiled.desired, observed, compiled.state, options, now=now, skip=unchanged,
-                       renew_at=renew_at)
+    every = plan_inputs(model, compiled.desired, observed, compiled.state)
+    found = plan_nodes(every, options, now=now, skip=unchanged, renew_at=renew_at)
     inside, inside_warnings, inside_unknowns = cluster_api_actions(compiled.desired, observed, config.health_timeout)
     check_versions(model, observed)
     warnings: list[str] = []
@@ -95,7 +95,7 @@ def make_plan(model: RepoModel, config: RepoConfig, state: State, observed: Obse
                                     sip_clusters=tuple(sorted(model.sip_clusters))))
     else:
         warnings += sip_warnings(sip)
-    unknowns += [*inside_unknowns, *left_the_repo(model, compiled.state)]
+    unknowns += [*inside_unknowns, *every.left]
     actions = [*found.actions, *label_actions(sip), *inside]
     steps = rotation_steps(model, compiled.state, actions, unknowns)
     notes = rotation_notes(compiled.state)

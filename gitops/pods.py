@@ -73,3 +73,12 @@ def reloaded_to(files: NodeFiles | None, component: str, container_id: str, spec
     keeps the spec it started with)."""
     return (files is not None
             and files.digests.get(reloaded_file(component)) == file_digest(reloaded_record(container_id, spec_hash)))
+
+
+def reload_marker(files: NodeFiles | None, component: str, container_id: str,
+                  spec_hash: str) -> tuple[str, str] | None:
+    """The file (name, content) a reload of running container `container_id` to `spec_hash` writes once
+    done; None when `files` say it was reloaded to it already."""
+    if reloaded_to(files, component, container_id, spec_hash):
+        return None
+    return reloaded_file(component), reloaded_record(container_id, spec_hash)

@@ -41,6 +41,8 @@ from gitops.model.components import (
     KEEPALIVED,
     ROLES,
     SCHEDULER,
+    reload_of,
+    rollout_of,
 )
 from gitops.model.resources import Cluster, Hypervisor, Node
 from gitops.model.semantics import is_ip
@@ -144,7 +146,8 @@ def finish_container(spec: ContainerSpec, pod_labels: dict[str, str], files: tup
     )
     full = identify(replace(spec, image=sys.intern(spec.image), args=_shared(spec.args),
                             log_path=sys.intern(f"{spec.name}.log")), pod_labels, inputs)
-    return DesiredContainer(spec=full, spec_hash=full.labels[SPEC_HASH])
+    return DesiredContainer(spec=full, spec_hash=full.labels[SPEC_HASH], rollout=rollout_of(spec.name),
+                            reload=reload_of(spec.name))
 
 
 def _shared(items: tuple[str, ...]) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from typing import Any
 from gitops.cri.types import ContainerSpec, SandboxSpec
 from gitops.hostport import host_port
 from gitops.memo import ContentDigested
+from gitops.model.components import STOP_START
 from gitops.model.resources import ClusterBackup, ClusterRecovery, ClusterRestore
 # the node files' types (their home is below compile and plan), also as the compiler's modules import them
 from gitops.nodefiles import AFTER_APPLY, CertificateSpec, FileSpec, KeySpec, ServiceAccountBundle  # noqa: F401
@@ -44,6 +45,10 @@ class DesiredContainer:
     #: the spec's identity: changes whenever anything the container runs with changes
     #: (AFTER_APPLY while a file it reads is known after apply)
     spec_hash: str
+    #: how a running one is replaced, and the command that reloads it in place (its component's, from
+    #: `gitops.model.components.COMPONENTS`)
+    rollout: str = STOP_START
+    reload: tuple[str, ...] = ()
 
     @property
     def known(self) -> bool:
@@ -161,9 +166,6 @@ class DesiredCluster(ContentDigested):
 class DesiredState:
     pods: dict[str, DesiredPod]  # by node name
     clusters: dict[str, DesiredCluster]
-
-    def on(self, hypervisor: str) -> list[DesiredPod]:
-        return [p for p in self.pods.values() if p.hypervisor == hypervisor]
 
 
 def container_summary(spec: ContainerSpec) -> dict[str, Any]:

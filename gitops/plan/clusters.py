@@ -1,5 +1,5 @@
 """Each cluster's part of a plan (pure), one stage after another: its inputs (`gitops.plan.inputs`); a pending
-restore or a recovery decided, and the cluster as it leaves it (`gitops.plan.restore`, `gitops.plan.recovery`);
+restore or a recovery decided, and the cluster as it leaves it (`gitops.plan.restore`);
 that compared (`gitops.plan.diff`) and rolled out (`gitops.plan.rollout`: gates and order); the restore's or the
 recovery's own actions put first; then the etcd upkeep of a cluster the plan leaves alone
 (`gitops.plan.upkeep`). Each cluster is planned once per content of its inputs (`CLUSTER_DIFFS`).
@@ -9,34 +9,29 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from gitops.compile.desired import DesiredState
 from gitops.memo import Memo
-from gitops.observe.types import ObservedState
-from gitops.plan import recovery, restore
+from gitops.plan import restore
 from gitops.plan.actions import Action, Plan, Unknown, UnknownKind
 from gitops.plan.diff import DiffOptions, compare
-from gitops.plan.inputs import ClusterInputs, cluster_inputs, unreachable
+from gitops.plan.inputs import ClusterInputs, PlanInputs
 from gitops.plan.rollout import ordered, roll_out
 from gitops.plan.upkeep import leaves_etcd_alone, upkeep
-from gitops.state.records import State
 
 
-def plan_nodes(desired: DesiredState, observed: ObservedState, state: State, options: DiffOptions,
-               now: dt.datetime | None = None, skip: frozenset[str] = frozenset(),
-               renew_at: dict[str, dt.datetime] | None = None) -> Plan:
+def plan_nodes(every: PlanInputs, options: DiffOptions, now: dt.datetime | None = None,
+               skip: frozenset[str] = frozenset(), renew_at: dict[str, dt.datetime] | None = None) -> Plan:
     """Every cluster's actions on its hypervisors (its pods, files, containers and etcd membership),
-    compared then rolled out once per content of its inputs (see `ClusterInputs`), plus what is unknown.
-    `skip`: clusters known to plan nothing (`gitops.plan.converged`), left out; `renew_at` gets each
-    cluster's first certificate renewal time."""
+    compared then rolled out once per content of its inputs (see `ClusterInputs`), plus what is unknown
+    (the unreachable hypervisors, nodes whose files are not checked). `skip`: clusters known to plan
+    nothing (`gitops.plan.converged`), left out; `renew_at` gets each cluster's first certificate renewal
+    time."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    down = set(observed.unreachable)
-    every = cluster_inputs(desired, observed, state, down, set(observed.lost))
-    unknowns = tuple(unreachable(name, observed, desired, state) for name in sorted(down))
+    unknowns = every.unreachable
     actions: list[Action] = []
     warnings: list[tuple[str, str]] = []
     settings = repr(options)
     unchecked: list[str] = []
-    for inputs in every:
+    for inputs in every.clusters:
         if inputs.cluster in skip:
             continue
         part = CLUSTER_DIFFS.get(inputs.key(settings), lambda: _cluster_plan(inputs, options, now),
@@ -88,11 +83,11 @@ def _cluster_plan(inputs: ClusterInputs, options: DiffOptions, now: dt.datetime)
     waits = restore.hold(inputs, value) if value else ""
     restoring = bool(value) and not waits
     view = (restore.stopped_view(inputs) if restoring
-            else recovery.stopped_view(inputs) if forcing else inputs)
+            else restore.survivor_view(inputs) if forcing else inputs)
     found = compare(view, options, now)
     actions, held = roll_out(view, found.actions, found.keepers, timeout)
     if forcing:
-        actions = recovery.recover_action(inputs, actions, timeout)
+        actions = restore.recover_action(inputs, actions, timeout)
     if restoring:
         actions = [restore.restore_action(inputs, value), *restore.restart_gates(view, actions, timeout)]
     waiting = ((min(inputs.record.etcd_members), waits),) if waits and inputs.record else ()

@@ -21,7 +21,7 @@ from gitops.compile.desired import (
     DesiredContainer,
     DesiredPod,
 )
-from gitops.model.components import CONTROLPLANE, reload_of
+from gitops.model.components import CONTROLPLANE
 from gitops.observe.types import ObservedContainer, ObservedPod
 from gitops.pki.facts import certificate_facts
 from gitops.plan.actions import Action, Kind
@@ -35,7 +35,7 @@ from gitops.plan.payloads import (
     Remove,
     WriteFiles,
 )
-from gitops.pods import AGENT, FILES, SPEC_HASH, NodeFiles, reloaded_file, reloaded_record, reloaded_to
+from gitops.pods import AGENT, FILES, SPEC_HASH, NodeFiles, reload_marker
 from gitops.plan.inputs import ClusterInputs
 from gitops.state.records import ClusterRecord
 
@@ -229,15 +229,14 @@ def _container_actions(pod: DesiredPod, want: DesiredContainer, have: list[Obser
     latest = have[-1]
     out = [Action(Kind.REMOVE_CONTAINER, **base, component=name, order=index, target_id=old.id,
                   reason="superseded container", payload=Remove(old.id)) for old in have[:-1]]
-    command = reload_of(name)
-    if (command and latest.state == "running" and latest.spec_hash != want.spec_hash and want.known
-            and not renewed and not stale and _files_alone_changed(latest.inputs, want.summary)):
-        if not reloaded_to(files, name, latest.id, want.spec_hash):
+    if (latest.state == "running" and latest.spec_hash != want.spec_hash and want.known and not renewed
+            and not stale and _files_alone_changed(latest.inputs, want.summary) and (command := want.reload)):
+        marker = reload_marker(files, name, latest.id, want.spec_hash)
+        if marker is not None:
             out.append(Action(Kind.RELOAD_CONTAINER, **base, component=name, order=index, target_id=latest.id,
                               reason="only the files it reads changed: it reloads them in place",
                               details=(*changed_fields(latest.inputs, want.summary), f"runs: {' '.join(command)}"),
-                              payload=Reload(ref, latest.id, command, reloaded_file(name),
-                                             reloaded_record(latest.id, want.spec_hash))))
+                              payload=Reload(ref, latest.id, command, *marker)))
         return out
     if latest.spec_hash != want.spec_hash or ((renewed or stale) and latest.state == "running"):
         if latest.spec_hash != want.spec_hash:

@@ -70,6 +70,26 @@ class ClusterInputs:
         return key_of(*parts)
 
 
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the clusters' part of a plan reads: each cluster's inputs, and the hypervisors it cannot read."""
+
+    clusters: list[ClusterInputs]
+    #: the unreachable hypervisors, by name
+    unreachable: tuple[Unknown, ...]
+    #: the hypervisors that left the repo with nodes still recorded there, by name
+    left: tuple[Unknown, ...]
+
+
+def plan_inputs(model: RepoModel, desired: DesiredState, observed: ObservedState, state: State) -> PlanInputs:
+    """Each cluster's inputs, and the hypervisors unreachable or gone from the repo (`state`: the recorded
+    state as compiled)."""
+    down = set(observed.unreachable)
+    return PlanInputs(cluster_inputs(desired, observed, state, down, set(observed.lost)),
+                      tuple(unreachable(name, observed, desired, state) for name in sorted(down)),
+                      tuple(left_the_repo(model, state)))
+
+
 def cluster_inputs(desired: DesiredState, observed: ObservedState, state: State,
                    down: set[str], lost: set[str] = frozenset()) -> list[ClusterInputs]:
     """The diff's inputs split by cluster. An observed pod goes with its node's desired cluster, or,
@@ -119,7 +139,7 @@ def _old_client_url(record: NodeRecord) -> str:
 
 def unreachable(name: str, observed: ObservedState, desired: DesiredState, state: State) -> Unknown:
     """An unreachable hypervisor: the nodes placed there, and those recorded there that left the repo."""
-    nodes = {p.node for p in desired.on(name)}
+    nodes = {p.node for p in desired.pods.values() if p.hypervisor == name}
     nodes |= {node for node, record in state.nodes.items() if record.hypervisor == name}
     return Unknown(UnknownKind.HYPERVISOR, name, observed.hypervisors[name].error, tuple(sorted(nodes)))
 

@@ -4,20 +4,14 @@ When a majority of a cluster's recorded members were on hypervisors marked lost,
 removed (that needs a quorum) and none can be added. With spec.recovery naming the member that
 survives, the plan is made against the state the recovery leaves (`before_compile`): the survivor the
 only member, the lost members' records dropped, so they are placed anew and join again one at a time as
-learners, by the ordinary plan. Its first action (`recover_action`) restarts the survivor's etcd once
-with --force-new-cluster (a one-member cluster on its own data), then as usual. Without spec.recovery,
-the plan says exactly this and which field to set.
+learners, by the ordinary plan. Its first action (`gitops.plan.restore.recover_action`) restarts the
+survivor's etcd once with --force-new-cluster (a one-member cluster on its own data), then as usual.
+Without spec.recovery, the plan says exactly this and which field to set.
 """
 from __future__ import annotations
 
-import dataclasses
-
-from gitops.model.components import ETCD
 from gitops.model.resources import RepoModel
 from gitops.observe.types import ObservedState
-from gitops.plan.actions import Action, Kind
-from gitops.plan.inputs import ClusterInputs
-from gitops.plan.payloads import CreateContainer, RecoverEtcd
 from gitops.pods import AGENT
 from gitops.state.records import State
 
@@ -80,37 +74,3 @@ def before_compile(model: RepoModel, state: State, observed: ObservedState) -> t
         notes.append(f"{what}: etcd is rebuilt from {survivor} (spec.recovery.forceNewClusterFrom); "
                      f"{', '.join(gone)} join again from new places, one at a time")
     return out, warnings, notes
-
-
-def stopped_view(inputs: ClusterInputs) -> ClusterInputs:
-    """The cluster with its survivor's etcd container gone (the recovery starts it again)."""
-    survivor = inputs.record.forcing if inputs.record else ""
-    have = {node: [dataclasses.replace(p, containers=tuple(c for c in p.containers if c.component != ETCD))
-                   if node == survivor else p for p in pods] for node, pods in inputs.have.items()}
-    return dataclasses.replace(inputs, have=have)
-
-
-def recover_action(inputs: ClusterInputs, actions: list[Action], timeout: int) -> list[Action]:
-    """`actions` (planned against `stopped_view(inputs)`) with the survivor's etcd start made the recovery,
-    which first removes the etcd containers `inputs` observed there."""
-    record, want = inputs.record, inputs.want
-    assert record is not None and want is not None
-    survivor = record.forcing
-    start = next((a for a in actions if a.kind == Kind.CREATE_CONTAINER and a.node == survivor
-                  and a.component == ETCD), None)
-    member = next((m for m in want.etcd_members if m.node == survivor), None)
-    if start is None or member is None:
-        return actions
-    assert isinstance(start.payload, CreateContainer)
-    stop = tuple(c.id for p in inputs.have.get(survivor, []) for c in p.containers if c.component == ETCD)
-    others = ", ".join(m.node for m in want.etcd_members if m.node != survivor) or "none"
-    recover = Action(
-        Kind.RECOVER_ETCD, start.hypervisor, inputs.cluster, survivor, order=start.order,
-        reason=f"spec.recovery.forceNewClusterFrom: {survivor}: its etcd lost its quorum for good",
-        details=(f"restarts etcd on {survivor} once with --force-new-cluster: a one-member cluster on its own data "
-                 "(writes it had not received are lost), healthy within "
-                 f"{timeout}s", "then restarts it as usual, healthy again",
-                 f"records spec.recovery.forceNewClusterFrom {survivor} as done; the other members ({others}) "
-                 "join again below, one at a time, as learners"),
-        payload=RecoverEtcd(start.payload, stop, member.client_url, timeout, survivor))
-    return [recover if a is start else a for a in actions]

@@ -1,4 +1,6 @@
-"""A cluster's etcd restore (spec.restore), planned as a person reads it first (pure).
+"""A cluster's etcd rebuilt, planned as a person reads it first (pure): restored from a snapshot
+(spec.restore), or recovered from its one surviving member (spec.recovery, decided before compile by
+`gitops.plan.recovery`).
 
 The restore is one `restore-etcd` action (stop the control plane, copy the snapshot to every member,
 restore each member's data directory with a new cluster token, record the value) followed by the
@@ -19,7 +21,15 @@ from gitops.model.resources import LATEST
 from gitops.observe.types import ObservedPod
 from gitops.plan.actions import Action, Kind
 from gitops.plan.inputs import ClusterInputs
-from gitops.plan.payloads import ApiReady, CreateContainer, EtcdHealth, PodRef, RestoreEtcd, RestoreMember
+from gitops.plan.payloads import (
+    ApiReady,
+    CreateContainer,
+    EtcdHealth,
+    PodRef,
+    RecoverEtcd,
+    RestoreEtcd,
+    RestoreMember,
+)
 from gitops.pods import (
     AGENT,
     AGENT_ROOT,
@@ -180,3 +190,41 @@ def restart_gates(inputs: ClusterInputs, actions: list[Action], timeout: int) ->
 
 def _restarts(action: Action, members: set[str]) -> bool:
     return action.kind == Kind.CREATE_CONTAINER and action.node in members and action.component in STOPPED
+
+
+# ------------------------------------------------------------------------------ recovery
+
+
+def survivor_view(inputs: ClusterInputs) -> ClusterInputs:
+    """The cluster as a recovery (`gitops.plan.recovery`) leaves it: its survivor's etcd container gone (the
+    recovery starts it again)."""
+    survivor = inputs.record.forcing if inputs.record else ""
+    have = {node: [dataclasses.replace(p, containers=tuple(c for c in p.containers if c.component != ETCD))
+                   if node == survivor else p for p in pods] for node, pods in inputs.have.items()}
+    return dataclasses.replace(inputs, have=have)
+
+
+def recover_action(inputs: ClusterInputs, actions: list[Action], timeout: int) -> list[Action]:
+    """`actions` (planned against `survivor_view(inputs)`) with the survivor's etcd start made the recovery,
+    which first removes the etcd containers `inputs` observed there."""
+    record, want = inputs.record, inputs.want
+    assert record is not None and want is not None
+    survivor = record.forcing
+    start = next((a for a in actions if a.kind == Kind.CREATE_CONTAINER and a.node == survivor
+                  and a.component == ETCD), None)
+    member = next((m for m in want.etcd_members if m.node == survivor), None)
+    if start is None or member is None:
+        return actions
+    assert isinstance(start.payload, CreateContainer)
+    stop = tuple(c.id for p in inputs.have.get(survivor, []) for c in p.containers if c.component == ETCD)
+    others = ", ".join(m.node for m in want.etcd_members if m.node != survivor) or "none"
+    recover = Action(
+        Kind.RECOVER_ETCD, start.hypervisor, inputs.cluster, survivor, order=start.order,
+        reason=f"spec.recovery.forceNewClusterFrom: {survivor}: its etcd lost its quorum for good",
+        details=(f"restarts etcd on {survivor} once with --force-new-cluster: a one-member cluster on its own data "
+                 "(writes it had not received are lost), healthy within "
+                 f"{timeout}s", "then restarts it as usual, healthy again",
+                 f"records spec.recovery.forceNewClusterFrom {survivor} as done; the other members ({others}) "
+                 "join again below, one at a time, as learners"),
+        payload=RecoverEtcd(start.payload, stop, member.client_url, timeout, survivor))
+    return [recover if a is start else a for a in actions]

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from gitops.compile.components import INGRESS_COUNTS_IN, SHUTDOWN_DELAY
 from gitops.compile.desired import DesiredPod
-from gitops.model.components import APISERVER, CONTROLPLANE, ETCD, ETCD_MEMBER, OVERLAP, READYZ, rollout_of
+from gitops.model.components import APISERVER, CONTROLPLANE, ETCD, ETCD_MEMBER, OVERLAP, READYZ, STOP_START
 from gitops.nodefiles import AFTER_APPLY
 from gitops.observe.types import ObservedPod
 from gitops.plan.actions import Action, Kind
@@ -52,7 +52,7 @@ def back_up_first(inputs: ClusterInputs, actions: list[Action]) -> list[Action]:
     backup, record, want = inputs.want.backup if inputs.want else None, inputs.record, inputs.want
     if backup is None or record is None or want is None or not record.etcd_members or not _has_quorum(inputs):
         return actions
-    why = _backup_reason(actions)
+    why = _backup_reason(actions, {p.node: p for p in inputs.wants})
     if not why:
         return actions
     members = tuple((m.node, m.client_url) for m in want.etcd_members if m.node in record.etcd_members)
@@ -63,14 +63,14 @@ def back_up_first(inputs: ClusterInputs, actions: list[Action]) -> list[Action]:
                    payload=BackupEtcd(backup.target, backup.keep, members)), *actions]
 
 
-def _backup_reason(actions: list[Action]) -> str:
-    """What in `actions` calls for a snapshot first ("" when nothing does)."""
+def _backup_reason(actions: list[Action], pods: dict[str, DesiredPod]) -> str:
+    """What in `actions` (on the desired `pods`, by node) calls for a snapshot first ("" when nothing does)."""
     if any(a.kind in _MEMBERSHIP for a in actions):
         return "changes etcd membership"
     for a in actions:
         if a.kind == Kind.RECREATE_CONTAINER and isinstance(a.payload, CreateContainer) and a.payload.etcd is not None:
             return f"replaces running etcd member {a.node}"
-        if (a.kind == Kind.RECREATE_CONTAINER and rollout_of(a.component) == READYZ
+        if (a.kind == Kind.RECREATE_CONTAINER and _rollout(pods.get(a.node), a.component) == READYZ
                 and any(d.startswith("image: ") for d in a.details)):
             return f"changes the image of {a.component} on {a.node}"
     return ""
@@ -113,14 +113,15 @@ def _gate_start(action: Action, pod: DesiredPod, timeout: int) -> Action:
 def _gate_replacement(action: Action, pod: DesiredPod, inputs: ClusterInputs, timeout: int) -> Action:
     payload, name = action.payload, action.component
     assert isinstance(payload, CreateContainer)
-    etcd = _etcd_health(pod, inputs, timeout) if rollout_of(name) == ETCD_MEMBER else None
+    how = _rollout(pod, name)
+    etcd = _etcd_health(pod, inputs, timeout) if how == ETCD_MEMBER else None
     ready = _api_ready(pod, name, timeout)
     if etcd is not None:
         payload = dataclasses.replace(payload, etcd=etcd)
         gate = _member_gate(etcd)
     elif ready is not None:
         payload, gate = dataclasses.replace(payload, ready=ready), _ready_gate(ready)
-    elif rollout_of(name) == OVERLAP and pod.role != CONTROLPLANE:
+    elif how == OVERLAP and pod.role != CONTROLPLANE:
         payload = dataclasses.replace(payload, overlap=INGRESS_OVERLAP)
         gate = f"started beside the running one, which soft-stops {INGRESS_OVERLAP}s later: the port never closes"
     else:
@@ -135,7 +136,13 @@ def _member_gate(etcd: EtcdHealth) -> str:
 
 def _api_ready(pod: DesiredPod, component: str, timeout: int) -> ApiReady | None:
     """The gate of a controlplane node's own API server: its /readyz, then the ingress counting it in."""
-    return _readyz(pod.api_url, timeout) if rollout_of(component) == READYZ and pod.api_url else None
+    return _readyz(pod.api_url, timeout) if _rollout(pod, component) == READYZ and pod.api_url else None
+
+
+def _rollout(pod: DesiredPod | None, component: str) -> str:
+    """How `pod`'s running `component` is replaced (`STOP_START` for one it does not run)."""
+    found = next((c for c in pod.containers if c.spec.name == component), None) if pod is not None else None
+    return found.rollout if found is not None else STOP_START
 
 
 def _readyz(api_url: str, timeout: int) -> ApiReady:
