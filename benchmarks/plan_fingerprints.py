@@ -11,6 +11,10 @@ planned state. Run it before and after a change that must not change behaviour a
     # ... the change ...
     .venv/bin/python benchmarks/plan_fingerprints.py > /tmp/after.json && diff /tmp/before.json /tmp/after.json
 
+The cache entry is keyed by the sources of compile, observe, state and pki among others (`plan_scale.py`'s
+HASHED_SOURCES), and a new entry has new keys and certificates: after a change there, plan both runs from
+the entry the first one names (`--entry DIR`, printed on stderr) so both read the same state.
+
 A change of the plan or state format itself (a new payload field) changes the digests on
 purpose; `--show NAME` prints that scenario's plan as JSON to see what moved.
 """
@@ -121,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hypervisors", type=int, default=10)
     ap.add_argument("--cache-dir", type=Path, default=Path(__file__).resolve().parent / ".cache")
     ap.add_argument("--show", metavar="NAME", help="print that scenario's plan as JSON instead")
+    ap.add_argument("--entry", type=Path, metavar="DIR",
+                    help="plan from this cache entry (a directory of --cache-dir) instead of the one keyed by the "
+                         "current sources: the same state and keys before and after a change of compile")
     args = ap.parse_args(argv)
     p = plan_scale.Params(args.clusters, args.hypervisors)
     with tempfile.TemporaryDirectory(prefix="gitops-fingerprints-") as tmp:
@@ -129,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         validation = validate_repo(root)
         assert validation.model is not None, validation.diagnostics[:5]
         model, config = validation.model, validation.repo.config
-        entry, _ = plan_scale.ensure_cache(model, p, args.cache_dir, False, 2)
+        entry = args.entry or plan_scale.ensure_cache(model, p, args.cache_dir, False, 2)[0]
+        print(f"planning from {entry}", file=sys.stderr)
         state = State.from_dict(json.loads((entry / "state.json").read_text()))
         observed = plan_scale.load_observed(entry)
         out = {}

@@ -10,7 +10,7 @@ import sys
 from gitops.compile import vip
 from gitops.compile.bootstrap import bootstrap_objects
 from gitops.compile.components import pod_for
-from gitops.compile.desired import DesiredCluster, DesiredPod, KubeObject, VirtualIP
+from gitops.compile.desired import ClusterTrust, DesiredCluster, DesiredPod, KubeObject, VirtualIP
 from gitops.compile.placement import etcd_member
 from gitops.hostport import host_port
 from gitops.memo import Memo, key_of
@@ -58,7 +58,8 @@ def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str,
                      ) -> tuple[tuple[DesiredPod, ...], DesiredCluster]:
     """The pods of a cluster's placed nodes (by name) and the cluster's etcd members and API endpoint (its
     virtual IP's, when it has one)."""
-    pods = tuple(pod_for(nodes[n], cluster, hv, rec, record, placed, address)
+    trust = _trust(record)
+    pods = tuple(pod_for(nodes[n], cluster, hv, rec, trust, placed, address)
                  for n, (hv, rec) in sorted(placed.items()))
     members = tuple(etcd_member(hv, nodes[n], rec) for n, (hv, rec) in sorted(placed.items())
                     if nodes[n].role == CONTROLPLANE)
@@ -69,10 +70,19 @@ def _compile_cluster(cluster: Cluster, nodes: dict[str, Node], placed: dict[str,
         _, hv, rec = ingress[0]
         endpoint = (address.url if address is not None
                     else f"https://{host_port(hv.ip_address, rec.ports['apiserver'])}")
-        objects = tuple(_shared_object(o) for o in bootstrap_objects(endpoint, record.trust_bundle("cluster")))
+        objects = tuple(_shared_object(o) for o in bootstrap_objects(endpoint, trust.bundles["cluster"]))
     return pods, DesiredCluster(name=cluster.name, etcd_members=members, api_endpoint=endpoint, objects=objects,
                                 backup=cluster.backup, restore=cluster.restore, recovery=cluster.recovery,
                                 etcd_quota=cluster.etcd_quota)
+
+
+def _trust(record: ClusterRecord) -> ClusterTrust:
+    """What the cluster's pods trust and present, from its record (the bundles interned: each is in every pod)."""
+    roles = sorted(record.authorities)
+    return ClusterTrust(bundles={role: sys.intern(record.trust_bundle(role)) for role in roles},
+                        chains={role: record.chain(role) for role in roles},
+                        keyed=frozenset(record.service_account_keys),
+                        service_account_keys=sys.intern("".join(record.trusted_service_account_keys())))
 
 
 def _shared_object(obj: KubeObject) -> KubeObject:

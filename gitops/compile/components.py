@@ -15,6 +15,7 @@ from dataclasses import asdict, replace
 
 from gitops.compile.desired import (
     CertificateSpec,
+    ClusterTrust,
     DesiredContainer,
     DesiredPod,
     FileSpec,
@@ -47,7 +48,7 @@ from gitops.model.components import (
 from gitops.model.resources import Cluster, Hypervisor, Node
 from gitops.model.semantics import is_ip
 from gitops.pods import AGENT, AGENT_ROOT, CLUSTER, FILES, MANAGED, MANAGER, NODE, ROLE, SPEC_HASH
-from gitops.state.records import ClusterRecord, NodeRecord
+from gitops.state.records import NodeRecord
 
 ETCD_DATA = "/var/lib/etcd"
 #: seconds a stopping API server keeps serving while /readyz fails, so the ingress (a check every
@@ -72,31 +73,32 @@ def service_ip(cluster: Cluster) -> str:
     return str(next(ipaddress.ip_network(cluster.service_cidr).hosts()))
 
 
-def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cluster_record: ClusterRecord,
+def pod_for(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, trust: ClusterTrust,
             peers: dict[str, tuple[Hypervisor, NodeRecord]], address: VirtualIP | None = None) -> DesiredPod:
     """The desired pod of `node`.
 
-    `peers` maps every desired node of the same cluster (this one included) to
+    `trust`: what the cluster's pods trust and present (`ClusterTrust`, from its record). `peers` maps every
+    desired node of the same cluster (this one included) to
     its hypervisor and record: controlplane nodes feed the ingress backends,
     ingress hypervisors go into the API serving certificate. `address`: the cluster's virtual IP, which
     its API serving certificate names and its ingress nodes serve (keepalived decides which one holds it).
     """
     if node.role == CONTROLPLANE:
-        files, certs, keys, components = _controlplane(node, cluster, hv, record, cluster_record, peers, address)
+        files, certs, keys, components = _controlplane(node, cluster, hv, record, trust, peers, address)
     else:
         files, certs, keys, components = _ingress(node, cluster, hv, record, peers, address)
     files = (
-        FileSpec("ca.crt", sys.intern(cluster_record.trust_bundle("cluster"))),
+        FileSpec("ca.crt", trust.bundles["cluster"]),
         *(() if node.role != CONTROLPLANE else (
-            FileSpec("etcd-ca.crt", sys.intern(cluster_record.trust_bundle("etcd"))),
-            FileSpec("front-proxy-ca.crt", sys.intern(cluster_record.trust_bundle("front-proxy"))),
+            FileSpec("etcd-ca.crt", trust.bundles["etcd"]),
+            FileSpec("front-proxy-ca.crt", trust.bundles["front-proxy"]),
         )),
         *files,
     )
     pod = assemble_pod(node, hv, cluster.image(AGENT), files, certs, keys, components)
     api_url = f"https://{host_port(hv.ip_address, record.ports['apiserver'])}" if node.role == CONTROLPLANE else ""
-    chains = tuple((c.name, cluster_record.chain(c.signer)) for c in pod.certificates
-                   if c.server and cluster_record.chain(c.signer))
+    chains = tuple((c.name, trust.chains[c.signer]) for c in pod.certificates
+                   if c.server and trust.chains.get(c.signer))
     return replace(pod, validity_days=cluster.validity_days, renew_before_days=cluster.renew_before_days,
                    api_url=api_url, chains=chains)
 
@@ -161,13 +163,13 @@ def files_dir_mount(base: str) -> Mount:
     return Mount(FILES, f"{base}/files", readonly=True)
 
 
-def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, cluster_record: ClusterRecord,
+def _controlplane(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, trust: ClusterTrust,
                   peers: dict[str, tuple[Hypervisor, NodeRecord]], address: VirtualIP | None = None):
     """Files, certificates, keys and the components of a controlplane node (its role's), in start order."""
     files_mount = files_dir_mount(node_dir(hv, node))
     local_api = f"https://{host_port(hv.ip_address, record.ports['apiserver'])}"
     files = (
-        _service_account_bundle(cluster.name, cluster_record, peers),
+        _service_account_bundle(cluster.name, trust, peers),
         FileSpec("controller-manager.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "controller-manager")),
         FileSpec("scheduler.kubeconfig", kubeconfig_with_files(cluster.name, local_api, "scheduler")),
         # the CA of the issuer people log in through (spec.apiServer.oidc.caBundle), which the API server checks
@@ -353,16 +355,16 @@ CONTROLPLANE_CONTAINERS = {ETCD: _etcd, APISERVER: _apiserver, CONTROLLER_MANAGE
                            SCHEDULER: _scheduler}
 
 
-def _service_account_bundle(cluster: str, record: ClusterRecord,
+def _service_account_bundle(cluster: str, trust: ClusterTrust,
                             peers: dict[str, tuple[Hypervisor, NodeRecord]]) -> FileSpec:
     """sa-pub.pem: every key recorded for the cluster and the retired ones; known after apply while a
     controlplane peer has no key recorded yet (the plan generates it)."""
     controlplane = sorted(name for name, (p_hv, p_rec) in peers.items()
                           if not p_hv.public and "apiserver" in p_rec.ports)
-    missing = tuple(n for n in controlplane if n not in record.service_account_keys)
+    missing = tuple(n for n in controlplane if n not in trust.keyed)
     if missing:
         return FileSpec("sa-pub.pem", "", ServiceAccountBundle(cluster, missing))
-    return FileSpec("sa-pub.pem", sys.intern("".join(record.trusted_service_account_keys())))  # one per cluster
+    return FileSpec("sa-pub.pem", trust.service_account_keys)  # one per cluster
 
 
 def _no_insecure_port(cluster: Cluster, flag: str) -> tuple[str, ...]:

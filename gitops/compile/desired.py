@@ -113,6 +113,18 @@ class DesiredPod(ContentDigested):
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterTrust:
+    """What a cluster's pods trust and present, as its record says (taken once per cluster): each authority's
+    trust bundle, and the chain that follows a server certificate it signs ("" none), by role; the nodes
+    with a recorded service-account key, and the bundle of the keys its API servers verify tokens with."""
+
+    bundles: dict[str, str]
+    chains: dict[str, str]
+    keyed: frozenset[str]
+    service_account_keys: str
+
+
+@dataclass(frozen=True, slots=True)
 class EtcdMember:
     node: str
     peer_url: str

@@ -248,7 +248,7 @@ def _pinned_port(model: RepoModel, node: Node, fixed: dict[str, tuple[str, int]]
         return fixed[node.name][1]
     cluster = model.clusters.get(node.cluster)
     if (cluster is not None and cluster.api_port is not None and node.role != CONTROLPLANE
-            and not wants_virtual_ip(model, node.cluster)):  # (with a virtual IP, the port is the address's)
+            and not model.wants_virtual_ip(node.cluster)):  # (with a virtual IP, the port is the address's)
         return cluster.api_port
     return None
 
@@ -297,14 +297,9 @@ def ports_wanted(model: RepoModel, node: Node) -> tuple[str, ...]:
     """The ports `node`'s pod binds: its role's, and an ingress node of a cluster with two or more of them
     (a virtual IP) one more for keepalived's health check of its haproxy."""
     ports = ROLES[node.role].ports
-    if node.role == INGRESS and wants_virtual_ip(model, node.cluster):
+    if node.role == INGRESS and model.wants_virtual_ip(node.cluster):
         ports += (INGRESS_CHECK_PORT,)
     return ports
-
-
-def wants_virtual_ip(model: RepoModel, cluster: str) -> bool:
-    """Whether `cluster` has two or more ingress nodes in the repo (gitops.compile.vip)."""
-    return sum(1 for n in model.nodes_of(cluster) if n.role == INGRESS) >= 2
 
 
 def _allocate_ports(model: RepoModel, taken: dict[str, Counter[int]], node: Node, record: NodeRecord,
@@ -315,7 +310,7 @@ def _allocate_ports(model: RepoModel, taken: dict[str, Counter[int]], node: Node
     wanted = ports_wanted(model, node)
     cluster = model.clusters.get(node.cluster)
     if (pinned is None and cluster is not None and cluster.api_port is not None and node.role != CONTROLPLANE
-            and not wants_virtual_ip(model, node.cluster)):  # (with a virtual IP, the port is the address's)
+            and not model.wants_virtual_ip(node.cluster)):  # (with a virtual IP, the port is the address's)
         pinned = ("apiserver", cluster.api_port)
     if (len(record.ports) == len(wanted) and all(record.ports.get(k) in hv.port_range for k in wanted)
             and (pinned is None or record.ports.get(pinned[0]) == pinned[1])):

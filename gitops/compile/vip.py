@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 
 from gitops.compile.desired import VirtualIP
-from gitops.compile.placement import PlacementError, wants_virtual_ip
+from gitops.compile.placement import PlacementError
 from gitops.model.resources import Cluster, RepoModel
 from gitops.state.records import State
 
@@ -37,7 +37,7 @@ def allocate(model: RepoModel, state: State) -> None:
     """Give each cluster of `state` that wants one a virtual IP and router id, in place (sorted by name, so
     the result is deterministic); take them back from the others. VirtualIPError names a cluster that cannot
     have one."""
-    wanting = sorted(n for n in model.clusters if n in state.clusters and wants_virtual_ip(model, n))
+    wanting = sorted(n for n in model.clusters if n in state.clusters and model.wants_virtual_ip(n))
     for name, record in sorted(state.clusters.items()):
         if name not in wanting:
             record.virtual_ip, record.vrrp_id = "", 0

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from gitops.errors import GitopsError
-from gitops.model.components import COMPONENTS
+from gitops.model.components import COMPONENTS, INGRESS
 from gitops.model.config import IngressConfig
 from gitops.secrets import is_armored
 
@@ -346,6 +346,10 @@ class RepoModel:
     def nodes_of(self, cluster: str) -> list[Node]:
         """The nodes of `cluster`, in `nodes` order."""
         return list(self._nodes_by_cluster.get(cluster, ()))
+
+    def wants_virtual_ip(self, cluster: str) -> bool:
+        """Whether `cluster` is reached at a virtual IP: it has two or more ingress nodes (`gitops.compile.vip`)."""
+        return sum(1 for n in self._nodes_by_cluster.get(cluster, ()) if n.role == INGRESS) >= 2
 
     @cached_property
     def _nodes_by_cluster(self) -> dict[str, tuple[Node, ...]]:
