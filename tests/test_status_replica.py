@@ -5,11 +5,12 @@ import yaml
 
 from gitops.compile.desired import DesiredState
 from gitops.coordination.scope import Scope
-from gitops.coordination.shards import shard_lease, shard_leases, shard_of
+from gitops.coordination.shards import LEADER, shard_lease, shard_leases, shard_of
 from gitops.model.resources import RepoModel
 from gitops.state.records import NodeRecord, State
 from gitops.status.branch import under
-from gitops.status.replica import Share
+from gitops.status import replica
+from gitops.status.replica import Share, WriteAhead
 from gitops.status.report import Outcome, Result, shard_documents
 from gitops.status.sealed_state import ControllerStateStore, Sealer
 
@@ -62,3 +63,30 @@ def test_a_replica_writes_its_shards_files_the_state_and_the_global_ones_with_sh
 def test_under_is_a_path_or_inside_one():
     assert under("status", ("status",)) and under("status/Node/a.yaml", ("status/",))
     assert not under("statusx/a", ("status",)) and not under("state/public.json", ("status", "observed"))
+
+
+def test_a_leader_publishes_what_only_counts_at_most_every_so_often_and_decisions_at_once(tmp_path, monkeypatch):
+    """A rolling wave's counts are saved every few seconds: in leader mode each save would be a status
+    commit, so a save that only counts is published with the next decision or once PUBLISH_PROGRESS_EVERY
+    passed, and held by the replica meanwhile."""
+    store = ControllerStateStore(Sealer(None, insecure_plaintext=True), tmp_path / "cache")
+    published: list[str] = []
+    ahead = WriteAhead(store, Scope("leader", 1, frozenset({LEADER})),
+                       lambda: published.append(store.state.nodes["n-1"].hypervisor))
+
+    def on(hypervisor: str) -> State:
+        return State(nodes={"n-1": NodeRecord("team-a", hypervisor)})
+
+    ahead.save(on("hv-1"))  # a decision: on the branch before anything runs
+    assert published == ["hv-1"]
+    ahead.save_progress(on("hv-2"))
+    ahead.save_progress(on("hv-3"))
+    assert published == ["hv-1"]  # not yet: within PUBLISH_PROGRESS_EVERY of the last publish
+    assert ahead.load().nodes["n-1"].hypervisor == "hv-3"  # held by the replica
+    ahead.save(on("hv-4"))
+    assert published == ["hv-1", "hv-4"]
+    ahead.save_progress(on("hv-4"))
+    assert published == ["hv-1", "hv-4"]  # nothing new to publish
+    monkeypatch.setattr(replica, "PUBLISH_PROGRESS_EVERY", 0.0)
+    ahead.save_progress(on("hv-5"))  # due: published
+    assert published == ["hv-1", "hv-4", "hv-5"]

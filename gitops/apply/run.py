@@ -133,6 +133,13 @@ class Run:
             self.store.save(self.state)
             self.unsaved = False
 
+    def save_progress(self) -> None:
+        """Save what only counts (a rolling wave's probe figures): a store that publishes each save may publish
+        these less often (`save_progress`, as `gitops.status.replica.WriteAhead` does)."""
+        with self._lock:
+            getattr(self.store, "save_progress", self.store.save)(self.state)
+            self.unsaved = False
+
     @contextmanager
     def recording(self, save: bool = True) -> Iterator[State]:
         """The recorded state to change, held by this thread alone, then saved (or, `save` False, left for the

@@ -173,7 +173,7 @@ def soak_wave(run: Run, action: Action, p: WaveGate) -> None:
             rounds += 1
             if rounds % 5 == 0:  # a controller killed in the soak keeps what was counted
                 _count(wave, base, watch)
-                _put(run, p.commit, wave)
+                _put(run, p.commit, wave, progress=True)
             left = deadline - time.monotonic()
             # a check failing at the deadline is watched on until it clears or breaches (a short soak too)
             if breach is not None or (left <= 0 and not any(one.strikes for one in checks.values())):
@@ -216,14 +216,16 @@ def soak_wave(run: Run, action: Action, p: WaveGate) -> None:
 
 def keep_counts(run: Run) -> None:
     """While a wave's clusters roll (between its start and its soak): the probe's counts so far into the
-    recorded wave, saved every COUNTS_EVERY seconds (a controller killed on the way counts on from them)."""
+    recorded wave, saved every COUNTS_EVERY seconds as progress (`Run.save_progress`: a controller killed on
+    the way counts on from them)."""
     record = run.state.rollout
     for name, watch in list(run.watches.items()):
         wave = record.wave(name) if record is not None else None
         if wave is None or time.monotonic() - watch.saved < COUNTS_EVERY:
             continue
-        with run.recording():
+        with run.recording(save=False):
             _count(wave, watch.base, watch)
+        run.save_progress()
         watch.saved = time.monotonic()
 
 
@@ -320,14 +322,18 @@ def _rollout(run: Run, commit: str) -> RolloutRecord:
     return run.state.rollout
 
 
-def _put(run: Run, commit: str, wave: WaveRecord) -> None:
+def _put(run: Run, commit: str, wave: WaveRecord, progress: bool = False) -> None:
+    """`wave` into the recorded rollout of `commit`, saved (`progress`: only its counts changed)."""
     record = _rollout(run, commit)
     names = [w.name for w in record.waves]
     if wave.name in names:
         record.waves[names.index(wave.name)] = wave
     else:
         record.waves.append(wave)
-    run.save()
+    if progress:
+        run.save_progress()
+    else:
+        run.save()
 
 
 def _now() -> str:

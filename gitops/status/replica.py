@@ -10,6 +10,7 @@ replicas' records, published before a plan's actions run (`WriteAhead`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -182,6 +183,11 @@ class Share:
         return mine
 
 
+#: a save that only counts (a rolling wave's probe figures, `save_progress`) is published at most this often
+#: (seconds): not a status commit every few seconds of a rollout
+PUBLISH_PROGRESS_EVERY = 30.0
+
+
 class WriteAhead:
     """One replica's StateStore: loads the state narrowed to its shards, and publishes every saved state
     to the status branch (`publish`), merged with the other replicas' records."""
@@ -190,6 +196,7 @@ class WriteAhead:
         self.inner = inner
         self.scope = scope
         self.publish = publish
+        self.published = float("-inf")  # (time.monotonic() of the last publish)
 
     def load(self) -> State:
         return self.scope.narrow_state(self.inner.load())
@@ -204,3 +211,14 @@ class WriteAhead:
         except PlacementRaced:
             self.inner.adopt(before, generation)  # the refused decisions are not reported either
             raise
+        self.published = time.monotonic()
+
+    def save_progress(self, state: State) -> None:
+        """A save that only counts: held by this replica, published with its next save or once
+        PUBLISH_PROGRESS_EVERY seconds passed since its last publish. A replica that starts again or takes
+        over after a kill (it reads the branch) counts on from the last publish: the counts of those
+        seconds at most are lost."""
+        if time.monotonic() - self.published >= PUBLISH_PROGRESS_EVERY:
+            self.save(state)
+        elif state.to_dict() != self.load().to_dict():
+            self.inner.save(self.scope.merge(self.inner.state, state))
