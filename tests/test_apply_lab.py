@@ -708,7 +708,7 @@ def test_container_removed_by_hand_is_healed(world):
         client.stop_container(victim.id, timeout=0)
         client.remove_container(victim.id)
     plan = world.plan("--detailed-exitcode", check=False)
-    assert plan.returncode == 2
+    assert plan.returncode == 2, plan.stdout + plan.stderr
     assert "+ create container kube-scheduler: container is missing" in plan.stdout
     world.apply()
     with CRIClient(hv.cri_endpoint()) as client:

@@ -19,17 +19,39 @@ from gitops.pods import MANAGED, MANAGER, SPEC_HASH
 
 log = logging.getLogger(__name__)
 
+#: answers that say "not now": too many requests, or a moment without an etcd leader (an election under load),
+#: which every API server of the cluster answers at once
+BUSY = frozenset({429, 500, 502, 503, 504})
+#: seconds before a cluster none of whose API servers answered, one of them busy, is asked again (once)
+BUSY_RETRY = 1.0
+
 
 def observe_cluster(target: ClusterTarget, timeout: float = 5.0) -> ObservedCluster:
-    """The first API server that answers tells; the cluster is unreachable when none does."""
-    errors = []
-    for server in target.servers:
-        try:
-            return _observe(target, server, timeout)
-        except KubeAPIError as err:
-            errors.append(str(err))
-        except (OSError, KeyError, TypeError, ValueError) as err:  # an odd answer is one cluster's problem
-            errors.append(f"{server}: unexpected answer: {type(err).__name__}: {err}")
+    """The first API server that answers tells (see `ask`)."""
+    return ask(target, lambda server: _observe(target, server, timeout))
+
+
+def ask(target: ClusterTarget, read: Callable[[str], ObservedCluster],
+        failed: Callable[[str], None] = lambda server: None) -> ObservedCluster:
+    """The first of the cluster's API servers that answers (`read` of it) tells. When none does but one said it is
+    busy (`BUSY`), they are asked once more BUSY_RETRY seconds later; then the cluster is unreachable (with why).
+    `failed` hears each server that did not answer."""
+    errors: list[str] = []
+    for attempt in (1, 2):
+        errors, busy = [], False
+        for server in target.servers:
+            try:
+                return read(server)
+            except KubeAPIError as err:
+                errors.append(str(err))
+                busy = busy or err.status in BUSY
+            except (OSError, KeyError, TypeError, ValueError) as err:  # an odd answer is one cluster's problem
+                errors.append(f"{server}: unexpected answer: {type(err).__name__}: {err}")
+            failed(server)
+        if not busy or attempt == 2:
+            break
+        log.info("cluster API busy, asked again in %gs: %s", BUSY_RETRY, "; ".join(errors))
+        time.sleep(BUSY_RETRY)
     log.info("cluster API unreachable: %s", "; ".join(errors))
     return ObservedCluster(target.cluster, reachable=False, error="; ".join(errors))
 
@@ -119,17 +141,8 @@ class ClusterReader:
         return target.cluster, server, credentials.hexdigest()
 
     def _observe_one(self, target: ClusterTarget) -> ObservedCluster:
-        errors = []
-        for server in target.servers:
-            try:
-                return self._read(target, server)
-            except KubeAPIError as err:
-                errors.append(str(err))
-            except (OSError, KeyError, TypeError, ValueError) as err:  # an odd answer is one cluster's problem
-                errors.append(f"{server}: unexpected answer: {type(err).__name__}: {err}")
-            self._drop(target, server)  # a new client (and connections) next time
-        log.info("cluster API unreachable: %s", "; ".join(errors))
-        return ObservedCluster(target.cluster, reachable=False, error="; ".join(errors))
+        # a server that did not answer gets a new client (and connections) next time
+        return ask(target, lambda server: self._read(target, server), lambda server: self._drop(target, server))
 
     def _read(self, target: ClusterTarget, server: str) -> ObservedCluster:
         key = self._key(target, server)
