@@ -128,3 +128,40 @@ def test_an_apply_pages_symbols_are_the_plans():
     page = apply_page(apply_row("s" * 40, 0, "applied x", None, record.encode(), True, now), record.encode())
     assert [(a.kind, a.symbol) for a in page.actions] == [(k.value, info.symbol) for k, info in KINDS.items()]
     assert ("etcd-member-add", "+") in [(a.kind, a.symbol) for a in page.actions]  # (once shown as ~)
+
+
+def test_sigterm_stops_the_ui_whichever_of_its_threads_receives_it(tmp_path: Path):
+    """A signal sent to the process goes to any thread of it that does not block it; Python runs the handler in
+    the main thread, which must not sleep in a wait only that signal could end. Sent here to a serving thread
+    (tgkill): the UI stops within seconds, as with SIGTERM on the main thread."""
+    import ctypes
+    import os
+    import signal
+    import time
+
+    origin, work = tmp_path / "origin.git", tmp_path / "work"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+    shutil.copytree(EXAMPLE_REPO, work)
+    git(work, "init", "-q", "-b", "main")
+    git(work, "remote", "add", "origin", str(origin))
+    push(work, "the example")
+    ui = subprocess.Popen([GITOPS, "ui", "--repo", str(origin), "--address", "127.0.0.1:0", "--refresh", "0"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ui.stdout.readline()  # type: ignore[union-attr]
+        found = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert found, line + ui.stderr.read()  # type: ignore[union-attr]
+        assert get(found.group(0) + "healthz")[0] == 200
+        time.sleep(0.5)  # (the signal handler is set right after the line is printed)
+        threads = sorted(int(t) for t in os.listdir(f"/proc/{ui.pid}/task") if int(t) != ui.pid)
+        assert threads, "the UI serves from threads of its own"
+        tgkill = {"x86_64": 234, "aarch64": 131}[os.uname().machine]  # (the syscall's number)
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(tgkill, ui.pid, threads[0], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+        began = time.monotonic()
+        ui.wait(timeout=20)
+        assert time.monotonic() - began < 15 and ui.returncode == 0, ui.stderr.read()  # type: ignore[union-attr]
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+            ui.wait()

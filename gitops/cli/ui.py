@@ -100,7 +100,8 @@ def ui(repo: str, branch: str, status_branch: str, address: str, allowed_hosts: 
         done = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: done.set())
         signal.signal(signal.SIGINT, lambda *_: done.set())
-        done.wait()
+        while not done.wait(0.5):  # (a wait with no end would not wake for a signal another thread receives: its
+            pass                   # handler runs in this thread once it runs Python again)
         server.close()
 
 
