@@ -220,5 +220,5 @@ class WriteAhead:
         seconds at most are lost."""
         if time.monotonic() - self.published >= PUBLISH_PROGRESS_EVERY:
             self.save(state)
-        elif state.to_dict() != self.load().to_dict():
+        else:  # (the inner store keeps an unchanged state as it is)
             self.inner.save(self.scope.merge(self.inner.state, state))
