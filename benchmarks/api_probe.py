@@ -1,8 +1,8 @@
 """Day-2 operations under the API probe: failed requests and duration of each (issue #13).
 
 Starts a lab (3 containerd hypervisors on 127.0.28.x, 1 public; needs root and the cached
-Kubernetes v1.20.2 binaries of scripts/build-kubernetes.sh), writes the example repo with the
-team-a cluster only (3 controlplane nodes + 1 ingress, v1.20.2) and applies it. Then, for each
+Kubernetes binaries scripts/build-kubernetes.sh builds from their Go modules), writes the example repo with the
+team-a cluster only (3 controlplane nodes + 1 ingress, the newest release) and applies it. Then, for each
 operation, it writes a ConfigMap through the ingress, starts the probe of `gitops.lab.probe`
 (`GET /api/v1/namespaces/default` through the ingress every 100 ms, a fresh TLS connection each
 time, as the admin of `gitops kubeconfig`), edits the repo, runs `gitops apply`, waits until
@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="end with the figures as one JSON object")
     args = parser.parse_args()
     results = []
-    print("lab up (3 hypervisors, real v1.20.2 images) ...", flush=True)
+    print("lab up (3 hypervisors, real images of the newest release) ...", flush=True)
     with running_lab("gitops-bench-probe-", hypervisors=3, public=1, subnet=SUBNET) as (base, lab):
         bench = Bench(base, lab)
         write_example_repo(lab, bench.repo, ingress_nodes=1)
@@ -147,8 +147,8 @@ def main() -> None:
         bench.kubeconfig.write_text(bench.kubeconfig_text())
         bench.wait_ready()
         print(f"team-a applied and ready through the ingress in {time.monotonic() - started:.1f} s", flush=True)
-        etcd = lab.images["etcd"].rsplit(":", 1)[0] + ":probe"
-        labmod.alias_image(lab.images["etcd"], etcd, lab.dir)
+        etcd = lab.etcd_image().rsplit(":", 1)[0] + ":probe"
+        labmod.alias_image(lab.etcd_image(), etcd, lab.dir)
         cluster = "clusters/team-a/cluster.yaml"
 
         def replace_node() -> None:

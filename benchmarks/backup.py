@@ -1,6 +1,6 @@
 """An etcd backup of a cluster with many objects: snapshot time and size, restic store time, dedup.
 
-Starts a real etcd and kube-apiserver v1.20.2 (`tests/kubeapi.py`, on 127.0.39.1; the cached binaries
+Starts a real etcd and kube-apiserver (`tests/kubeapi.py`, on 127.0.39.1; the cached binaries
 of scripts/build-kubernetes.sh; no hypervisors, so no lab lock), creates `--configmaps` ConfigMaps
 (default 10,000, `--bytes` of random hex data each, 8 writers) through the API, then backs etcd up with
 `gitops.backup.take.back_up` into a local restic repository (Debian's restic) twice: the first

@@ -1,8 +1,8 @@
 """A fresh real control plane: time from `gitops apply` to `/readyz` through the ingress, and RSS.
 
 Starts a lab (3 containerd hypervisors, 1 public; needs root and the cached
-Kubernetes v1.20.2 binaries of scripts/build-kubernetes.sh), writes a repo with
-the example's team-a cluster only (3 controlplane nodes + 1 ingress, v1.20.2),
+Kubernetes binaries scripts/build-kubernetes.sh builds from their Go modules), writes a repo with
+the example's team-a cluster only (3 controlplane nodes + 1 ingress, the newest release),
 then runs `gitops apply` and polls `GET /readyz` through the ingress with the
 admin kubeconfig every 100 ms. Once ready (and after `--settle` seconds, so the
 controller-manager and scheduler have started their work), it reads the RSS of
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=20.0, help="seconds after ready before reading RSS")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object last")
     args = parser.parse_args()
-    print("lab up (3 hypervisors, real v1.20.2 images) ...", flush=True)
+    print("lab up (3 hypervisors, real images of the newest release) ...", flush=True)
     with running_lab("gitops-bench-cp-", hypervisors=3, public=1, subnet=SUBNET) as (base, lab):
         repo = base / "repo"
         write_example_repo(lab, repo, ingress_nodes=1)

@@ -1,8 +1,8 @@
 """Every crash point of day-2 plans: SIGKILL the applier after each action and inside each wait (issue #26).
 
 Starts its own lab (3 containerd hypervisors on 127.0.29.x, 1 public; needs root and the cached
-Kubernetes v1.20.2 binaries of scripts/build-kubernetes.sh), writes the example repo with the team-a
-cluster only (3 controlplane nodes + 1 ingress, real v1.20.2) and applies it. Then for each scenario
+Kubernetes binaries scripts/build-kubernetes.sh builds from their Go modules), writes the example repo with the team-a
+cluster only (3 controlplane nodes + 1 ingress, the newest release) and applies it. Then for each scenario
 (`tests/crashpoints.py` SCENARIOS: leaf-renewal, etcd-image, node-replacement, ca-rotation,
 scale-3-1-3, worker-certificate-signing, for which lab-worker-1 joins first from its own network
 namespace) it makes the scenario's plan again and again, each round from where the last one left

@@ -155,7 +155,7 @@ def write_repo(root: Path, p: Params) -> None:
         (d / "cluster.yaml").write_text(
             "apiVersion: gitops.infra/v1alpha1\nkind: Cluster\nmetadata:\n"
             f"  name: {name}\n  labels:\n    owner: team-{c % 37}\nspec:\n"
-            '  kubernetesVersion: "1.31.2"\n  etcdVersion: "3.5.16"\n'
+            '  kubernetesVersion: "1.37.2"\n'
             f"  apiServer:\n    endpointHosts:\n      - api.{name}.example.com\n"
             "  serviceCIDR: 10.96.0.0/12\n  podCIDR: 10.244.0.0/16\n"
             "  certificates:\n    validityDays: 365\n    renewBeforeDays: 30\n")

@@ -1,7 +1,7 @@
 """Disaster recovery on a lab: how long a restore takes the API away, and a drain under the probe.
 
 Brings up a lab (one public hypervisor, two private ones, then a third private one added empty),
-applies the example repo (team-a and team-b, real v1.20.2 control planes behind haproxy), then:
+applies the example repo (team-a and team-b, real control planes behind haproxy), then:
 
 * restore: a snapshot of team-a (`gitops backup create`, a local restic repository), then
   `spec.restore` naming it, applied while a probe asks team-a's API through the ingress every 0.1 s:

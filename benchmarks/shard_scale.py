@@ -2,7 +2,7 @@
 """Sharding at scale (issue #14): N recorded clusters over S shards and R replica processes.
 
 Reuses `plan_scale.py`'s generated repo and its cached converged state and snapshot
-(`benchmarks/.cache`, same key). Starts a real kube-apiserver v1.20.2 + etcd
+(`benchmarks/.cache`, same key). Starts a real kube-apiserver + etcd
 (`tests/kubeapi.py`, on 127.0.30.240; no hypervisors, so no lab lock) for the Leases,
 then R replica processes. Each replica runs a real coordination `Member` (renewals in its
 background thread), waits until the S shard Leases are spread (at most ceil(S / R) each),

@@ -32,7 +32,7 @@ AGENT_ROOT = "/node"
 FILES = "/etc/gitops"
 
 #: a restore (spec.restore) in the node's directory, as the agent and the restore container see it:
-#: the snapshot copied there, the data directory `etcdctl snapshot restore` writes (then moved to
+#: the snapshot copied there, the data directory `etcdutl snapshot restore` writes (then moved to
 #: `etcd`), the old data kept beside it; the one-shot container's name and label
 RESTORE_DIR = f"{AGENT_ROOT}/restore"
 RESTORE_SNAPSHOT = f"{RESTORE_DIR}/snapshot.db"

@@ -1,119 +1,184 @@
 #!/usr/bin/env bash
-# Builds the real Kubernetes v1.20.2 binaries from Debian's `kubernetes` source
-# package, once, into a cache outside the work tree:
-#   ${GITOPS_KUBE_CACHE:-$HOME/.cache/gitops/kubernetes}/v1.20.2/
-#     kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
-# A second run finds them there and costs nothing. A cold build takes about
-# 5-7 minutes on 2 cores and needs ~3.5 GB of scratch space, removed afterwards.
+# Builds the Kubernetes and etcd binaries gitops runs, with `go build` from their Go modules (the Go
+# module proxy; nothing else is downloaded), once, into a cache outside the work tree:
+#   ${GITOPS_KUBE_CACHE:-$HOME/.cache/gitops/kubernetes}/
+#     v1.35.4/ v1.36.3/ v1.37.2/   kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
+#     etcd-v3.6.16/ etcd-v3.7.3/   etcd etcdctl etcdutl
+#     .modules/<name>/             the wrapper modules (go.mod, go.sum) the builds ran in
+# Each directory records the recipe it was built with (BUILD: versions, Go, flags); a second run finds the
+# same recipe there and costs nothing, another recipe rebuilds that directory only.
 #
-# The system's apt sources are not changed: the deb-src entry lives in a
-# private directory used only for `apt-get source`.
-# Two changes to Debian's tree, both fixes that later releases carry:
-# - The vendored github.com/modern-go/reflect2 v1.0.1 crashes under Go >= 1.18;
-#   it is replaced by Debian's fixed copy (golang-github-modern-go-reflect2-dev).
-# - kube-apiserver's etcd client loses its retry interceptor in v1.20: the storage
-#   factory passes its Prometheus interceptors with grpc.WithUnaryInterceptor, which
-#   replaces the one etcd's clientv3 installs, so a quorum read that meets an etcd
-#   leader change fails with "etcdserver: leader changed" instead of being retried.
-#   Kubernetes fixed it in v1.23 (kubernetes/kubernetes#105069) by chaining them;
-#   the same two-word change is applied here (WithChain{Unary,Stream}Interceptor).
-# The cache records which changes its binaries carry (BUILD): another set rebuilds.
+# The wrapper module: k8s.io/kubernetes requires every staging module at v0.0.0 and replaces them with
+# ./staging/..., and a dependency's replace directives are ignored, so a module of our own requires
+# k8s.io/kubernetes vX.Y.Z and replaces each staging module (the `replace` block of that version's own
+# go.mod) with k8s.io/<name> v0.Y.Z; its `go` and `godebug` lines are upstream's. Versions are stamped
+# as hack/lib/version.sh does (`kube-apiserver --version` and `/version` say vX.Y.Z); the module has no
+# commit, so gitCommit is empty and gitTreeState "archive", buildDate the module's publication time.
+# Static: CGO_ENABLED=0, checked in the build settings the go command records in each binary.
+#
+# GITOPS_KUBE_VERSIONS / GITOPS_ETCD_VERSIONS (space-separated) choose other versions; the defaults are
+# gitops/model/versions.py's: the newest patch of each supported minor the proxy serves, and the etcd
+# upstream kubeadm pairs with each.
+# Timings on 2 cores (docs/development/tests.md): see there.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
-VERSION=v1.20.2
-CACHE=${GITOPS_KUBE_CACHE:-$HOME/.cache/gitops/kubernetes}/$VERSION
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
-PATCHES="reflect2=debian etcd-client-retry=kubernetes#105069"
+# the versions gitops supports, declared once in gitops/model/versions.py (RELEASES)
+RELEASES=$(python3 gitops/model/versions.py)
+KUBE_VERSIONS=(${GITOPS_KUBE_VERSIONS:-$(sed -n 's/^kubernetes //p' <<<"$RELEASES")})
+ETCD_VERSIONS=(${GITOPS_ETCD_VERSIONS:-$(sed -n 's/^etcd //p' <<<"$RELEASES")})
+ROOT=${GITOPS_KUBE_CACHE:-$HOME/.cache/gitops/kubernetes}
+KUBE_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+ETCD_BINARIES=(etcd etcdctl etcdutl)
+# bump when the way a binary is built changes: every cached build with another recipe is rebuilt
+RECIPE=2
+command -v go >/dev/null || { echo "build-kubernetes: the go command is not installed (Go 1.26 or later)" >&2; exit 1; }
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+GO_VERSION=$(go env GOVERSION)
+START=$(date +%s)
 
-have_all() {
-    local b
-    for b in "${BINARIES[@]}"; do [ -x "$CACHE/$b" ] || return 1; done
-    "$CACHE/kube-apiserver" --version 2>/dev/null | grep -q "$VERSION" || return 1
-    [ "$(cat "$CACHE/BUILD" 2>/dev/null)" = "$PATCHES" ]
+step() { printf '[build-kubernetes %s +%ss] %s\n' "$(date +%H:%M:%S)" "$(($(date +%s) - START))" "$*"; }
+
+recipe_of() {  # name version -> the BUILD line of a build
+    echo "$1 $2 recipe=$RECIPE go=$GO_VERSION cgo=0 static trimpath"
 }
-if have_all; then
-    echo "kubernetes $VERSION: cached in $CACHE"
-    exit 0
-fi
 
-step() { printf '[build-kubernetes %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+cached() {  # dir recipe binaries... -> 0 when every binary is there, built with this recipe
+    local dir=$1 want=$2 b
+    shift 2
+    [ "$(cat "$dir/BUILD" 2>/dev/null)" = "$want" ] || return 1
+    for b in "$@"; do [ -x "$dir/$b" ] || return 1; done
+}
 
-BUILD_PACKAGES=(golang-go rsync make golang-github-modern-go-reflect2-dev ca-certificates)
-missing=()
-for pkg in "${BUILD_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-    step "installing build packages: ${missing[*]}"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+is_static() {  # built without cgo (the go command records its build settings in the binary): statically linked
+    local settings
+    settings=$(go version -m "$1") || return 1
+    grep -q $'^\tbuild\tCGO_ENABLED=0$' <<<"$settings"
+}
 
-SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/gitops-kube-build.XXXXXX")
-trap 'chmod -R u+w "$SCRATCH" 2>/dev/null; rm -rf "$SCRATCH"' EXIT
+json_field() {  # file field -> the string value of a field in JSON the go command wrote
+    grep -o "\"$2\": *\"[^\"]*\"" "$1" | head -n1 | sed 's/^[^:]*: *"\(.*\)"$/\1/'
+}
 
-step "fetching Debian's kubernetes source package (private apt sources in $SCRATCH/apt)"
-APT="$SCRATCH/apt"
-mkdir -p "$APT/sources" "$APT/lists/partial"
-found=0
-for src in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$src" ] || continue
-    grep -q 'debian' "$src" || continue
-    sed 's/^Types:.*/Types: deb-src/' "$src" > "$APT/sources/$(basename "$src")"
-    found=1
-done
-if [ "$found" = 0 ] && [ -f /etc/apt/sources.list ]; then
-    grep -E '^deb ' /etc/apt/sources.list | sed 's/^deb /deb-src /' > "$APT/sources.list"
-fi
-[ -f "$APT/sources.list" ] || : > "$APT/sources.list"
-APT_OPTS=(-o "Dir::Etc::SourceParts=$APT/sources" -o "Dir::Etc::SourceList=$APT/sources.list"
-          -o "Dir::State::Lists=$APT/lists" -o "Dir::Cache::archives=$APT/archives"
-          -o APT::Sandbox::User=root)
-apt-get "${APT_OPTS[@]}" -qq update
-(cd "$SCRATCH" && apt-get "${APT_OPTS[@]}" -qq source --download-only kubernetes >/dev/null)
-orig=$(ls "$SCRATCH"/kubernetes_*.orig.tar.gz | head -n1)
-step "unpacking $(basename "$orig")"
-tar -C "$SCRATCH" -xzf "$orig"
-TREE=$(find "$SCRATCH" -maxdepth 1 -type d -name 'kubernetes-*' | head -n1)
-[ -d "$TREE/vendor/github.com/modern-go/reflect2" ] || { echo "unexpected source layout in $TREE" >&2; exit 1; }
+go_build() {  # workdir outdir ldflags packages... : one `go build` (packages compile in parallel, links too),
+    # its progress a line per 250 packages it compiled (`-v` names each), the time at the end
+    local work=$1 out=$2 ldflags=$3 t0 rc
+    shift 3
+    t0=$(date +%s)
+    step "  go build $* (-v: a line per 250 packages compiled)"
+    set +e
+    (cd "$work" && go build -v -trimpath -ldflags "$ldflags" -o "$out/" "$@" 2>&1) \
+        | awk -v start="$START" '
+            /^(#|go: |[^ ]*\.go:|\t)/ { print; next }  # errors and their context, as the go command wrote them
+            { n++; if (n % 250 == 0) { printf "[build-kubernetes %s +%ss]   %d packages compiled\n",
+                                          strftime("%H:%M:%S"), systime() - start, n; fflush() } }
+            END { printf "[build-kubernetes %s +%ss]   %d packages compiled\n", strftime("%H:%M:%S"),
+                         systime() - start, n }'
+    rc=${PIPESTATUS[0]}
+    set -e
+    [ "$rc" = 0 ] || { echo "build-kubernetes: go build failed in $work (exit $rc)" >&2; exit 1; }
+    step "  built in $(($(date +%s) - t0)) s"
+}
 
-step "replacing vendored modern-go/reflect2 with Debian's fixed copy"
-R2=/usr/share/gocode/src/github.com/modern-go/reflect2
-rm -rf "$TREE/vendor/github.com/modern-go/reflect2"
-mkdir -p "$TREE/vendor/github.com/modern-go/reflect2"
-find "$R2" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) ! -name '*_test.go' \
-    -exec cp {} "$TREE/vendor/github.com/modern-go/reflect2/" \;
+keep() {  # tmpdir dir recipe binaries... -> checks each binary, then moves tmpdir to dir
+    local tmp=$1 dir=$2 want=$3 b
+    shift 3
+    for b in "$@"; do
+        [ -x "$tmp/$b" ] || { echo "build-kubernetes: $b was not built" >&2; exit 1; }
+        is_static "$tmp/$b" || { echo "build-kubernetes: $b is not statically linked" >&2; exit 1; }
+    done
+    echo "$want" > "$tmp/BUILD"
+    rm -rf "$dir"
+    mv "$tmp" "$dir"
+}
 
-step "chaining kube-apiserver's etcd client interceptors after etcd's retry (kubernetes#105069)"
-FACTORY="$TREE/staging/src/k8s.io/apiserver/pkg/storage/storagebackend/factory/etcd3.go"
-n=$(grep -c 'grpc.With\(Unary\|Stream\)Interceptor(grpcprom.\(Unary\|Stream\)ClientInterceptor)' "$FACTORY" || true)
-[ "$n" = 2 ] || { echo "unexpected etcd client options in $FACTORY ($n matches)" >&2; exit 1; }
-sed -i -e 's/grpc.WithUnaryInterceptor(grpcprom.UnaryClientInterceptor)/grpc.WithChainUnaryInterceptor(grpcprom.UnaryClientInterceptor)/' \
-    -e 's/grpc.WithStreamInterceptor(grpcprom.StreamClientInterceptor)/grpc.WithChainStreamInterceptor(grpcprom.StreamClientInterceptor)/' \
-    "$FACTORY"
+build_kubernetes() {  # vX.Y.Z
+    local v=$1 dir="$ROOT/$1" want work mod minor major stamp p ldflags pkgs=() b
+    want=$(recipe_of kubernetes "$v")
+    if cached "$dir" "$want" "${KUBE_BINARIES[@]}"; then
+        step "kubernetes $v: cached in $dir"
+        return
+    fi
+    step "kubernetes $v: building ${KUBE_BINARIES[*]} from k8s.io/kubernetes@$v"
+    work="$ROOT/.modules/kubernetes-$v"
+    mkdir -p "$work"
+    go mod download -json "k8s.io/kubernetes@$v" > "$work/download.json"
+    mod=$(json_field "$work/download.json" GoMod)
+    [ -f "$mod" ] || { echo "build-kubernetes: the proxy gave no go.mod for k8s.io/kubernetes@$v" >&2; exit 1; }
+    major=${v#v}; major=${major%%.*}
+    minor=${v#v*.}; minor=${minor%%.*}
+    {
+        echo "// The wrapper module scripts/build-kubernetes.sh builds Kubernetes $v in (generated)."
+        echo "module gitops.build/kubernetes"
+        echo
+        grep -m1 '^go ' "$mod"
+        grep -m1 '^godebug ' "$mod" || true
+        echo
+        echo "require k8s.io/kubernetes $v"
+        echo
+        echo "replace ("
+        sed -n '/^replace (/,/^)/p' "$mod" | awk -v ver="v0.$minor.${v##*.}" '$2 == "=>" {print "\t" $1 " => " $1 " " ver}'
+        echo ")"
+    } > "$work/go.mod"
+    grep -q '=>' "$work/go.mod" || { echo "build-kubernetes: no staging modules in $mod's replace block" >&2; exit 1; }
+    step "  resolving modules (go.sum)"
+    for b in "${KUBE_BINARIES[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+    (cd "$work" && go list -deps "${pkgs[@]}" >/dev/null)
+    # the module's publication time, from the proxy's .info
+    stamp=$(json_field "$(json_field "$work/download.json" Info)" Time)
+    ldflags="-s -w"
+    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags+=" -X $p.gitVersion=$v -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitCommit="
+        ldflags+=" -X $p.gitTreeState=archive -X $p.buildDate=$stamp"
+    done
+    rm -rf "$dir.tmp"
+    mkdir -p "$dir.tmp"
+    go_build "$work" "$dir.tmp" "$ldflags" "${pkgs[@]}"
+    [ "$("$dir.tmp/kube-apiserver" --version)" = "Kubernetes $v" ] \
+        || { echo "build-kubernetes: kube-apiserver does not say Kubernetes $v" >&2; exit 1; }
+    keep "$dir.tmp" "$dir" "$want" "${KUBE_BINARIES[@]}"
+    step "kubernetes $v: done ($("$dir/kubectl" version --client 2>/dev/null | head -n1))"
+}
 
-step "go build ${BINARIES[*]} (about 5-7 minutes cold on 2 cores)"
-mkdir -p "$TREE/.go/src/k8s.io"
-ln -sfn ../../.. "$TREE/.go/src/k8s.io/kubernetes"
-WHAT=""
-for b in "${BINARIES[@]}"; do WHAT="$WHAT cmd/$b"; done
-(
-    cd "$TREE"
-    env GOPATH="$TREE/.go" GOCACHE="$SCRATCH/gocache" CGO_ENABLED=0 \
-        KUBE_GIT_VERSION=$VERSION KUBE_GIT_TREE_STATE=clean \
-        make WHAT="${WHAT# }" 2>&1 | while IFS= read -r line; do step "  $line"; done
-    exit "${PIPESTATUS[0]}"
-)
+build_etcd() {  # v3.X.Y
+    local v=$1 dir="$ROOT/etcd-$1" want work ldflags
+    want=$(recipe_of etcd "$v")
+    if cached "$dir" "$want" "${ETCD_BINARIES[@]}"; then
+        step "etcd $v: cached in $dir"
+        return
+    fi
+    step "etcd $v: building ${ETCD_BINARIES[*]} from go.etcd.io/etcd/{server,etcdctl,etcdutl}/v3@$v"
+    work="$ROOT/.modules/etcd-$v"
+    mkdir -p "$work"
+    go mod download -json "go.etcd.io/etcd/server/v3@$v" > "$work/download.json"
+    {
+        echo "// The wrapper module scripts/build-kubernetes.sh builds etcd $v in (generated)."
+        echo "module gitops.build/etcd"
+        echo
+        grep -m1 '^go ' "$(json_field "$work/download.json" GoMod)"
+        echo
+        echo "require ("
+        echo "	go.etcd.io/etcd/server/v3 $v"
+        echo "	go.etcd.io/etcd/etcdctl/v3 $v"
+        echo "	go.etcd.io/etcd/etcdutl/v3 $v"
+        echo ")"
+    } > "$work/go.mod"
+    step "  resolving modules (go.sum)"
+    (cd "$work" && go list -deps go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdutl/v3 >/dev/null)
+    ldflags="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=module-$v"
+    rm -rf "$dir.tmp"
+    mkdir -p "$dir.tmp"
+    go_build "$work" "$dir.tmp" "$ldflags" go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdctl/v3 \
+        go.etcd.io/etcd/etcdutl/v3
+    # the server's main package is its module's root (server/main.go): go names the binary "server"
+    mv "$dir.tmp/server" "$dir.tmp/etcd"
+    [ "$("$dir.tmp/etcd" --version | head -n1)" = "etcd Version: ${v#v}" ] \
+        || { echo "build-kubernetes: etcd does not say ${v#v}" >&2; exit 1; }
+    keep "$dir.tmp" "$dir" "$want" "${ETCD_BINARIES[@]}"
+    step "etcd $v: done ($("$dir/etcd" --version | head -n1))"
+}
 
-step "keeping the binaries in $CACHE"
-mkdir -p "$CACHE.tmp"
-for b in "${BINARIES[@]}"; do
-    install -m 0755 "$TREE/_output/local/bin/linux/amd64/$b" "$CACHE.tmp/$b"
-done
-echo "$PATCHES" > "$CACHE.tmp/BUILD"
-rm -rf "$CACHE"
-mv "$CACHE.tmp" "$CACHE"
-have_all || { echo "built binaries do not report $VERSION" >&2; exit 1; }
-step "done: $("$CACHE/kube-apiserver" --version)"
+mkdir -p "$ROOT"
+for v in "${ETCD_VERSIONS[@]}"; do build_etcd "$v"; done
+for v in "${KUBE_VERSIONS[@]}"; do build_kubernetes "$v"; done
+step "all built (${KUBE_VERSIONS[*]}; etcd ${ETCD_VERSIONS[*]}) in $ROOT"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: install gitops (and build the real
-# Kubernetes v1.20.2 binaries once), start a local lab of 5 real containerd
+# Kubernetes 1.35-1.37 and etcd binaries from their Go modules once), start a local lab of 5 real containerd
 # hypervisors (3 private, 2 public; each a machine of its own, a network namespace on the
 # lab's bridge, onboarded with `gitops hypervisor init`), write
 # the example repo wired to it, plan and apply it: two real control planes

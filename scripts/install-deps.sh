@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(containerd runc haproxy keepalived wget etcd-server etcd-client openssh-server openssh-client openssl git age iproute2
+APT_PACKAGES=(containerd runc haproxy keepalived wget etcd-client openssh-server openssh-client openssl git age iproute2
     containernetworking-plugins iptables conntrack procps busybox-static  # worker nodes (kubelet CNI, kube-proxy, lab workload image)
     buildah mmdebstrap util-linux  # the controller image (scripts/build-image.sh: a Debian base, buildah, unshare)
     restic rclone  # etcd backups: restic repositories, and `rclone serve restic` as a REST target in tests
@@ -24,7 +24,7 @@ if ((${#missing[@]})); then
 fi
 # Debian starts the packaged daemons; gitops runs its own instances and needs none of them.
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-    systemctl disable --now containerd haproxy keepalived etcd ssh >/dev/null 2>&1 || true
+    systemctl disable --now containerd haproxy keepalived ssh >/dev/null 2>&1 || true
 fi
 
 if [ ! -x .venv/bin/python ]; then
@@ -37,6 +37,6 @@ fi
 # sets PYTHONDONTWRITEBYTECODE (a source changed since is still recompiled: Python checks its mtime)
 .venv/bin/python -m compileall -q gitops >/dev/null
 
-# The real Kubernetes control-plane binaries (v1.20.2), built once from Debian's
-# source package into ~/.cache/gitops/kubernetes (minutes the first time, then free).
+# The real Kubernetes (every supported release) and etcd binaries, built once with `go build` from their
+# Go modules into ~/.cache/gitops/kubernetes (about 22 minutes the first time on 2 cores, then free).
 bash scripts/build-kubernetes.sh

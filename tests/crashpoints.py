@@ -10,7 +10,7 @@ member list is the one the state records, every API server and etcd serves the c
 node's disk, a ConfigMap written through the API before is still there, and the API probe through
 the ingress (`gitops.lab.probe.Probe`) saw no failure outside the window of an API server the
 plans stopped. Pure orchestration over the real lab: the real `gitops` command, containerd, etcd,
-kube-apiserver v1.20.2, haproxy, etcdctl and kubectl.
+kube-apiserver, haproxy, etcdctl and kubectl.
 
 Used by `benchmarks/crash_points.py` (every point of every scenario); `tests/test_apply_lab.py`
 kills at a sample of the same points on its own lab.
@@ -46,6 +46,7 @@ from gitops import lab as labmod
 from gitops.compile.authorities import authority
 from gitops.hostport import host_port
 from gitops.lab import kubebin
+from gitops.model import versions
 from gitops.lab.example import write_example_repo
 from gitops.lab.probe import Probe
 from gitops.model.validate import load_model
@@ -116,7 +117,7 @@ class Workspace:
         return path
 
     def kubectl(self, cluster: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        """The real kubectl v1.20.2 through the cluster's ingress, as kubernetes-admin."""
+        """The real kubectl through the cluster's ingress, as kubernetes-admin."""
         proc = subprocess.run([str(kubebin.kubectl()), "--kubeconfig", str(self.kubeconfig(cluster)),
                                "--request-timeout=10s", *args], capture_output=True, text=True, timeout=60)
         if check and proc.returncode != 0:
@@ -152,7 +153,8 @@ class Workspace:
         endpoints = ",".join(f"https://{host_port(hvs[r.hypervisor].ip_address, r.ports['etcd-client'])}"
                              for _, r in sorted(state.nodes.items())
                              if r.cluster == cluster and "etcd-client" in r.ports)
-        return subprocess.run(["etcdctl", f"--endpoints={endpoints}", f"--cacert={tls}/ca.crt",
+        etcdctl = str(kubebin.etcd_program("etcdctl", versions.DEFAULT_ETCD))
+        return subprocess.run([etcdctl, f"--endpoints={endpoints}", f"--cacert={tls}/ca.crt",
                                f"--cert={tls}/client.crt", f"--key={tls}/client.key", "--dial-timeout=3s", *args],
                               capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"}, timeout=30)
 
@@ -194,7 +196,7 @@ def edit(repo: Path, rel: str, old: str, new: str) -> str:
 @contextmanager
 def workspace(prefix: str, subnet: str, cluster: str = "team-a") -> Iterator[Workspace]:
     """A lab of 3 hypervisors (1 public) on `subnet` in a temp dir (`running_lab(prefix)`), the example repo with
-    `cluster` only (3 controlplane nodes + 1 ingress, real v1.20.2) applied, and its API ready through the ingress.
+    `cluster` only (3 controlplane nodes + 1 ingress, real binaries) applied, and its API ready through the ingress.
     Afterwards, whatever happens (Ctrl-C included), a joined worker leaves (its kubelet and kube-proxy stop), then
     the lab goes down (its processes, pods, mounts, cgroups) and the dir is deleted."""
     with running_lab(prefix, hypervisors=3, public=1, subnet=subnet) as (base, lab):
@@ -663,12 +665,12 @@ def _renewal(ws: Workspace, round_: int) -> str:
 
 
 def _etcd_alias(ws: Workspace, which: int) -> str:
-    return ws.lab.images["etcd"].rsplit(":", 1)[0] + f":crash-{which}"
+    return ws.lab.etcd_image().rsplit(":", 1)[0] + f":crash-{which}"
 
 
 def _etcd_start(ws: Workspace) -> None:
     for which in (0, 1):
-        labmod.alias_image(ws.lab.images["etcd"], _etcd_alias(ws, which), ws.lab.dir)
+        labmod.alias_image(ws.lab.etcd_image(), _etcd_alias(ws, which), ws.lab.dir)
 
 
 def _etcd_image(ws: Workspace, round_: int) -> str:
@@ -734,7 +736,7 @@ def _sign_when_asked(ws: Workspace, kind: str, timeout: float = 120) -> None:
 
 
 def _join_worker(ws: Workspace, cluster: str = "team-a") -> None:
-    """lab-worker-1 (its own network namespace and containerd, the real kubelet and kube-proxy v1.20.2)
+    """lab-worker-1 (its own network namespace and containerd, the real kubelet and kube-proxy)
     joins `cluster` as `tests/test_workers_lab.py` does it: `gitops join` with a bootstrap token, gitops
     signing the kubelet's client certificate, then its serving one; until its Node is Ready."""
     if ws.worker is not None:
@@ -773,7 +775,7 @@ def worker_requests(ws: Workspace, round_: int) -> str:
     """Round i: the worker's kubelet asks for a new client and a new serving certificate, as its certificate
     manager does when it rotates them (a kubelet does so at 70-90% of their life, which no lab can wait
     for: so the requests are made here, with the node's own credentials, a new key each, and the subject,
-    names, signer and usages the kubelet v1.20 sends). Waits until the plan signs both."""
+    names, signer and usages the kubelet sends). Waits until the plan signs both."""
     node_ip = next(f.split("=", 1)[1] for f in ws.gitops("lab", "worker", "--dir", str(ws.lab.dir)).stdout.split()
                    if f.startswith("--node-ip="))
     for kind, (signer, usages) in WORKER_SIGNERS.items():

@@ -5,7 +5,7 @@ benchmarks/failover.py (which repeats them and prints them).
 The world: two private and two public lab machines (network namespaces on the lab bridge); the example's
 team-a reduced to one controlplane node and given a second ingress node, so it gets a virtual IP from the
 lab's pool (`gitops lab example-repo` writes it into gitops.yaml). Real keepalived (VRRP, unicast) beside
-real haproxy in each ingress pod, real etcd and kube-apiserver v1.20.2. During each scenario the probe
+real haproxy in each ingress pod, real etcd and kube-apiserver. During each scenario the probe
 (`gitops.lab.probe.Probe`, 1 s timeout) reads through the virtual IP every 100 ms and a `Writer` creates a
 ConfigMap every 200 ms; every ConfigMap answered 201 must be there afterwards.
 """

@@ -1,11 +1,11 @@
-"""A real Kubernetes API server for tests: Debian's etcd + kube-apiserver v1.20.2 as host processes.
+"""A real Kubernetes API server for tests: etcd + kube-apiserver of the newest release as host processes.
 
-`kube_api_server()` starts etcd and the real kube-apiserver (built once by
-``scripts/build-kubernetes.sh`` into ``$GITOPS_KUBE_CACHE/v1.20.2/``, default
+`kube_api_server()` starts the real etcd and kube-apiserver (built once from their Go modules by
+``scripts/build-kubernetes.sh`` into ``$GITOPS_KUBE_CACHE/v1.37.2/`` and ``etcd-v3.7.3/``, default
 ``~/.cache/gitops/kubernetes``) on a loopback address with free ports, waits for
 ``/readyz`` and yields a `KubeAPI`: the server URL, an admin kubeconfig (client
 certificate, ``O=system:masters``), ServiceAccount bearer-token kubeconfigs (TokenRequest
-API), a raw JSON `request` helper and a `kubectl` runner using the cached v1.20.2 kubectl.
+API), a raw JSON `request` helper and a `kubectl` runner using the cached kubectl.
 On exit it stops exactly the processes it started and removes its temp directory.
 
 Missing binaries FAIL the test (naming the build script): a skipped test would hide
@@ -40,9 +40,10 @@ from ports import free_ports
 
 from gitops.lab import kubebin
 from gitops.lab.errors import LabError
+from gitops.model import versions
 from gitops.pki import CertKey, create_ca, generate_key, issue_cert, key_to_pem
 
-VERSION = kubebin.BUILT_VERSION
+VERSION = kubebin.DEFAULT_VERSION
 DEFAULT_IP = "127.0.31.1"
 READY_TIMEOUT = 90.0
 
@@ -55,13 +56,14 @@ def kube_binary(name: str) -> Path:
         pytest.fail(str(err), pytrace=False)
 
 
-def etcd_binary() -> Path:
-    """Debian's etcd, for a test that starts it (in a lab group: `conftest.require_lab_group`)."""
+def etcd_binary(name: str = "etcd") -> Path:
+    """The cached etcd (or etcdctl, etcdutl) the newest release runs, for a test that starts it (in a lab group:
+    `conftest.require_lab_group`); fails the test when it has not been built."""
     require_lab_group()
-    found = shutil.which("etcd")
-    if not found:
-        pytest.fail("etcd not found: install Debian's etcd-server (bash scripts/install-deps.sh)", pytrace=False)
-    return Path(found)
+    try:
+        return kubebin.etcd_program(name, versions.DEFAULT_ETCD)
+    except LabError as err:
+        pytest.fail(str(err), pytrace=False)
 
 
 def b64(text: str) -> str:
@@ -138,7 +140,7 @@ class KubeAPI:
 
     def kubectl(self, *args: str, kubeconfig: Path | None = None, input: str | None = None,
                 check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run the cached v1.20.2 kubectl (admin kubeconfig unless given); raises on failure if `check`."""
+        """Run the cached kubectl (admin kubeconfig unless given); raises on failure if `check`."""
         argv = [str(self.kubectl_path), f"--kubeconfig={kubeconfig or self.admin_kubeconfig}", *args]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.dir)}  # no ~/.kube cache
         proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, env=env)
@@ -179,7 +181,7 @@ class KubeAPI:
         group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
         version = crd["spec"]["versions"][0]["name"]
         deadline = time.monotonic() + timeout
-        # served, and in kubectl's discovery cache (kubectl 1.20 does not re-discover on a miss;
+        # served, and in kubectl's discovery cache (kubectl may not re-discover on a miss;
         # api-resources refreshes the cache)
         while (self.request("GET", f"/apis/{group}/{version}/{plural}?limit=1", ok=(200, 404))[0] != 200
                or f"{plural}.{group}" not in self.kubectl("api-resources", f"--api-group={group}", "-o", "name")
@@ -263,7 +265,7 @@ def _get_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
 @contextlib.contextmanager
 def kube_api_server(ip: str = DEFAULT_IP, *, crds: Sequence[Path] = (),
                     extra_args: Sequence[str] = ()) -> Iterator[KubeAPI]:
-    """Start etcd + kube-apiserver v1.20.2 on `ip`, install `crds`, yield a `KubeAPI`; stop and clean up."""
+    """Start etcd + kube-apiserver on `ip`, install `crds`, yield a `KubeAPI`; stop and clean up."""
     apiserver_bin, kubectl_bin, etcd_bin = kube_binary("kube-apiserver"), kube_binary("kubectl"), etcd_binary()
     workdir = Path(tempfile.mkdtemp(prefix="gitops-kubeapi-"))
     procs: list[_Proc] = []
@@ -302,14 +304,13 @@ def kube_api_server(ip: str = DEFAULT_IP, *, crds: Sequence[Path] = (),
             return [
                 str(apiserver_bin), f"--etcd-servers={etcd_url}",
                 f"--bind-address={ip}", f"--advertise-address={ip}", f"--secure-port={secure_port}",
-                "--insecure-port=0",
                 f"--cert-dir={pki}", f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}", f"--client-ca-file={pki / 'ca.crt'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.key'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--service-cluster-ip-range=10.96.0.0/24", "--authorization-mode=Node,RBAC",
                 "--endpoint-reconciler-type=none",  # a loopback address may not be a Service endpoint
-                "--profiling=false", "--logtostderr=true", "--v=0", *extra_args,
+                "--profiling=false", "--v=0", *extra_args,
             ]
 
         apiserver, (secure_port,) = _start_listening(
@@ -335,6 +336,6 @@ def kube_api_server(ip: str = DEFAULT_IP, *, crds: Sequence[Path] = (),
 
 @pytest.fixture(scope="module")
 def kubeapi() -> Iterator[KubeAPI]:
-    """One real kube-apiserver v1.20.2 (no CRDs) per test module; use `kube_api_server` for more."""
+    """One real kube-apiserver (no CRDs) per test module; use `kube_api_server` for more."""
     with kube_api_server() as api:
         yield api

@@ -107,7 +107,7 @@ def minimal_repo(root: Path) -> Path:
         metadata:
           name: c1
         spec:
-          kubernetesVersion: "1.31.2"
+          kubernetesVersion: "1.36.3"
           serviceCIDR: 10.96.0.0/12
           podCIDR: 10.244.0.0/16
         ---

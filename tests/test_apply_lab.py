@@ -1,9 +1,9 @@
 """End to end on `gitops lab`: the example clusters applied to 3 real containerd hypervisors.
 
 All real: containerd + runc (one of the three reached through an haproxy mTLS front),
-etcd (Debian's etcd-server), kube-apiserver, kube-controller-manager and kube-scheduler
-v1.20.2 (built from Debian's source package by scripts/build-kubernetes.sh), haproxy as
-the ingress, etcdctl and kubectl v1.20.2 as clients, and the `gitops` command itself.
+etcd, kube-apiserver, kube-controller-manager and kube-scheduler of the example's releases (team-a the
+newest, team-b the one before; built from their Go modules by scripts/build-kubernetes.sh), haproxy as
+the ingress, etcdctl and kubectl as clients, and the `gitops` command itself.
 No stand-in runs here. The tests run in file order and share one lab.
 """
 from __future__ import annotations
@@ -36,6 +36,7 @@ from gitops.cri.client import CRIClient
 from gitops.lab.probe import admin_tls as kubeconfig_tls
 from gitops.lab import kubebin
 from gitops.lab.probe import Probe
+from gitops.model import versions
 from gitops.model.validate import load_model
 from gitops.pki import issue_cert
 from gitops.pods import MANAGED, MANAGER, NODE
@@ -174,9 +175,23 @@ def etcdctl(world: World, cluster: str, *args: str) -> subprocess.CompletedProce
     hvs = world.hypervisors()
     endpoints = ",".join(f"https://{hvs[r.hypervisor].ip_address}:{r.ports['etcd-client']}"
                          for name, r in sorted(state.nodes.items()) if r.cluster == cluster and "etcd-client" in r.ports)
-    return subprocess.run(["etcdctl", f"--endpoints={endpoints}", f"--cacert={tls}/ca.crt",
+    etcdctl_bin = str(kubebin.etcd_program("etcdctl", versions.DEFAULT_ETCD))
+    return subprocess.run([etcdctl_bin, f"--endpoints={endpoints}", f"--cacert={tls}/ca.crt",
                            f"--cert={tls}/client.crt", f"--key={tls}/client.key", "--dial-timeout=3s", *args],
                           capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"}, timeout=30)
+
+
+def etcd_status(world: World, cluster: str) -> list[dict]:
+    """`etcdctl endpoint status` of each member: its server version among the rest."""
+    proc = etcdctl(world, cluster, "endpoint", "status", "-w", "json")
+    assert proc.returncode == 0, proc.stderr
+    return [entry["Status"] for entry in json.loads(proc.stdout)]
+
+
+def version_of(world: World, cluster: str) -> str:
+    """The gitVersion the cluster's API answers with ("v1.37.2"), through the ingress."""
+    wait_ready(world, cluster)
+    return json.loads(kubectl(world, cluster, "version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
 
 
 def etcd_members(world: World, cluster: str) -> list[str]:
@@ -230,7 +245,7 @@ def kubeconfig_file(world: World, cluster: str) -> Path:
 
 
 def kubectl(world: World, cluster: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """The real kubectl v1.20.2 through the cluster's ingress, as kubernetes-admin."""
+    """The real kubectl through the cluster's ingress, as kubernetes-admin."""
     proc = subprocess.run([str(kubebin.kubectl()), "--kubeconfig", str(kubeconfig_file(world, cluster)),
                            "--request-timeout=10s", *args], capture_output=True, text=True, timeout=60)
     if check and proc.returncode != 0:
@@ -352,7 +367,7 @@ def test_kubeconfig_credentials_work_through_the_ingress(world):
     for cluster in ("team-a", "team-b"):
         wait_ready(world, cluster)
         status, body = api_get(world, cluster, "/version")
-        assert status == 200 and json.loads(body)["gitVersion"] == "v1.20.2"
+        assert status == 200 and json.loads(body)["gitVersion"] == load_model(world.repo).clusters[cluster].kubernetes_version
     status, body = api_get(world, "team-a", "/api/v1/namespaces")
     assert status == 200 and b'"name":"kube-system"' in body
     status, body = api_get(world, "team-a", "/api/v1/namespaces", with_credentials=False)
@@ -495,8 +510,9 @@ def test_an_edited_saved_plan_is_refused_and_changes_nothing(world):
 def test_real_control_planes_answer_through_the_ingress(world):
     for cluster in ("team-a", "team-b"):
         wait_ready(world, cluster)
-        version = json.loads(kubectl(world, cluster, "version", "-o", "json").stdout)
-        assert version["serverVersion"]["gitVersion"] == "v1.20.2"
+        want = "v" + load_model(world.repo).clusters[cluster].kubernetes_version.removeprefix("v")
+        assert version_of(world, cluster) == want
+        assert want == (kubebin.KUBERNETES_BUILT[-1] if cluster == "team-a" else kubebin.KUBERNETES_BUILT[-2])
         assert kubectl(world, cluster, "get", "--raw", "/readyz").stdout == "ok"
         assert "kube-system" in kubectl(world, cluster, "get", "ns", "-o", "name").stdout
         kubectl(world, cluster, "-n", "default", "create", "configmap", "e2e", "--from-literal=made=before")
@@ -519,15 +535,14 @@ def test_controller_managers_and_schedulers_hold_their_leases(world):
 
 
 def _default_token(world: World, cluster: str) -> str:
-    """The `default` service account's token, from the Secret the controller-manager made."""
+    """A token of the `default` service account from the TokenRequest API (`kubectl create token`; since 1.24
+    the controller-manager no longer makes Secrets of them), once the account exists."""
     deadline = time.monotonic() + 90
     while True:
-        secrets = json.loads(kubectl(world, cluster, "-n", "default", "get", "secrets", "-o", "json").stdout)
-        tokens = [s for s in secrets["items"] if s["type"] == "kubernetes.io/service-account-token"
-                  and s["metadata"]["annotations"].get("kubernetes.io/service-account.name") == "default"]
-        if tokens:
-            return base64.b64decode(tokens[0]["data"]["token"]).decode()
-        assert time.monotonic() < deadline, f"{cluster}: no token for the default service account"
+        proc = kubectl(world, cluster, "-n", "default", "create", "token", "default", check=False)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return proc.stdout.strip()
+        assert time.monotonic() < deadline, f"{cluster}: no token for the default service account: {proc.stderr}"
         time.sleep(1)
 
 
@@ -645,59 +660,52 @@ def test_scaling_from_3_to_1_controlplane_node_and_back_keeps_the_data(world):
     assert_converged(world)
 
 
-def test_an_image_upgrade_rolls_in_the_supported_order_and_the_api_stays_up(world):
-    """issue #13: an upgrade's order, on the real binaries under other image references (only v1.20.2
-    exists as real binaries here): node by node its etcd member (health-gated) with its API server, which
-    talks to that member only, stopped before and started after on its new image (ready before the next
-    node), then the controller-managers, then the schedulers, while no request through the ingress fails."""
-    from gitops import lab as labmod
-
-    images = {"etcd": "etcd", "kubeApiserver": "kube-apiserver/v1.20.2",
-              "kubeControllerManager": "kube-controller-manager/v1.20.2", "kubeScheduler": "kube-scheduler/v1.20.2"}
-    refs = {}
-    for field, role in images.items():
-        source = world.lab.images[role]
-        refs[field] = source.rsplit(":", 1)[0] + ":rolled"
-        labmod.alias_image(source, refs[field], world.lab.dir)
-    path = world.repo / "clusters/team-a/cluster.yaml"
-    original = path.read_text()
-    path.write_text(original.replace('  etcdVersion: "3.5.16"\n', '  etcdVersion: "3.5.16"\n  images:\n'
-                                     + "".join(f"    {k}: {v}\n" for k, v in refs.items())))
-    try:
-        applied = under_probe(world, "team-a", "upgrade", world.apply_stamped)
-    finally:
-        path.write_text(original)
-    ran = [line for line in applied.splitlines() if line.startswith("[") and " container " in line]
-    order = [(line.split()[3], *line.split()[2].split("/")[1:3]) for line in ran]
-    assert order == [
-        *(step for n in (1, 2, 3) for step in (("remove", f"team-a-cp-{n}", "kube-apiserver"),
-                                                ("recreate", f"team-a-cp-{n}", "etcd"),
-                                                ("create", f"team-a-cp-{n}", "kube-apiserver"))),
-        *(("recreate", f"team-a-cp-{n}", component) for component in ("kube-controller-manager", "kube-scheduler")
-          for n in (1, 2, 3))], applied
-    assert etcd_members(world, "team-a") == ["team-a-cp-1", "team-a-cp-2", "team-a-cp-3"]
-    world.apply()  # back to the default references (the same binaries): rolls again
-    assert_converged(world)
-
-
-def test_a_version_skipping_a_minor_is_refused_against_the_live_cluster(world):
-    """issue #13: the running API servers' image tags say v1.20; a repo asking for v1.22.0 is refused by
-    plan and by apply, naming the version to go through first, and nothing on the hypervisors changes."""
+def test_a_version_skipping_or_reverting_a_minor_is_refused_against_the_live_cluster(world):
+    """issue #13: the running API servers' image tags say which minor runs; a repo asking for a minor back
+    (team-a runs the newest) or two ahead (team-b, from the one before, to a version outside the range) is
+    refused by plan and by apply, and nothing on the hypervisors changes."""
     path = world.repo / "clusters/team-a/cluster.yaml"
     original = path.read_text()
     before = world.sandboxes()
-    path.write_text(original.replace('kubernetesVersion: "1.20.2"', 'kubernetesVersion: "1.22.0"'))
+    newest, previous = kubebin.KUBERNETES_BUILT[-1], kubebin.KUBERNETES_BUILT[-2]
+    path.write_text(original.replace(f'kubernetesVersion: "{newest[1:]}"', f'kubernetesVersion: "{previous[1:]}"'))
     try:
         for command in (world.plan, lambda check: world.gitops("apply", str(world.repo), "--state-dir",
                                                                str(world.state), check=check)):
             refused = command(check=False)
             text = refused.stdout + refused.stderr
             assert refused.returncode == 1, text
-            assert "Cluster team-a runs v1.20 and the repo asks for v1.22.0" in text, text
-            assert "upgrade one minor version at a time (v1.21 first)" in text and "Traceback" not in text, text
+            assert (f"Cluster team-a runs {newest.rsplit('.', 1)[0]} and the repo asks for {previous}: "
+                    "Kubernetes does not support downgrading a minor version") in text, text
+            assert "Traceback" not in text, text
     finally:
         path.write_text(original)
     assert world.sandboxes() == before
+
+
+def test_a_minor_version_upgrade_rolls_in_the_supported_order_and_the_api_stays_up(world):
+    """issue #59.4: team-b from the release before the newest to the newest, on the real binaries of both
+    (and etcd to the minor the newest pairs with): node by node its etcd member (health-gated) with its API
+    server, which talks to that member only, stopped before and started after on the new version (ready
+    before the next node), then the controller-managers, then the schedulers, while no request through the
+    ingress fails and no acknowledged write is lost; the API then says the new version."""
+    newest, previous = kubebin.KUBERNETES_BUILT[-1], kubebin.KUBERNETES_BUILT[-2]
+    assert version_of(world, "team-b") == previous
+    path = world.repo / "clusters/team-b/cluster.yaml"
+    path.write_text(path.read_text().replace(f'kubernetesVersion: "{previous[1:]}"',
+                                             f'kubernetesVersion: "{newest[1:]}"'))
+    applied = under_probe(world, "team-b", "upgrade", world.apply_stamped)
+    ran = [line for line in applied.splitlines() if line.startswith("[") and " container " in line]
+    order = [(line.split()[3], *line.split()[2].split("/")[1:3]) for line in ran]
+    members = etcd_members(world, "team-b")
+    assert order == [
+        *(step for node in members for step in (("remove", node, "kube-apiserver"), ("recreate", node, "etcd"),
+                                                ("create", node, "kube-apiserver"))),
+        *(("recreate", node, component) for component in ("kube-controller-manager", "kube-scheduler")
+          for node in members)], applied
+    assert version_of(world, "team-b") == newest
+    etcd = versions.etcd_for(newest)
+    assert {m["version"] for m in etcd_status(world, "team-b")} == {etcd}
     assert_converged(world)
 
 
@@ -857,8 +865,7 @@ def test_unreachable_hypervisor_is_left_alone(world):
 
 def test_a_failing_action_stops_apply_with_a_clear_message(world):
     text = (world.repo / "clusters/team-a/cluster.yaml").read_text().replace("team-a", "team-d")
-    text = text.replace('  etcdVersion: "3.5.16"\n', '  etcdVersion: "3.5.16"\n  images:\n'
-                                                          '    etcd: registry.invalid/etcd:does-not-exist\n')
+    text = text.replace('  apiServer:\n', '  images:\n    etcd: registry.invalid/etcd:does-not-exist\n  apiServer:\n', 1)
     (world.repo / "clusters/team-d").mkdir()
     (world.repo / "clusters/team-d/cluster.yaml").write_text(text)
     nodes = (world.repo / "clusters/team-a/nodes.yaml").read_text().replace("team-a", "team-d")
@@ -1185,7 +1192,8 @@ def test_containerd_killed_during_apply_loses_nothing_on_its_hypervisor(world):
     later apply converges."""
     from gitops import lab as labmod
 
-    for role in ("kube-controller-manager/v1.20.2", "kube-scheduler/v1.20.2"):
+    newest = kubebin.KUBERNETES_BUILT[-1]
+    for role in (f"kube-controller-manager/{newest}", f"kube-scheduler/{newest}"):
         labmod.alias_image(world.lab.images[role], world.lab.images[role].rsplit(":", 1)[0] + ":killed",
                            world.lab.dir)
     names = {"hv-private-1": "lab-hv-2", "hv-private-2": "lab-hv-3"}
@@ -1193,11 +1201,11 @@ def test_containerd_killed_during_apply_loses_nothing_on_its_hypervisor(world):
     victim = names[where["team-a-cp-1"]]  # its scheduler restarts 3 actions after the first one is done
     before = {n: [s.id for _, s in p] for n, p in world.sandboxes().items()}
     mine = sorted(n for n, hv in where.items() if names.get(hv) == victim)
-    original = edit(world, "clusters/team-a/cluster.yaml", '  etcdVersion: "3.5.16"\n',
-                    '  etcdVersion: "3.5.16"\n  images:\n' + "".join(
+    original = edit(world, "clusters/team-a/cluster.yaml", '  apiServer:\n',
+                    '  images:\n' + "".join(
                         f"    {k}: {world.lab.images[r].rsplit(':', 1)[0]}:killed\n" for k, r in (
-                            ("kubeControllerManager", "kube-controller-manager/v1.20.2"),
-                            ("kubeScheduler", "kube-scheduler/v1.20.2"))))
+                            ("kubeControllerManager", f"kube-controller-manager/{newest}"),
+                            ("kubeScheduler", f"kube-scheduler/{newest}"))) + '  apiServer:\n')
     restarted = False
     try:
         proc = subprocess.Popen([GITOPS, "apply", str(world.repo), "--state-dir", str(world.state)],

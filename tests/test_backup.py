@@ -186,10 +186,10 @@ def test_a_snapshot_restores_into_an_etcd_that_serves_its_keys(work: Path, etcd)
     kv(context, url, "put", "/registry/configmaps/default/b", "after")
     with (work / "restored.db").open("wb") as out:
         Restic(target).dump(snap.id, "team-a", out)
-    subprocess.run(["etcdctl", "snapshot", "restore", str(work / "restored.db"), "--name=r1",
+    subprocess.run([str(etcd_binary("etcdutl")), "snapshot", "restore", str(work / "restored.db"), "--name=r1",
                     f"--data-dir={work / 'r1'}", "--initial-cluster=r1=http://127.0.0.1:2380",
                     "--initial-advertise-peer-urls=http://127.0.0.1:2380", "--initial-cluster-token=restore-1"],
-                   check=True, capture_output=True, env={"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"})
+                   check=True, capture_output=True, env={"PATH": "/usr/bin:/bin"})
     restored_dir = work / "restored"
     restored_dir.mkdir()
     proc, restored = start_etcd(restored_dir, ca, "r1", data=work / "r1")

@@ -1,4 +1,4 @@
-"""The controller's reader of clusters' APIs (`ClusterReader`), against a real kube-apiserver v1.20.2.
+"""The controller's reader of clusters' APIs (`ClusterReader`), against a real kube-apiserver.
 
 Between applies a quiet poll reads each cluster's API: nodes and certificate requests every time
 (a joining worker waits for them), gitops's own objects only after the drift interval, over

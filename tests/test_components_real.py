@@ -1,9 +1,10 @@
-"""The flags gitops compiles for each Kubernetes version, checked against the real v1.20.2 binaries.
+"""The flags gitops compiles for each Kubernetes version, checked against the real binaries of that version.
 
-Every kube-apiserver / kube-controller-manager / kube-scheduler container of the
-example repo's clusters (1.20.2) is run with exactly its compiled arguments plus
-`--version`: the real binary parses every flag first and exits non-zero on an
-unknown one, so this proves each flag is accepted without starting a server.
+Every kube-apiserver / kube-controller-manager / kube-scheduler / etcd container of the
+example repo's clusters, compiled for each supported release, is run with exactly its compiled
+arguments plus `--version` by the binary of that release (built from its Go module): the real binary
+parses every flag first and exits non-zero on an unknown one, so this proves each flag is accepted
+without starting a server.
 """
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from repo_helpers import EXAMPLE_REPO
 
 from gitops.compile import compile_desired
 from gitops.lab import kubebin
+from gitops.model import versions
 from gitops.model.resources import ApiServerOIDC
 from gitops.model.validate import validate_repo
 from gitops.state import State
 
 KUBE = kubebin.CONTROL_PLANE
+BUILT = kubebin.KUBERNETES_BUILT
+NEWEST = kubebin.DEFAULT_VERSION
 
 
 def compiled_containers(version: str, **changes) -> dict[str, list[tuple[str, ...]]]:
@@ -27,58 +31,67 @@ def compiled_containers(version: str, **changes) -> dict[str, list[tuple[str, ..
     (and the other Cluster fields in `changes`)."""
     model = validate_repo(EXAMPLE_REPO).model
     assert model is not None
-    clusters = {n: dataclasses.replace(c, kubernetes_version=version, **changes) for n, c in model.clusters.items()}
+    clusters = {n: dataclasses.replace(c, kubernetes_version=version, etcd_version=versions.etcd_for(version),
+                                       **changes) for n, c in model.clusters.items()}
     model = dataclasses.replace(model, clusters=clusters, sip_clusters={})
-    out: dict[str, list[tuple[str, ...]]] = {c: [] for c in KUBE}
+    out: dict[str, list[tuple[str, ...]]] = {c: [] for c in (*KUBE, "etcd")}
     for pod in compile_desired(model, State()).desired.pods.values():
         for container in pod.containers:
-            if container.spec.name in KUBE:
+            if container.spec.name in out:
                 out[container.spec.name].append(container.spec.args)
     return out
 
 
-def run_real(component: str, args: tuple[str, ...]) -> subprocess.CompletedProcess:
-    return subprocess.run([str(kubebin.binary(component)), *args, "--version"],
+def run_real(component: str, args: tuple[str, ...], version: str = NEWEST) -> subprocess.CompletedProcess:
+    return subprocess.run([str(kubebin.binary(component, version)), *args, "--version"],
                           capture_output=True, text=True, timeout=60)
 
 
-def test_every_compiled_flag_is_accepted_by_the_real_1_20_binaries():
-    containers = compiled_containers("v1.20.2")
+@pytest.mark.parametrize("version", BUILT)
+def test_every_compiled_flag_is_accepted_by_the_real_binaries_of_its_version(version):
+    containers = compiled_containers(version)
     for component in KUBE:
         assert len(containers[component]) == 6  # two clusters of three controlplane nodes
         for args in containers[component]:
-            proc = run_real(component, args)
-            assert proc.returncode == 0 and proc.stdout.strip() == "Kubernetes v1.20.2", \
-                f"{component} refused its compiled flags: {proc.stdout}{proc.stderr}"
+            proc = run_real(component, args, version)
+            assert proc.returncode == 0 and proc.stdout.strip() == f"Kubernetes {version}", \
+                f"{component} {version} refused its compiled flags: {proc.stdout}{proc.stderr}"
+            assert "deprecated" not in proc.stderr.lower(), f"{component} {version}: {proc.stderr}"
+    etcd = versions.etcd_for(version)
+    for args in containers["etcd"]:
+        proc = subprocess.run([str(kubebin.etcd_program("etcd", etcd)), *args, "--version"], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.splitlines()[0] == f"etcd Version: {etcd}", proc.stderr
 
 
 def test_the_check_fails_on_a_flag_the_real_binary_does_not_know():
-    args = compiled_containers("v1.20.2")["kube-scheduler"][0]
+    args = compiled_containers(NEWEST)["kube-scheduler"][0]
     proc = run_real("kube-scheduler", (*args, "--no-such-flag=1"))
     assert proc.returncode != 0 and "unknown flag: --no-such-flag" in proc.stderr
+    # and a flag removed since 1.20 (the insecure ports went in 1.24) is refused as unknown
+    proc = run_real("kube-apiserver", (*compiled_containers(NEWEST)["kube-apiserver"][0], "--insecure-port=0"))
+    assert proc.returncode != 0 and "unknown flag: --insecure-port" in proc.stderr
 
 
-@pytest.mark.parametrize(("version", "legacy"), [("v1.20.2", True), ("v1.23.17", True), ("v1.24.0", False),
-                                                 ("v1.31.2", False)])
-def test_insecure_ports_are_turned_off_only_where_the_flags_exist(version, legacy):
-    containers = compiled_containers(version)
-    expected = {"kube-apiserver": "--insecure-port=0", "kube-controller-manager": "--port=0",
-                "kube-scheduler": "--port=0"}
-    for component, flag in expected.items():
-        for args in containers[component]:
-            assert (flag in args) is legacy, f"{component} {version}: {args}"
+@pytest.mark.parametrize("version", BUILT)
+def test_no_flag_removed_since_1_20_is_compiled(version):
+    removed = ("--insecure-port", "--port=", "--address=", "--insecure-bind-address", "--logtostderr", "--log-dir",
+               "--service-account-api-audiences", "--container-runtime=", "PodSecurityPolicy")
+    for component, all_args in compiled_containers(version).items():
+        for args in all_args:
+            assert not [a for a in args if a.startswith(removed) or "PodSecurityPolicy" in a], (component, args)
 
 
 def test_the_flags_gitops_sets_are_the_ones_extra_args_may_not_set():
     """spec.apiServer.extraArgs is refused for exactly the flags compile sets (API_SERVER_FLAGS)."""
     from gitops.model.resources import API_SERVER_FLAGS
 
-    for version in ("v1.20.2", "v1.31.2"):
+    for version in BUILT:
         for args in compiled_containers(version)["kube-apiserver"]:
             names = {a.split("=", 1)[0].removeprefix("--") for a in args}
             assert names <= API_SERVER_FLAGS, sorted(names - API_SERVER_FLAGS)
     assert API_SERVER_FLAGS == {a.split("=", 1)[0].removeprefix("--")
-                                for a in compiled_containers("v1.20.2", oidc=EVERY_OIDC)["kube-apiserver"][0]}
+                                for a in compiled_containers(NEWEST, oidc=EVERY_OIDC)["kube-apiserver"][0]}
 
 
 #: spec.apiServer.oidc with every field set
@@ -87,14 +100,14 @@ EVERY_OIDC = ApiServerOIDC("https://auth.example.test:8443/dex", "kubernetes", "
 
 
 def test_the_oidc_flags_reach_the_real_api_server_and_read_the_issuer_ca_from_its_files():
-    """spec.apiServer.oidc becomes --oidc-* flags the real v1.20.2 binary accepts; its CA is a file of the pod."""
-    for args in compiled_containers("v1.20.2", oidc=EVERY_OIDC)["kube-apiserver"]:
+    """spec.apiServer.oidc becomes --oidc-* flags the real binary accepts; its CA is a file of the pod."""
+    for args in compiled_containers(NEWEST, oidc=EVERY_OIDC)["kube-apiserver"]:
         oidc = [a for a in args if a.startswith("--oidc-")]
         assert oidc == ["--oidc-issuer-url=https://auth.example.test:8443/dex", "--oidc-client-id=kubernetes",
                         "--oidc-username-claim=sub", "--oidc-groups-claim=roles", "--oidc-username-prefix=oidc:",
                         "--oidc-groups-prefix=oidc:", "--oidc-ca-file=/etc/gitops/oidc-ca.crt"], oidc
         proc = run_real("kube-apiserver", args)
-        assert proc.returncode == 0 and proc.stdout.strip() == "Kubernetes v1.20.2", proc.stderr
+        assert proc.returncode == 0 and proc.stdout.strip() == f"Kubernetes {NEWEST}", proc.stderr
     model = validate_repo(EXAMPLE_REPO).model
     clusters = {n: dataclasses.replace(c, oidc=EVERY_OIDC) for n, c in model.clusters.items()}
     desired = compile_desired(dataclasses.replace(model, clusters=clusters, sip_clusters={}), State()).desired
@@ -105,10 +118,10 @@ def test_the_oidc_flags_reach_the_real_api_server_and_read_the_issuer_ca_from_it
 
 def test_extra_args_reach_the_real_api_server_last_and_sorted():
     extra = (("event-ttl", "2h0m0s"), ("max-requests-inflight", "500"))
-    for args in compiled_containers("v1.20.2", api_server_args=extra)["kube-apiserver"]:
+    for args in compiled_containers(NEWEST, api_server_args=extra)["kube-apiserver"]:
         assert args[-2:] == ("--event-ttl=2h0m0s", "--max-requests-inflight=500")
         proc = run_real("kube-apiserver", args)
-        assert proc.returncode == 0 and proc.stdout.strip() == "Kubernetes v1.20.2", proc.stderr
+        assert proc.returncode == 0 and proc.stdout.strip() == f"Kubernetes {NEWEST}", proc.stderr
 
 
 def test_each_api_server_talks_to_its_own_etcd_member_only():

@@ -2,7 +2,7 @@
 
 Real: git (bare origin, pushes, ssh commit signatures), containerd, etcd, haproxy,
 the standard `age` tool decrypting the kubeconfig artifact, the real kube-apiserver,
-controller-manager and scheduler v1.20.2 behind the haproxy ingress, and the `gitops`
+controller-manager and scheduler behind the haproxy ingress, and the `gitops`
 command. The tests share one lab and one origin; each first brings about what it builds on
 (`Loop.converged`, `Loop.with_cluster`), so any one runs alone (`pytest -k NAME`).
 """
@@ -28,6 +28,7 @@ import pytest
 import yaml
 from conftest import running_lab
 
+from gitops.lab import kubebin
 from gitops.apply.waves import PROBE_EVERY
 from gitops.cri.client import CRIClient
 from gitops.lab.probe import admin_tls
@@ -230,7 +231,7 @@ def test_pushing_a_cluster_gets_it_ready_with_an_encrypted_kubeconfig(loop):
     assert cluster["observedSourceSHA"] == sha
     kubeconfig = decrypt_kubeconfig(loop, "team-b")
     assert kubeconfig["clusters"][0]["cluster"]["server"] == cluster["endpoints"]["api"]
-    assert json.loads(get_version(loop, kubeconfig))["gitVersion"] == "v1.20.2"
+    assert json.loads(get_version(loop, kubeconfig))["gitVersion"] == kubebin.KUBERNETES_BUILT[-2]  # team-b's
 
 
 def test_no_change_poll_makes_no_cri_write_and_no_commit(loop):
@@ -479,7 +480,7 @@ def test_no_decrypted_private_key_leaves_memory(loop):
 
 
 def test_the_controller_backs_up_etcd_on_schedule_and_reports_it(loop):
-    """Issue #29.1 on the real v1.20.2 team-a: a Cluster opting in to spec.backup gets a snapshot from
+    """Issue #29.1 on the real team-a: a Cluster opting in to spec.backup gets a snapshot from
     the controller (restic, a local target, the password age-encrypted to the controller), recorded on
     the status branch, shown by `gitops status`, listed by `gitops backup list`; a poll inside the
     interval takes none; `gitops backup create` with the pulled state takes one now. (Its /metrics

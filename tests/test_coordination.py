@@ -1,4 +1,4 @@
-"""Leases on a real kube-apiserver v1.20.2 (tests/kubeapi.py, own loopback IP; no lab lock needed).
+"""Leases on a real kube-apiserver (tests/kubeapi.py, own loopback IP; no lab lock needed).
 
 Most tests step `Member.tick()` by hand with a settable monotonic clock, so expiry and
 takeover are exact and fast; one test runs the background renewal thread on real time.

@@ -109,7 +109,7 @@ def test_etcd_container_answers_health(lab, test_labels: dict[str, str]) -> None
             spec = SandboxSpec("etcd", labels=test_labels)
             sandbox_id = client.run_sandbox(spec)
             container_id = client.create_container(sandbox_id, ContainerSpec(
-                "etcd", lab.images["etcd"], labels=test_labels,
+                "etcd", lab.etcd_image(), labels=test_labels,
                 args=("--name=test", "--data-dir=/var/lib/etcd/test",
                       f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
                       f"--listen-peer-urls=http://{hv.ip}:{port + 1}",

@@ -2,7 +2,7 @@
 
 Every lab hypervisor is a machine of its own (`gitops.lab.network`): a network namespace on the lab
 bridge with its containerd, its mTLS front and its pods. team-a's three members sit on three private
-machines (`faults.make_world`). Real etcd, kube-apiserver v1.20.2, haproxy and containerd; the faults
+machines (`faults.make_world`). Real etcd, kube-apiserver, haproxy and containerd; the faults
 are iptables rules in the machine's namespace and SIGKILL of every process in it. The figures are
 printed (`-s`) and measured at length by `benchmarks/faults.py`.
 """

@@ -1,5 +1,5 @@
 """Changing a live cluster's ingress under load (issue #44.3), on real haproxy, keepalived (VRRP), etcd and
-kube-apiserver v1.20.2 in the lab's machines (network namespaces on the lab bridge).
+kube-apiserver in the lab's machines (network namespaces on the lab bridge).
 
 team-a starts with two controlplane nodes (its API servers roll one at a time when the virtual IP joins their
 serving certificate: a single one would leave the API away while it restarts) and one ingress node. In order,

@@ -1,6 +1,5 @@
 """`gitops lab`: images from host binaries, up/status/down with real containerd and haproxy,
-the files agent, the real v1.20.2 control-plane images, the stand-ins for the Kubernetes
-versions that cannot be built here (1.31.2, 1.30.6: not control planes), upstream-name aliases."""
+the files agent, the real control-plane and etcd images (built from their Go modules), upstream-name aliases."""
 from __future__ import annotations
 
 import hashlib
@@ -29,7 +28,8 @@ from gitops.model.validate import load_hypervisors
 from gitops.lab import LabError, hypervisors_yaml
 from gitops.lab import images as labimages
 from gitops import procs
-from gitops.lab import standins
+from gitops.lab import kubebin, recipes
+from gitops.model import versions
 from gitops.model.components import DEFAULT_AGENT_IMAGE
 from gitops.model.resources import DATA_DIR_ANNOTATION
 
@@ -299,83 +299,47 @@ def _https(ip: str, port: int, path: str, ca: pki.CertKey, client_cert: pki.Cert
         conn.close()
 
 
-def test_apiserver_standin_requires_client_certificates(lab, pod, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_control_plane_images_run_the_real_binaries(lab, pod, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Each image, run by its upstream name, is the real program of the version its tag says; the real
+    kube-apiserver refuses a missing file a flag names, as it does outside a container."""
     client, _, _, base = pod
-    hv = lab.hypervisors[0]
-    ca = pki.create_ca("cluster-ca")
-    serving = pki.issue_cert(ca, "kube-apiserver", ip_addresses=[hv.ip], server=True)
-    admin = pki.issue_cert(ca, "admin", organizations=["system:masters"], client=True)
-    stranger = pki.issue_cert(pki.create_ca("other-ca"), "admin", client=True)
-    _write(base / "files", {"ca.crt": ca.cert_pem, "apiserver.crt": serving.cert_pem,
-                            "apiserver.key": serving.key_pem, "sa.key": "unused"})
-    port = free_port_in(hv.ip, hv.port_range.low + 500, hv.port_range.low + 699)
+    v = kubebin.DEFAULT_VERSION
+    for component in kubebin.CONTROL_PLANE:
+        ctr = _start(pod, f"{component}-version", f"registry.k8s.io/{component}:{v}", (component,), ("--version",))
+        assert wait_exit(client, ctr) == 0
+        assert _log(pod, f"{component}-version").strip() == f"Kubernetes {v}"
+    etcd = versions.DEFAULT_ETCD
+    for tool, args, says in (("etcd", ("--version",), f"etcd Version: {etcd}"),
+                             ("etcdctl", ("version",), f"etcdctl version: {etcd}"),
+                             ("etcdutl", ("version",), f"etcdutl version: {etcd}")):
+        ctr = _start(pod, f"{tool}-version", f"registry.k8s.io/etcd:{etcd}-0", (tool,), args)
+        assert wait_exit(client, ctr) == 0
+        assert says in _log(pod, f"{tool}-version").splitlines()
+    _write(base / "files", {"ca.crt": pki.create_ca("cluster-ca").cert_pem})
     files = Mount("/etc/gitops", str(base / "files"), readonly=True)
-    args = (f"--advertise-address={hv.ip}", f"--bind-address={hv.ip}", "--secure-port", str(port),
-            "--client-ca-file=/etc/gitops/ca.crt", "--tls-cert-file=/etc/gitops/apiserver.crt",
-            "--tls-private-key-file=/etc/gitops/apiserver.key", "--service-account-signing-key-file=/etc/gitops/sa.key",
-            "--authorization-mode=Node,RBAC", "--allow-privileged=true", "--etcd-servers=https://127.0.0.1:2379")
-    ctr = _start(pod, "kube-apiserver", "registry.k8s.io/kube-apiserver:v1.31.2", ("kube-apiserver",), args, (files,))
-    # a missing file (here: the etcd client certificate) is fatal, as for the real kube-apiserver
-    broken = _start(pod, "kube-apiserver-broken", "registry.k8s.io/kube-apiserver:v1.30.6", ("kube-apiserver",),
-                    (*args, "--etcd-certfile=/etc/gitops/apiserver-etcd-client.crt"), (files,))
-    wait_listening(hv.ip, port, gone=lambda: None if client.container_status(ctr).state == ContainerState.RUNNING
-                   else "container exited")
-
-    status, body = _https(hv.ip, port, "/version", ca, admin, tmp_path)
-    assert status == 200
-    assert json.loads(body) == {"major": "1", "minor": "31", "gitVersion": "v1.31.2", "platform": "gitops-lab-standin"}
-    assert _https(hv.ip, port, "/healthz", ca, admin, tmp_path) == (200, "ok")
-    assert _https(hv.ip, port, "/readyz", ca, admin, tmp_path) == (200, "ok")
-    status, body = _https(hv.ip, port, "/api/v1/namespaces", ca, admin, tmp_path)
-    assert status == 404 and json.loads(body)["reason"] == "NotFound"
-    for who in (None, stranger):  # no client certificate, or one from another CA
-        with pytest.raises((ssl.SSLError, ConnectionError)):
-            _https(hv.ip, port, "/version", ca, who, tmp_path)
-
+    broken = _start(pod, "kube-apiserver-broken", f"registry.k8s.io/kube-apiserver:{v}", ("kube-apiserver",),
+                    ("--etcd-servers=https://127.0.0.1:2379", "--client-ca-file=/etc/gitops/ca.crt",
+                     "--advertise-address=127.0.0.1", "--bind-address=127.0.0.1",
+                     "--service-cluster-ip-range=10.96.0.0/12",
+                     "--tls-cert-file=/etc/gitops/apiserver.crt", "--tls-private-key-file=/etc/gitops/apiserver.key",
+                     "--service-account-issuer=https://kubernetes.default.svc",
+                     "--service-account-key-file=/etc/gitops/sa.key",
+                     "--service-account-signing-key-file=/etc/gitops/sa.key"), (files,))
     assert wait_exit(client, broken) != 0
-    assert ("kube-apiserver (gitops lab stand-in v1.30.6): --etcd-certfile: "
-            "/etc/gitops/apiserver-etcd-client.crt: no such file") in _log(pod, "kube-apiserver-broken")
+    assert "open /etc/gitops/sa.key: no such file or directory" in _log(pod, "kube-apiserver-broken")
 
 
-def test_controller_standins_check_their_kubeconfig(pod) -> None:  # type: ignore[no-untyped-def]
-    from gitops.compile.components import kubeconfig_with_files
-
-    client, _, _, base = pod
-    ca = pki.create_ca("cluster-ca")
-    sched = pki.issue_cert(ca, "system:kube-scheduler", client=True)
-    _write(base / "files", {"ca.crt": ca.cert_pem, "scheduler.crt": sched.cert_pem, "scheduler.key": sched.key_pem,
-                            "scheduler.kubeconfig": kubeconfig_with_files("c1", "https://127.0.0.1:6443", "scheduler")})
-    files = Mount("/etc/gitops", str(base / "files"), readonly=True)
-    ok = _start(pod, "kube-scheduler", "registry.k8s.io/kube-scheduler:v1.31.2", ("kube-scheduler",),
-                ("--bind-address=127.0.0.1", "--kubeconfig=/etc/gitops/scheduler.kubeconfig",
-                 "--authentication-kubeconfig", "/etc/gitops/scheduler.kubeconfig", "--leader-elect=true"), (files,))
-    missing = _start(pod, "kube-controller-manager", "registry.k8s.io/kube-controller-manager:v1.31.2",
-                     ("kube-controller-manager",), ("--kubeconfig=/etc/gitops/controller-manager.kubeconfig",
-                                                    "--leader-elect=true"), (files,))
-    assert wait_exit(client, missing) != 0
-    assert "--kubeconfig: /etc/gitops/controller-manager.kubeconfig: no such file" in _log(pod, "kube-controller-manager")
-    time.sleep(0.3)
-    assert client.container_status(ok).state == ContainerState.RUNNING
-    assert "would schedule pods against https://127.0.0.1:6443 as /etc/gitops/scheduler.crt" in _log(pod, "kube-scheduler")
-
-
-def test_standin_scripts(tmp_path: Path) -> None:
-    """The scripts run under the host's sh too: a kubeconfig naming a missing key is fatal."""
-    script = tmp_path / "kube-controller-manager"
-    script.write_text(standins.standin_script("kube-controller-manager", "1.30.6"))
-    (tmp_path / "kc").write_text(f"clusters:\n- cluster:\n    server: https://x:1\n    certificate-authority: {tmp_path}/kc\n"
-                                 "users:\n- user:\n    client-certificate: \"kc\"\n    client-key: nokey\n")
-    proc = subprocess.run(["sh", str(script), f"--kubeconfig={tmp_path}/kc"], capture_output=True, text=True, timeout=10)
-    assert proc.returncode == 1 and proc.stderr.strip().endswith(f"client-key: {tmp_path}/nokey: no such file")
-    proc = subprocess.run(["sh", str(script), "positional"], capture_output=True, text=True, timeout=10)
-    assert proc.returncode == 1 and "unexpected argument: positional" in proc.stderr
-    assert standins.version_json("v1.30.6") == '{"major":"1","minor":"30","gitVersion":"v1.30.6","platform":"gitops-lab-standin"}'
+def test_versions_are_normalized() -> None:
+    assert recipes.normalize_version("1.37.2") == "v1.37.2"
     with pytest.raises(LabError):
-        standins.normalize_version("1.31")
+        recipes.normalize_version("1.37")
+    with pytest.raises(LabError, match="not built here"):
+        kubebin.binary("kube-apiserver", "1.20.2")
+    assert recipes.etcd_versions(["v1.37.2", "1.36.3", "v1.35.4"]) == ("3.6.16", "3.7.3")
 
 
 def test_real_kubernetes_images_run_the_cached_binaries(lab) -> None:  # type: ignore[no-untyped-def]
-    """The v1.20.2 images hold the real binaries built by scripts/build-kubernetes.sh, byte for byte."""
+    """The images hold the real binaries built by scripts/build-kubernetes.sh, byte for byte."""
     import hashlib
     import tarfile
 
@@ -385,8 +349,9 @@ def test_real_kubernetes_images_run_the_cached_binaries(lab) -> None:  # type: i
     with tarfile.open(archive) as outer:
         manifest = json.load(outer.extractfile("manifest.json"))
         for component in kubebin.CONTROL_PLANE:
-            [entry] = [m for m in manifest if f"registry.k8s.io/{component}:v1.20.2" in m["RepoTags"]]
-            assert entry["RepoTags"][0] == f"gitops.lab/{component}:v1.20.2"
+            v = kubebin.DEFAULT_VERSION
+            [entry] = [m for m in manifest if f"registry.k8s.io/{component}:{v}" in m["RepoTags"]]
+            assert entry["RepoTags"][0] == f"gitops.lab/{component}:{v}"
             [layer] = entry["Layers"]
             with tarfile.open(fileobj=outer.extractfile(layer)) as inner:
                 data = inner.extractfile(f"usr/local/bin/{component}").read()
@@ -394,22 +359,25 @@ def test_real_kubernetes_images_run_the_cached_binaries(lab) -> None:  # type: i
 
 
 def test_upstream_aliases(lab, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    assert lab.aliases["registry.k8s.io/kube-apiserver:v1.31.2"] == "gitops.lab/kube-apiserver-standin:v1.31.2"
-    assert lab.aliases["registry.k8s.io/etcd:3.5.16-0"] == lab.images["etcd"]
+    v, etcd = kubebin.DEFAULT_VERSION, versions.DEFAULT_ETCD
+    assert lab.aliases[f"registry.k8s.io/etcd:{etcd}-0"] == lab.images[f"etcd/{etcd}"] == lab.etcd_image() \
+        == f"gitops.lab/etcd:{etcd}"
     assert lab.aliases[DEFAULT_AGENT_IMAGE] == lab.images["agent"]
-    assert lab.aliases["registry.k8s.io/kube-apiserver:v1.20.2"] == "gitops.lab/kube-apiserver:v1.20.2"
-    assert lab.kubernetes == {"v1.20.2": "real", "v1.31.2": "stand-in", "v1.30.6": "stand-in"}
+    assert lab.aliases[f"registry.k8s.io/kube-apiserver:{v}"] == f"gitops.lab/kube-apiserver:{v}"
+    # a lab imports the two newest releases (the example's clusters run them), each with its etcd
+    previous = kubebin.KUBERNETES_BUILT[-2]
+    assert lab.kubernetes == {v: etcd, previous: versions.etcd_for(previous)}
     assert lab.aliases["docker.io/osixia/keepalived:2.0.20"] == lab.images["keepalived"]
-    assert len(lab.aliases) == 14
+    assert len(lab.aliases) == 4 + len(set(lab.kubernetes.values())) + 3 * len(lab.kubernetes)
     for hv in lab.hypervisors:
         with CRIClient(hv.remote().cri_endpoint()) as client:
             for alias, ref in lab.aliases.items():
                 image = client.image_status(alias)
                 assert image is not None and image.id == client.image_status(ref).id, alias
     status = _gitops("lab", "status", "--dir", str(lab.dir)).stdout
-    assert ("registry.k8s.io/kube-scheduler:v1.30.6 -> gitops.lab/kube-scheduler-standin:v1.30.6" in status)
-    assert "  kubernetes v1.20.2: real binaries\n" in status
-    assert "  kubernetes v1.31.2: STAND-IN (cannot be built here; not a control plane)\n" in status
+    assert f"registry.k8s.io/kube-scheduler:{v} -> gitops.lab/kube-scheduler:{v}" in status
+    assert f"  kubernetes {v}: real binaries (etcd {etcd} by default)\n" in status
+    assert "STAND-IN" not in status
 
     # An image of its own: a second tag changes what ContainerStatus reports as the image of
     # containers made from it (containerd reports the image's first repo tag, not the requested one).

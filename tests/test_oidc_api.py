@@ -1,4 +1,4 @@
-"""People log in to a real kube-apiserver v1.20.2 through the OIDC provider (issue #47.2-4): the provider
+"""People log in to a real kube-apiserver through the OIDC provider (issue #47.2-4): the provider
 behind a TLS front (haproxy, as in its pod), the API server with the --oidc-* flags a Cluster's
 spec.apiServer.oidc becomes, and kubectl with the kubeconfig `gitops kubeconfig --oidc` writes, whose
 exec plugin `gitops oidc-login` logs in with the password grant."""

@@ -148,7 +148,7 @@ def test_spec_change_names_the_changed_fields(repo):
     etcd = [a for a in actions if a.component == "etcd"]
     assert {a.node for a in etcd} == {"team-b-cp-1", "team-b-cp-2", "team-b-cp-3"}
     assert all(a.kind == Kind.RECREATE_CONTAINER and a.reason == "spec changed" for a in etcd)
-    assert "image: 'registry.k8s.io/etcd:3.5.16-0' -> 'registry.example.com/etcd:3.5.17-0'" in etcd[0].details
+    assert "image: 'registry.k8s.io/etcd:3.6.16-0' -> 'registry.example.com/etcd:3.5.17-0'" in etcd[0].details
     # each API server talks to its own member only: it stops before that member changes, and its own
     # change is made by the start right after it (node by node), ready before the next member goes
     assert [(a.kind, a.node, a.component) for a in actions] == [
@@ -241,7 +241,7 @@ def test_an_api_server_flag_rolls_the_api_servers_only(repo):
     actions = make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions
     assert [(a.kind, a.node, a.component) for a in actions] == [
         (Kind.RECREATE_CONTAINER, f"team-b-cp-{n}", "kube-apiserver") for n in (1, 2, 3)]
-    assert all(a.payload.ready is not None and "args[31]: added" in a.details for a in actions), actions[0].details
+    assert all(a.payload.ready is not None and "args[30]: added" in a.details for a in actions), actions[0].details
 
 
 def test_removed_node_is_pruned_after_leaving_etcd(repo):
@@ -610,12 +610,12 @@ def test_sip_services_are_pods_on_the_public_hypervisor_behind_the_host_labels()
 def test_an_upgrade_rolls_component_by_component_and_never_skips_a_minor(repo):
     """Every component image changed (as an upgrade does): node by node its etcd member, with its API server
     (which talks to that member only) stopped before and started after on the new image, then the
-    controller-managers, then the schedulers; a minor skipped or reverted is refused."""
+    controller-managers, then the schedulers; a minor skipped or reverted is refused, of Kubernetes and of etcd."""
     from gitops.plan.upgrades import VersionSkew
 
     state, observed = settle(repo.model)
     cluster = repo.model.clusters["team-b"]
-    images = {"etcd": "lab/etcd:next", "kubeApiserver": "lab/kube-apiserver:v1.20.2-next",
+    images = {"etcd": "lab/etcd:next", "kubeApiserver": "lab/kube-apiserver:v1.36.3-next",
               "kubeControllerManager": "lab/kube-controller-manager:next", "kubeScheduler": "lab/kube-scheduler:next"}
     model = dataclasses.replace(repo.model, clusters={**repo.model.clusters,
                                                       "team-b": dataclasses.replace(cluster, image_overrides=images)})
@@ -628,15 +628,22 @@ def test_an_upgrade_rolls_component_by_component_and_never_skips_a_minor(repo):
           ("kube-controller-manager", "kube-scheduler") for n in (1, 2, 3))]
     assert all(a.payload.etcd is not None for a in actions[1:9:3])  # health-gated, one member at a time
     started = actions[2:9:3]  # each API server on its new image, ready before the next member goes
-    assert all(a.payload.ready is not None and a.payload.container.image == "lab/kube-apiserver:v1.20.2-next"
+    assert all(a.payload.ready is not None and a.payload.container.image == "lab/kube-apiserver:v1.36.3-next"
                for a in started)
-    for version, words in (("1.22.0", "upgrade one minor version at a time (v1.21 first)"),
-                           ("1.19.7", "does not support downgrading a minor version")):
+    for version, words in (("1.38.0", "upgrade one minor version at a time (v1.37 first)"),
+                           ("1.35.4", "does not support downgrading a minor version")):
         skipped = dataclasses.replace(cluster, kubernetes_version=f"v{version}")
         model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": skipped})
-        with pytest.raises(VersionSkew, match=rf"Cluster team-b runs v1\.20 and the repo asks for v{version}: .*{re.escape(words)}"):
+        with pytest.raises(VersionSkew, match=rf"Cluster team-b runs v1\.36 and the repo asks for v{version}: .*{re.escape(words)}"):
             make_plan(model, repo.repo.config, state, observed, now=NOW)
-    one_minor = dataclasses.replace(cluster, kubernetes_version="v1.21.0")
+    for etcd, words in (("3.8.0", "upgrade etcd one minor version at a time (3.7 first)"),
+                        ("3.5.26", "etcd does not support downgrading a minor version")):
+        skipped = dataclasses.replace(cluster, etcd_version=etcd)
+        model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": skipped})
+        with pytest.raises(VersionSkew, match=rf"Cluster team-b runs etcd 3\.6 and the repo asks for etcd "
+                                              rf"{re.escape(etcd.rsplit('.', 1)[0])}: .*{re.escape(words)}"):
+            make_plan(model, repo.repo.config, state, observed, now=NOW)
+    one_minor = dataclasses.replace(cluster, kubernetes_version="v1.37.2", etcd_version="3.7.3")
     model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": one_minor})
     assert make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions  # allowed: planned
 
@@ -767,7 +774,7 @@ def test_a_plan_that_changes_etcd_backs_it_up_first_when_the_cluster_asks(repo):
     etcd = _with_backup(repo, "team-b", lambda c: dataclasses.replace(c, image_overrides={"etcd": "lab/etcd:next"}))
     assert etcd.actions[0].reason == "before this plan replaces running etcd member team-b-cp-1"
     api = _with_backup(repo, "team-b", lambda c: dataclasses.replace(
-        c, image_overrides={"kubeApiserver": "lab/kube-apiserver:v1.20.2-next"}))
+        c, image_overrides={"kubeApiserver": "lab/kube-apiserver:v1.36.3-next"}))
     assert api.actions[0].reason == "before this plan changes the image of kube-apiserver on team-b-cp-1"
     flags = _with_backup(repo, "team-b", lambda c: dataclasses.replace(c, api_server_args=(("event-ttl", "2h0m0s"),)))
     assert Kind.BACKUP_ETCD not in {a.kind for a in flags.actions} and flags.actions

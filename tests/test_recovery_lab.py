@@ -1,4 +1,4 @@
-"""Retiring and losing hypervisors (issue #29.3, #29.4) on the real v1.20.2 team-a.
+"""Retiring and losing hypervisors (issue #29.3, #29.4) on the real team-a.
 
 A lab of one public and three private containerd hypervisors (the example's two private ones and
 hv-private-3), team-a's three members spread over them. A drained hypervisor hands its member over

@@ -42,12 +42,12 @@ def test_every_role_runs_known_components():
 
 
 def test_default_images_and_overrides():
-    cluster = Cluster("c", "v1.20.2", "v3.4.13", image_overrides={"kubeScheduler": "example/scheduler:1"})
+    cluster = Cluster("c", "v1.37.2", "v3.7.3", image_overrides={"kubeScheduler": "example/scheduler:1"})
     assert {name: cluster.image(name) for name in COMPONENTS} == {
         "files": "ghcr.io/gitops-infra/gitops-agent:0.1.0",
-        "etcd": "registry.k8s.io/etcd:3.4.13-0",
-        "kube-apiserver": "registry.k8s.io/kube-apiserver:v1.20.2",
-        "kube-controller-manager": "registry.k8s.io/kube-controller-manager:v1.20.2",
+        "etcd": "registry.k8s.io/etcd:3.7.3-0",
+        "kube-apiserver": "registry.k8s.io/kube-apiserver:v1.37.2",
+        "kube-controller-manager": "registry.k8s.io/kube-controller-manager:v1.37.2",
         "kube-scheduler": "example/scheduler:1",
         "haproxy": "docker.io/library/haproxy:2.8",
         "keepalived": "docker.io/osixia/keepalived:2.0.20",

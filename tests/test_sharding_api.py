@@ -1,4 +1,4 @@
-"""Several `gitops watch` replicas sharding a repo through Leases on a real kube-apiserver v1.20.2.
+"""Several `gitops watch` replicas sharding a repo through Leases on a real kube-apiserver.
 
 No lab (the clusters have no Nodes: nothing runs on a hypervisor, so no lab lock), but
 everything else is real: the API server and its Leases, the replicas as separate
@@ -41,7 +41,7 @@ def git(cwd: Path, *args: str) -> str:
 
 def cluster(name: str) -> str:
     return (f"apiVersion: gitops.infra/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\nspec:\n"
-            f"  kubernetesVersion: \"1.20.2\"\n  etcdVersion: \"3.5.16\"\n")
+            f"  kubernetesVersion: \"1.37.2\"\n")
 
 
 @pytest.fixture(scope="module")

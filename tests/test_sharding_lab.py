@@ -1,6 +1,6 @@
 """Three `gitops watch` replicas sharding two real control planes (run under flock /tmp/gitops-lab.lock).
 
-Real: the management cluster (kube-apiserver v1.20.2 + etcd from tests/kubeapi.py) holding
+Real: the management cluster (kube-apiserver + etcd from tests/kubeapi.py) holding
 the Leases, the lab's containerd hypervisors on 127.0.30.x, the two example clusters'
 etcd, kube-apiserver, controller-manager, scheduler and haproxy ingress, git, and the
 replicas as separate processes. One replica is SIGKILLed in the middle of an apply;

@@ -18,7 +18,7 @@ from ports import free_port_in, wait_listening
 from gitops.cri.client import CRIClient
 from gitops.cri.types import ContainerSpec, ContainerState, SandboxSpec
 from gitops.lab import images as labimages
-from gitops.lab import standins
+from gitops.lab import recipes
 from gitops.compile import jumphost
 from gitops.compile.jumphost import JumphostError, jumphost_container, jumphost_files
 
@@ -96,9 +96,9 @@ def test_bad_placement_is_refused(tmp_path: Path, kwargs: dict[str, object], mes
 
 
 def test_image_contents() -> None:
-    recipe = standins.jumphost_recipe()
-    assert recipe.ref == f"gitops.lab/jumphost:{standins.sshd_version('/usr/sbin/sshd')}"
-    assert standins.upstream_aliases(standins.lab_recipes())[jumphost.DEFAULT_JUMPHOST_IMAGE] == recipe.ref
+    recipe = recipes.jumphost_recipe()
+    assert recipe.ref == f"gitops.lab/jumphost:{recipes.sshd_version('/usr/sbin/sshd')}"
+    assert recipes.upstream_aliases(recipes.lab_recipes())[jumphost.DEFAULT_JUMPHOST_IMAGE] == recipe.ref
     with tarfile.open(fileobj=io.BytesIO(labimages._layer(recipe))) as tar:
         members = {m.name: m for m in tar.getmembers()}
         passwd = tar.extractfile("etc/passwd").read().decode()  # type: ignore[union-attr]

@@ -1,6 +1,6 @@
 """BareMetalHost providers: the repo files with a label overlay, and a Metal3 management cluster.
 
-The `kubernetes` provider is tested against a real kube-apiserver v1.20.2 with etcd
+The `kubernetes` provider is tested against a real kube-apiserver with etcd
 (`tests/kubeapi.py`; the binaries come from scripts/build-kubernetes.sh) serving the
 BareMetalHost CRD gitops ships (deploy/crds/metal3.io_baremetalhosts.yaml). Hosts are
 created through the API (status through the /status subresource), read back with the
@@ -105,7 +105,7 @@ def test_hosts_from_a_kubectl_export_match_the_repo_model():
 
 @pytest.fixture(scope="module")
 def kube() -> Iterator[KubeAPI]:
-    """A real kube-apiserver v1.20.2 + etcd with the shipped BareMetalHost CRD, for this module."""
+    """A real kube-apiserver + etcd with the shipped BareMetalHost CRD, for this module."""
     with kube_api_server(crds=[CRD]) as api:
         yield api
 

@@ -74,7 +74,7 @@ def test_ui_shows_the_fleet_the_applies_a_refusal_and_a_branch_plan(tmp_path: Pa
         code, page = get(base)
         assert code == 200
         fleet = text_of(page)
-        assert "team-a\nProgressing\nv1.20.2\n0/3" in fleet and "team-b" in fleet, fleet
+        assert "team-a\nProgressing\nv1.37.2\n0/3" in fleet and "team-b" in fleet, fleet
         assert "Refused" in fleet and good[:12] in fleet  # the commit in force stays the good one
         assert "hv-private-1\nUnknown\n0\n0 of 1,000" in fleet, fleet
         filtered = text_of(get(base + "?q=TEAM-B")[1])

@@ -75,8 +75,8 @@ def test_minimal_repo_builds_typed_model(repo):
     assert model is not None
     assert model.hypervisors["hv-1"].endpoint == LocalCRIEndpoint("/run/hv-1.sock")
     assert model.hypervisors["edge-1"].public is True
-    assert model.clusters["c1"].kubernetes_version == "v1.31.2"
-    assert model.clusters["c1"].image("kube-apiserver") == "registry.k8s.io/kube-apiserver:v1.31.2"
+    assert model.clusters["c1"].kubernetes_version == "v1.36.3"
+    assert model.clusters["c1"].image("kube-apiserver") == "registry.k8s.io/kube-apiserver:v1.36.3"
     assert model.nodes["c1-ingress"].hypervisor == "edge-1"
 
 
@@ -177,11 +177,11 @@ def test_cluster_schema_errors(repo):
     assert errors(repo) == [
         "c2.yaml:4: Cluster/C2: metadata.name: 'C2' is invalid: DNS-1123 label: lower-case letters, digits and '-'.",
         "c2.yaml:6: Cluster/C2: spec.kubernetesVersion: 'latest' is invalid: "
-        "Kubernetes version, e.g. 1.31.2 (a leading v is accepted).",
+        "Kubernetes version, e.g. 1.37.2 (a leading v is accepted); gitops supports 1.35 to 1.37.",
     ]
 
 
-@pytest.mark.parametrize("version", ["1.19.16", "1.32.0", "2.0.0", "v1.10.1"])
+@pytest.mark.parametrize("version", ["1.20.2", "1.34.4", "1.38.0", "2.0.0", "v1.10.1"])
 def test_unsupported_kubernetes_versions_name_file_line_field_and_range(repo, version):
     path = write(repo, "old.yaml", f"""
         apiVersion: gitops.infra/v1alpha1
@@ -194,10 +194,10 @@ def test_unsupported_kubernetes_versions_name_file_line_field_and_range(repo, ve
     line = line_of(path, "kubernetesVersion")
     assert errors(repo) == [
         f"old.yaml:{line}: Cluster/old: spec.kubernetesVersion: Kubernetes {version.removeprefix('v')} is not "
-        "supported: gitops supports 1.20.0 to 1.31.x"]
+        "supported: gitops supports 1.35.0 to 1.37.x"]
 
 
-@pytest.mark.parametrize("version", ["1.20.0", "v1.20.2", "1.23.17", "1.24.0", "1.31.2"])
+@pytest.mark.parametrize("version", ["1.35.0", "v1.35.4", "1.36.3", "v1.37.2", "1.37.9"])
 def test_supported_kubernetes_versions_validate(repo, version):
     write(repo, "ok.yaml", f"""
         apiVersion: gitops.infra/v1alpha1
@@ -336,7 +336,7 @@ def test_duplicate_names_point_at_both_documents(repo):
         metadata:
           name: c1
         spec:
-          kubernetesVersion: "1.30.0"
+          kubernetesVersion: "1.36.0"
         """)
     assert errors(repo) == [
         "more/dup.yaml:5: Cluster/c1: metadata.name: duplicate Cluster 'c1' (first defined at clusters/c1.yaml:4)",
@@ -485,7 +485,7 @@ def test_cluster_networks(repo):
         metadata:
           name: c3
         spec:
-          kubernetesVersion: v1.31.0
+          kubernetesVersion: v1.36.0
           serviceCIDR: 10.96.0.1/12
           podCIDR: 10.0.0.0/8
           apiServer:
@@ -497,7 +497,7 @@ def test_cluster_networks(repo):
         metadata:
           name: c4
         spec:
-          kubernetesVersion: v1.31.0
+          kubernetesVersion: v1.36.0
           serviceCIDR: 10.96.0.0/12
           podCIDR: 10.0.0.0/8
         """)
@@ -517,18 +517,19 @@ def test_api_server_extra_args(repo):
         metadata:
           name: c5
         spec:
-          kubernetesVersion: v1.20.2
+          kubernetesVersion: v1.37.2
           apiServer:
             extraArgs:
               event-ttl: 2h0m0s
               secure-port: "443"
+              insecure-port: "0"
         ---
         apiVersion: gitops.infra/v1alpha1
         kind: Cluster
         metadata:
           name: c6
         spec:
-          kubernetesVersion: v1.20.2
+          kubernetesVersion: v1.37.2
           apiServer:
             extraArgs:
               --dashes: "x"
@@ -537,6 +538,8 @@ def test_api_server_extra_args(repo):
     found = errors(repo)
     assert "c5.yaml:10: Cluster/c5: spec.apiServer.extraArgs.secure-port: --secure-port is set by gitops itself and " \
            "cannot be overridden" in found, found
+    assert "c5.yaml:11: Cluster/c5: spec.apiServer.extraArgs.insecure-port: --insecure-port was removed from " \
+           "kube-apiserver in Kubernetes 1.24: the API server would not start" in found, found
     assert [e for e in found if "'--dashes'" in e and "does not match" in e], found
     assert [e for e in found if "'a b'" in e and "does not match" in e], found
     write(repo, "c5.yaml", """
@@ -545,7 +548,7 @@ def test_api_server_extra_args(repo):
         metadata:
           name: c5
         spec:
-          kubernetesVersion: v1.20.2
+          kubernetesVersion: v1.37.2
           apiServer:
             extraArgs: {max-requests-inflight: "500", event-ttl: 2h0m0s}
         """)
@@ -562,7 +565,7 @@ def test_api_server_oidc(repo):
         metadata:
           name: c7
         spec:
-          kubernetesVersion: v1.20.2
+          kubernetesVersion: v1.37.2
           apiServer:
             oidc:
               issuerURL: http://auth.example.test
@@ -573,7 +576,7 @@ def test_api_server_oidc(repo):
         metadata:
           name: c8
         spec:
-          kubernetesVersion: v1.20.2
+          kubernetesVersion: v1.37.2
           apiServer:
             oidc:
               issuerURL: https://auth.example.test/dex
@@ -599,7 +602,7 @@ def test_api_server_oidc(repo):
         metadata:
           name: c7
         spec:
-          kubernetesVersion: v1.20.2
+          kubernetesVersion: v1.37.2
           apiServer:
             oidc:
               issuerURL: https://auth.example.test/dex
@@ -710,8 +713,8 @@ def test_bad_files_are_reported_and_everything_else_still_checked(repo):
         metadata:
           name: c5
         spec:
-          kubernetesVersion: "1.31.0"
-          kubernetesVersion: "1.30.0"
+          kubernetesVersion: "1.36.0"
+          kubernetesVersion: "1.36.0"
         """)
     (repo / "bomb.yaml").write_text(billion_laughs())
     (repo / "binary.yml").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)))
@@ -807,3 +810,20 @@ def test_a_clusters_ingress_nodes_must_fit_on_distinct_public_hypervisors(repo):
         f"{nodes.relative_to(repo)}:{line_of(nodes, 'hypervisor:')}: Node/c1-ingress-2: spec.hypervisor: Node "
         "'c1-ingress' of Cluster 'c1' is an ingress Node pinned to Hypervisor 'edge-1' too: a cluster's ingress "
         "Nodes sit on distinct public Hypervisors"]
+
+
+@pytest.mark.parametrize(("kubelet", "apiserver", "words"), [
+    ("v1.37.2", "v1.37.2", None), ("v1.34.0", "v1.37.2", None), ("v1.36.3", "v1.37.0", None),
+    ("v1.38.0", "v1.37.2", "kubelet v1.38.0 is newer than the cluster's API server v1.37.2"),
+    ("v1.37.2", "v1.36.3", "kubelet v1.37.2 is newer than the cluster's API server v1.36.3"),
+    ("v1.33.9", "v1.37.2", "kubelet v1.33.9 is more than 3 minor versions older"),
+    ("v1.37.2-dirty", "v1.37.2", "not a Kubernetes version"),
+])
+def test_a_kubelet_newer_than_the_api_server_or_too_old_is_refused_naming_the_node(kubelet, apiserver, words):
+    from gitops.model import versions
+
+    why = versions.kubelet_skew_problem("worker-1", kubelet, apiserver)
+    if words is None:
+        assert why is None
+    else:
+        assert why is not None and why.startswith("node worker-1: ") and words in why, why

@@ -129,14 +129,14 @@ def test_validation_refuses_a_pool_that_overlaps_a_hypervisor_or_another_entry(t
     pin("team-a", "127.0.10.1")
     errors = [str(d) for d in validate_repo(repo).diagnostics]
     assert [e for e in errors if "virtualIP" in e] == [
-        "clusters/team-a/cluster.yaml:12: Cluster/team-a: spec.apiServer.virtualIP: 127.0.10.1 is Hypervisor "
+        "clusters/team-a/cluster.yaml:11: Cluster/team-a: spec.apiServer.virtualIP: 127.0.10.1 is Hypervisor "
         "hv-public-1's address"], errors
     shutil.copy(EXAMPLE_REPO / "clusters/team-a/cluster.yaml", repo / "clusters/team-a/cluster.yaml")
     pin("team-a", "127.0.13.5")
     pin("team-b", "127.0.13.5")
     errors = [str(d) for d in validate_repo(repo).diagnostics]
     assert [e for e in errors if "virtualIP" in e] == [
-        "clusters/team-b/cluster.yaml:12: Cluster/team-b: spec.apiServer.virtualIP: 127.0.13.5 is Cluster team-a's "
+        "clusters/team-b/cluster.yaml:11: Cluster/team-b: spec.apiServer.virtualIP: 127.0.13.5 is Cluster team-a's "
         "virtual IP already"], errors
 
 

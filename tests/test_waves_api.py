@@ -1,4 +1,4 @@
-"""A rollout wave watched and judged against a real kube-apiserver v1.20.2 (issue #46): `start-wave` writes the
+"""A rollout wave watched and judged against a real kube-apiserver (issue #46): `start-wave` writes the
 sentinel and probes, `soak-wave` soaks, then records the wave as soaked, or halts on a breach (the sentinel gone,
 fewer Ready workers, an API server not ready), each with its figures in the recorded state."""
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Workers join a gitops cluster, on real parts only.
 
 The example repo's team-a cluster (real etcd, kube-apiserver, controller-manager and
-scheduler v1.20.2, haproxy ingress) on 3 lab containerd hypervisors; a worker with its
+scheduler, haproxy ingress) on 3 lab containerd hypervisors; a worker with its
 own lab containerd, Debian's bridge CNI plugins, and the real kubelet and kube-proxy
-v1.20.2 built from Debian's source package; kubectl v1.20.2 as the client; iptables from
+of the newest release, built from their Go modules; kubectl as the client; iptables from
 Debian. The worker is a machine of its own: a network namespace joined to the host by a veth
 (`gitops lab exec` runs join and leave there), so nothing of it reaches the host's interfaces or
 iptables. The tests share one lab (bootstrap objects, refused joins, a join, workloads: logs, exec, a
@@ -311,7 +311,7 @@ def _configmaps(cluster: Cluster) -> set[str]:
 
 
 def test_etcd_restored_from_a_snapshot_brings_back_what_it_held(cluster):
-    """Issue #29.2 on the real v1.20.2 team-a with a joined worker: ConfigMap A, a snapshot (restic, a
+    """Issue #29.2 on the real team-a with a joined worker: ConfigMap A, a snapshot (restic, a
     local target), ConfigMap B, A deleted; spec.restore names the snapshot: the plan says what is lost,
     apply restores every member; A is back, B gone, /readyz ok, the worker Ready, the next plan empty."""
     ensure_joined(cluster)
@@ -355,7 +355,7 @@ def test_status_shows_the_joined_worker(cluster):
     status = workers_status(observed, "team-a")
     assert status["observed"] and status["total"] == 1 and status["ready"] == 1
     assert status["nodes"]["lab-worker-1"]["address"] == "10.250.24.1"
-    assert status["nodes"]["lab-worker-1"]["kubeletVersion"] == "v1.20.2"
+    assert status["nodes"]["lab-worker-1"]["kubeletVersion"] == kubebin.DEFAULT_VERSION
 
 
 def test_the_worker_is_a_machine_of_its_own(cluster):

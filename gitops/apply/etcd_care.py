@@ -19,7 +19,7 @@ from gitops.plan.payloads import BackupEtcd, EtcdAlarm, EtcdHealth, RecoverEtcd,
 from gitops.pods import RESTORE_LABEL, SPEC_HASH
 
 log = logging.getLogger("gitops.apply.executor")
-#: seconds `etcdctl snapshot restore` may take on one member (a full 8 GiB database: minutes)
+#: seconds `etcdutl snapshot restore` may take on one member (a full 8 GiB database: minutes)
 RESTORE_TIMEOUT = 1800
 
 
@@ -98,7 +98,7 @@ def restore_etcd(run: Run, action: Action, p: RestoreEtcd) -> None:
 
 
 def _restore_member(run: Run, action: Action, member: RestoreMember) -> None:
-    """`etcdctl snapshot restore` in a one-shot container of the member's pod, until it exits 0."""
+    """`etcdutl snapshot restore` in a one-shot container of the member's pod, until it exits 0."""
     client = run.client(member.hypervisor)
     for stale in client.list_containers({RESTORE_LABEL: member.node}, sandbox_id=member.pod.sandbox_id):
         run.remove_container(member.hypervisor, stale.id, action)  # left by a run that stopped on the way
@@ -109,7 +109,7 @@ def _restore_member(run: Run, action: Action, member: RestoreMember) -> None:
     status = client.container_status(container_id)
     while status.state != ContainerState.EXITED:
         if time.monotonic() > deadline:
-            raise ApplyError(f"etcdctl snapshot restore on {member.node} still runs after {RESTORE_TIMEOUT}s")
+            raise ApplyError(f"etcdutl snapshot restore on {member.node} still runs after {RESTORE_TIMEOUT}s")
         refused = run.refused(action)
         if refused:
             raise ApplyError(f"fenced while restoring etcd on {member.node}: {refused}")
@@ -117,6 +117,6 @@ def _restore_member(run: Run, action: Action, member: RestoreMember) -> None:
         status = client.container_status(container_id)
     if status.exit_code != 0:
         output = agent.restore_log(client, member.pod.agent_id, member.restorer.log_path)
-        raise ApplyError(f"etcdctl snapshot restore on {member.node} exited {status.exit_code}: "
+        raise ApplyError(f"etcdutl snapshot restore on {member.node} exited {status.exit_code}: "
                          f"{output or status.message or status.reason}")
     run.remove_container(member.hypervisor, container_id, action)

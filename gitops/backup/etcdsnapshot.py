@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import urllib.error
@@ -100,12 +101,16 @@ def stream_snapshot(context: ssl.SSLContext, member: MemberStatus, out: Path) ->
 
 
 def read_back(path: Path) -> dict:
-    """`etcdctl snapshot status` of the file: its revision, key count and size (it opens the database)."""
+    """`etcdutl snapshot status` of the file (etcd 3.6 moved it there from etcdctl, which older clients such
+    as Debian's etcd-client still answer): its revision, key count and size (it opens the database)."""
+    tool = shutil.which("etcdutl") or shutil.which("etcdctl")
+    if tool is None:
+        raise BackupError("neither etcdutl nor etcdctl is installed (Debian: apt install etcd-client)")
     try:
-        done = subprocess.run(["etcdctl", "snapshot", "status", str(path), "-w", "json"], capture_output=True,
+        done = subprocess.run([tool, "snapshot", "status", str(path), "-w", "json"], capture_output=True,
                               env={**os.environ, "ETCDCTL_API": "3"}, timeout=300, check=False)
-    except FileNotFoundError:
-        raise BackupError("etcdctl is not installed (Debian: apt install etcd-client)") from None
+    except OSError as err:
+        raise BackupError(f"cannot run {tool}: {err}") from None
     if done.returncode != 0:
         raise BackupError(f"the snapshot does not read back: {done.stderr.decode(errors='replace').strip()[-300:]}")
     return json.loads(done.stdout)

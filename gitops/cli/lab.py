@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from gitops import lab as labmod
-from gitops.lab.standins import DEFAULT_KUBERNETES_VERSIONS
-from gitops.model.resources import DEFAULT_ETCD_VERSION
+from gitops.lab.kubebin import KUBERNETES_BUILT
+from gitops.lab.recipes import DEFAULT_KUBERNETES_VERSIONS
 
 _DIR = click.option("--dir", "lab_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                     help="Lab directory (default: $GITOPS_LAB_DIR or ./.lab).")
@@ -28,18 +28,18 @@ def lab() -> None:
               help="127.0.T: the host's loopback source towards the lab (127.0.T.254) and the lab network's "
                    "number (hypervisors 10.249.T.N, workers 10.250.T.N).")
 @click.option("--kubernetes-versions", default=",".join(DEFAULT_KUBERNETES_VERSIONS), show_default=True,
-              help="Comma-separated Kubernetes versions to provide control-plane images for (also tagged "
-                   "registry.k8s.io/kube-*:v<version>): real binaries for 1.20.2, stand-ins for the others.")
-@click.option("--etcd-version", default=DEFAULT_ETCD_VERSION, show_default=True,
-              help="etcd version whose upstream name (registry.k8s.io/etcd:<version>-0) "
-                   "aliases the lab's etcd.")
+              help="Comma-separated Kubernetes versions to import the real control-plane binaries of, with the "
+                   "etcd each runs by default (tagged registry.k8s.io/kube-*:v<version>, registry.k8s.io/etcd:"
+                   f"<version>-0); built here: {', '.join(KUBERNETES_BUILT)}.")
+@click.option("--etcd-versions", default="", help="Comma-separated etcd versions to import besides those.")
 @_DIR
 def up_cmd(hypervisors: int, public: int, remote: bool, subnet: str, kubernetes_versions: str,
-           etcd_version: str, lab_dir: Path | None) -> None:
+           etcd_versions: str, lab_dir: Path | None) -> None:
     """Start the lab and print its Hypervisor documents (YAML) on stdout."""
     versions = [v for v in (part.strip() for part in kubernetes_versions.split(",")) if v]
+    etcd = [v for v in (part.strip() for part in etcd_versions.split(",")) if v]
     info = labmod.up(lab_dir, hypervisors=hypervisors, public=public, remote=remote, subnet=subnet,
-                     kubernetes_versions=versions, etcd_version=etcd_version)
+                     kubernetes_versions=versions, etcd_versions=etcd)
     click.echo(labmod.hypervisors_yaml(info), nl=False)
     click.echo(f"lab up in {info.dir}: {len(info.hypervisors)} hypervisor(s)", err=True)
 
@@ -73,9 +73,8 @@ def status_cmd(lab_dir: Path | None) -> None:
         click.echo(f"  {p.proc.hypervisor}  {p.proc.role}  pid={p.proc.pid}  "
                    f"{'running' if p.alive else 'GONE'}  log={p.proc.log}")
     click.echo(f"  mounts under lab dir: {len(st.mounts)}")
-    for version, kind in sorted(st.kubernetes.items()):
-        what = "real binaries" if kind == "real" else "STAND-IN (cannot be built here; not a control plane)"
-        click.echo(f"  kubernetes {version}: {what}")
+    for version, etcd in sorted(st.kubernetes.items()):
+        click.echo(f"  kubernetes {version}: real binaries (etcd {etcd} by default)")
     if st.images:
         click.echo("  images:")
         for role, ref in sorted(st.images.items()):

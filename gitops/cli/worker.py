@@ -107,7 +107,7 @@ def _binary(name: str, given: str | None) -> str:
 @click.option("--cluster-cidr", default="10.88.0.0/16", show_default=True,
               help="All pod addresses (kube-proxy: traffic from elsewhere is masqueraded).")
 @click.option("--bridge", default="gitops0", show_default=True)
-@click.option("--kubelet", help="kubelet binary (default: PATH, then gitops's cached v1.20.2 build).")
+@click.option("--kubelet", help="kubelet binary (default: PATH, then gitops's cached build of the newest release).")
 @click.option("--kube-proxy", help="kube-proxy binary (default: PATH, then the cached build).")
 @click.option("--systemd-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write systemd units here instead of starting kubelet and kube-proxy.")

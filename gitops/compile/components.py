@@ -31,7 +31,6 @@ from gitops.compile.desired import (
 from gitops.compile.placement import etcd_member
 from gitops.cri.types import ContainerSpec, Mount, SandboxSpec
 from gitops.hostport import host_port, url_host
-from gitops.model import versions
 from gitops.model.components import (
     APISERVER,
     CONTROLLER_MANAGER,
@@ -257,7 +256,7 @@ def _etcd(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, file
 
 def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord, files_mount: Mount) -> ContainerSpec:
     """Stacked etcd, as kubeadm sets it up: each API server talks to its node's own member only. Its etcd
-    client (v1.20: clientv3 3.4) spreads calls over every endpoint it is given, and a call that reaches a
+    client spreads calls over every endpoint it is given, and a call that reaches a
     member while that member's TLS listener shuts down fails unretried; with one endpoint, the plan stops
     the API server before its member changes (gitops.plan.diff)."""
     ip = hv.ip_address
@@ -299,7 +298,6 @@ def _apiserver(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,
             # stopped, it first only fails /readyz for this long while serving as usual: the ingress
             # (checking every second) takes it out before it closes its port (SHUTDOWN_DELAY)
             f"--shutdown-delay-duration={SHUTDOWN_DELAY}s",
-            *_no_insecure_port(cluster, "--insecure-port=0"),
             *(cluster.oidc.flags(f"{FILES}/{OIDC_CA}") if cluster.oidc is not None else ()),
             *(f"--{name}={value}" for name, value in cluster.api_server_args),
         ),
@@ -325,7 +323,6 @@ def _leader_elected(name: str, image: str, hv: Hypervisor, port: int, kubeconfig
             *before,
             "--leader-elect=true",
             *after,
-            *_no_insecure_port(cluster, "--port=0"),
         ),
         mounts=(files_mount,),
     )
@@ -365,13 +362,6 @@ def _service_account_bundle(cluster: str, trust: ClusterTrust,
     if missing:
         return FileSpec("sa-pub.pem", "", ServiceAccountBundle(cluster, missing))
     return FileSpec("sa-pub.pem", trust.service_account_keys)  # one per cluster
-
-
-def _no_insecure_port(cluster: Cluster, flag: str) -> tuple[str, ...]:
-    """Before 1.24 the components also serve plain HTTP (API server: 8080 on localhost;
-    controller-manager and scheduler: 10252/10251 on every address, so two on one
-    hypervisor collide) unless this flag turns it off; 1.24 removed the flags."""
-    return (flag,) if versions.minor(cluster.kubernetes_version) < 24 else ()
 
 
 def _ingress(node: Node, cluster: Cluster, hv: Hypervisor, record: NodeRecord,

@@ -112,10 +112,8 @@ def _version(argv: list[str], pattern: str) -> str:
 
 
 def base_recipes() -> dict[str, ImageRecipe]:
-    """The lab's own images: `pause` (sandbox), `etcd` (with etcdctl), `haproxy` and `keepalived`, from the host's
-    Debian packages,
+    """The lab's own images: `pause` (sandbox), `haproxy` and `keepalived`, from the host's Debian packages,
     and `busybox` (busybox-static) for workloads on joined workers."""
-    etcd = _which("etcd")
     busybox = _which("busybox")
     haproxy = _which("haproxy")
     keepalived = _which("keepalived")
@@ -123,9 +121,6 @@ def base_recipes() -> dict[str, ImageRecipe]:
     return {
         # A pod sandbox only needs a process that waits; it is stopped with SIGKILL.
         "pause": ImageRecipe("pause", "3.9", (sleep,), (sleep, "infinity")),
-        # etcdctl too, as upstream's etcd images carry it: a restore runs `etcdctl snapshot restore` in it
-        "etcd": ImageRecipe("etcd", _version([etcd, "--version"], r"etcd Version:\s*(\S+)"),
-                            (etcd, _which("etcdctl")), (etcd,), dirs=("var/lib/etcd",)),
         # as docker.io/library/haproxy: stopped with SIGUSR1, a soft stop (connections in flight finish)
         "haproxy": ImageRecipe("haproxy", _version([haproxy, "-v"], r"version\s+(\d+\.\d+\.\d+)"),
                                (haproxy,), (haproxy,), dirs=("usr/local/etc/haproxy",), stop_signal="SIGUSR1"),

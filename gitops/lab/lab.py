@@ -15,13 +15,12 @@ Layout of a lab directory:
     hv-N/data/               the hypervisor's data dir (annotation gitops.infra/data-dir):
                              node files gitops mounts into pods
 
-Images: pause, etcd and haproxy from the host's Debian packages, the files agent,
-the jump host (the host's sshd, see gitops.compile.jumphost), and kube-apiserver /
-kube-controller-manager / kube-scheduler per Kubernetes version: the REAL binaries
-for v1.20.2 (built by scripts/build-kubernetes.sh, see gitops.lab.kubebin), STAND-INS
-for versions that cannot be built here (see gitops.lab.standins). They are also tagged under the
-upstream names default Clusters use (registry.k8s.io/kube-apiserver:v1.31.2, ...):
-the alias table is in lab.json and `gitops lab status`.
+Images: pause, haproxy and keepalived from the host's Debian packages, the files agent, the jump host
+(the host's sshd, see gitops.compile.jumphost), and kube-apiserver / kube-controller-manager /
+kube-scheduler per Kubernetes version and etcd per etcd version: the real binaries
+scripts/build-kubernetes.sh built from their Go modules (gitops.lab.kubebin, gitops.lab.recipes). They
+are also tagged under the upstream names default Clusters use (registry.k8s.io/kube-apiserver:v1.37.2,
+registry.k8s.io/etcd:3.7.3-0, ...): the alias table is in lab.json and `gitops lab status`.
 """
 from __future__ import annotations
 
@@ -45,15 +44,15 @@ from gitops.logs import event
 from gitops.cri.client import CRIClient
 from gitops.cri.errors import CRIError
 from gitops import procs
-from gitops.lab import hostcheck, images, network, standins
+from gitops.lab import hostcheck, images, network, recipes as lab_images
 from gitops.lab.netns import RECORD, release
 from gitops.lab.network import LabNetwork, Machine, enter
 from gitops.lab.errors import LabError
-from gitops.lab.standins import DEFAULT_KUBERNETES_VERSIONS
+from gitops.lab.recipes import DEFAULT_KUBERNETES_VERSIONS
+from gitops.model import versions as versions_mod
 from gitops.model.components import COMPONENTS, OIDC
 from gitops.model.resources import (
     DATA_DIR_ANNOTATION,
-    DEFAULT_ETCD_VERSION,
     Hypervisor,
     LocalCRIEndpoint,
     PortRange,
@@ -137,13 +136,20 @@ class LabHypervisor:
 class LabInfo:
     dir: Path
     hypervisors: tuple[LabHypervisor, ...]
-    images: dict[str, str]  # role (pause, etcd, haproxy, agent, kube-apiserver/v1.31.2...) -> image ref
+    images: dict[str, str]  # role (pause, haproxy, agent, etcd/3.7.3, kube-apiserver/v1.37.2...) -> image ref
     processes: tuple[procs.Proc, ...]
     aliases: dict[str, str] = field(default_factory=dict)  # alias (upstream name) -> lab image ref
-    #: Kubernetes version -> "real" (built binaries) or "stand-in"
+    #: Kubernetes version (its real binaries are imported) -> the etcd version it runs by default
     kubernetes: dict[str, str] = field(default_factory=dict)
     #: `--subnet` (127.0.T): names the lab network (`gitops.lab.network.LabNetwork`)
     subnet: str = ""
+
+    def etcd_image(self, version: str | None = None) -> str:
+        """The lab ref of etcd `version` ("3.7.3"; default: the newest imported)."""
+        found = {role.partition("/")[2]: ref for role, ref in self.images.items() if role.startswith("etcd/")}
+        if not found:
+            raise LabError("this lab has no etcd image")
+        return found[version] if version else found[max(found, key=versions_mod.parse)]
 
     def get(self, name: str) -> LabHypervisor:
         for hv in self.hypervisors:
@@ -334,17 +340,16 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
        subnet: str = DEFAULT_SUBNET, cri_port: int = DEFAULT_CRI_PORT,
        first_port: int = DEFAULT_FIRST_PORT,
        kubernetes_versions: Iterable[str] = DEFAULT_KUBERNETES_VERSIONS,
-       etcd_version: str = DEFAULT_ETCD_VERSION) -> LabInfo:
+       etcd_versions: Iterable[str] = ()) -> LabInfo:
     """Start `hypervisors` containerd instances (the first `public` of them public).
 
-    Every hypervisor gets the lab images, with stand-ins for each of
-    `kubernetes_versions`, also tagged under the upstream names a default Cluster
-    uses (`etcd_version` names the etcd alias).
+    Every hypervisor gets the lab images: the real control-plane binaries of each of
+    `kubernetes_versions` and the etcd each runs by default (and `etcd_versions` too), also
+    tagged under the upstream names a default Cluster uses.
     """
     lab_dir = (lab_dir or default_dir()).resolve()
-    versions = tuple(dict.fromkeys(standins.normalize_version(v) for v in kubernetes_versions))
-    if not etcd_version.strip():
-        raise LabError("--etcd-version must not be empty")
+    versions = tuple(dict.fromkeys(lab_images.normalize_version(v) for v in kubernetes_versions))
+    etcd_version = tuple(dict.fromkeys(v.strip().removeprefix("v") for v in etcd_versions if v.strip()))
     if not 1 <= hypervisors <= 250:
         raise LabError("--hypervisors must be between 1 and 250")
     if not 0 <= public <= hypervisors:
@@ -369,7 +374,7 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
 
 
 def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port: int,
-        first_port: int, versions: tuple[str, ...], etcd_version: str) -> LabInfo:
+        first_port: int, versions: tuple[str, ...], etcd_version: tuple[str, ...]) -> LabInfo:
     net = LabNetwork.for_subnet(subnet)
     if network.leftover(net):
         event(log, logging.WARNING, "the lab network of a lab that no longer runs removed", subnet=subnet,
@@ -377,9 +382,9 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
     if network.exists(net.netns):
         raise LabError(f"subnet {subnet} is in use (its lab network {net.netns} exists): another lab runs on it; "
                        "choose another subnet or stop that lab first")
-    recipes = standins.lab_recipes(versions)
-    kinds = standins.kinds(versions)
-    aliases = standins.upstream_aliases(recipes, versions, etcd_version)
+    recipes = lab_images.lab_recipes(versions, etcd_version)
+    kinds = {v: versions_mod.etcd_for(v) for v in versions}  # each version and the etcd it runs by default
+    aliases = lab_images.upstream_aliases(recipes)
     image_refs = {role: r.ref for role, r in recipes.items()}
     by_ref: dict[str, list[str]] = {}
     for alias, ref in aliases.items():
@@ -439,10 +444,10 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
 
 
 def import_provider_image(info: LabInfo) -> str:
-    """The image SIP's OIDC provider runs (`standins.python_recipe`: this gitops on the interpreter it runs on),
+    """The image SIP's OIDC provider runs (`recipes.python_recipe`: this gitops on the interpreter it runs on),
     tagged under the provider's default image too, into the lab's public hypervisors, where auth pods run.
     Built on demand: only labs that run a provider need it. Returns its lab ref."""
-    recipe = standins.python_recipe()
+    recipe = lab_images.python_recipe()
     alias = COMPONENTS[OIDC].default_image
     archive = images.build_archive([(recipe, [alias])], info.dir / "images" / recipe.filename)
     _import_everywhere([hv for hv in info.hypervisors if hv.public], archive)

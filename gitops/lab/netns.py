@@ -2,7 +2,7 @@
 workers joined on it.
 
 A worker is a machine of its own: its network namespace on the lab bridge (`gitops.lab.network`),
-its node address 10.250.<lab subnet's third octet>.<n> (kubelet 1.20 refuses a loopback node IP).
+its node address 10.250.<lab subnet's third octet>.<n> (kubelet refuses a loopback node IP).
 Processes enter the namespace with `nsenter --net` (network only: the worker's containerd and kubelet
 must share the host's mount namespace, where kubelet's volume mounts are seen by containerd). So
 kubelet's mounts are the host's, under the worker's `gitops join --dir`; `gitops lab down` finds that

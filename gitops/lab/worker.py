@@ -3,7 +3,7 @@ every pod of its runtime and kills pods it did not make, so a worker never share
 with a bridge CNI.
 
 The worker's network is a machine on the lab bridge (`gitops.lab.network`): a namespace of its own,
-its node address (10.250.<lab subnet's third octet>.<n>; kubelet 1.20 refuses a loopback node IP)
+its node address (10.250.<lab subnet's third octet>.<n>; kubelet refuses a loopback node IP)
 only inside it, the hypervisors its neighbours on the bridge. Its containerd runs in the namespace, and so must `gitops join` and `gitops leave`
 (`gitops lab exec lab-worker-N -- gitops join ...`): kubelet, kube-proxy's iptables chains,
 `ip_forward` and the CNI bridge are then the namespace's, never the host's. Its containerd gets

@@ -1,12 +1,12 @@
 """Turn valid documents into the typed `RepoModel` the later stages use."""
 from __future__ import annotations
 
+from gitops.model import versions
 from gitops.model.config import IngressConfig
 from gitops.model.documents import Document
 from gitops.model.resources import (
     DATA_DIR_ANNOTATION,
     DEFAULT_DATA_DIR,
-    DEFAULT_ETCD_VERSION,
     DEFAULT_POD_CIDR,
     DEFAULT_SERVICE_CIDR,
     ApiServerOIDC,
@@ -110,7 +110,8 @@ def cluster(doc: Document) -> Cluster:
         name=doc.name,
         labels=dict(doc.get(("metadata", "labels")) or {}),
         kubernetes_version="v" + spec["kubernetesVersion"].lstrip("v"),
-        etcd_version=spec.get("etcdVersion", DEFAULT_ETCD_VERSION).lstrip("v"),
+        # unless named, the etcd upstream kubeadm pairs with the Kubernetes minor (gitops.model.versions)
+        etcd_version=str(spec.get("etcdVersion") or versions.etcd_for(spec["kubernetesVersion"])).lstrip("v"),
         image_overrides=dict(sorted(spec.get("images", {}).items())),
         endpoint_hosts=tuple(api.get("endpointHosts", ())),
         api_port=api.get("port"),

@@ -101,7 +101,6 @@ class Hypervisor:
 
 DEFAULT_SERVICE_CIDR = "10.96.0.0/12"
 DEFAULT_POD_CIDR = "10.244.0.0/16"
-DEFAULT_ETCD_VERSION = "3.5.16"
 #: etcd's own --quota-backend-bytes default
 DEFAULT_ETCD_QUOTA = 2 << 30
 #: the kube-apiserver flags gitops sets itself (gitops.compile.components), which
@@ -109,7 +108,7 @@ DEFAULT_ETCD_QUOTA = 2 << 30
 API_SERVER_FLAGS = frozenset({
     "advertise-address", "allow-privileged", "authorization-mode", "bind-address", "client-ca-file",
     "enable-admission-plugins", "enable-bootstrap-token-auth", "etcd-cafile", "etcd-certfile", "etcd-keyfile",
-    "etcd-servers", "insecure-port", "kubelet-certificate-authority", "kubelet-client-certificate",
+    "etcd-servers", "kubelet-certificate-authority", "kubelet-client-certificate",
     "kubelet-client-key", "kubelet-preferred-address-types", "proxy-client-cert-file", "proxy-client-key-file",
     "requestheader-allowed-names", "requestheader-client-ca-file", "requestheader-extra-headers-prefix",
     "requestheader-group-headers", "requestheader-username-headers", "secure-port", "service-account-issuer",
@@ -120,6 +119,12 @@ API_SERVER_FLAGS = frozenset({
     "oidc-groups-prefix", "oidc-ca-file",
     "tls-private-key-file",
 })
+#: kube-apiserver flags removed since 1.20 (the real binary refuses them as unknown and never starts), and when
+REMOVED_API_SERVER_FLAGS = {
+    "insecure-port": "1.24", "port": "1.24", "address": "1.24", "insecure-bind-address": "1.24",
+    "service-account-api-audiences": "1.25", "logtostderr": "1.26", "log-dir": "1.26", "log-file": "1.26",
+    "alsologtostderr": "1.26", "one-output": "1.26", "skip-headers": "1.26",
+}
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from gitops.model.components import CONTROLPLANE, INGRESS, ROLES
 from gitops.model.diagnostics import Diagnostic
 from gitops.model.documents import Document
 from gitops.model.networkdata import NetworkDataError, first_ipv4, network_data_from_secret
-from gitops.model.resources import API_SERVER_FLAGS, DATA_DIR_ANNOTATION
+from gitops.model.resources import API_SERVER_FLAGS, DATA_DIR_ANNOTATION, REMOVED_API_SERVER_FLAGS
 from gitops.secrets import is_armored
 
 if TYPE_CHECKING:
@@ -310,12 +310,17 @@ def cluster_networks(docs: list[Document], _everything: list[Document]) -> Itera
 
 
 def api_server_args(docs: list[Document], _everything: list[Document]) -> Iterable[Diagnostic]:
-    """spec.apiServer.extraArgs may not set a flag gitops sets itself (its value would be ambiguous)."""
+    """spec.apiServer.extraArgs may not set a flag gitops sets itself (its value would be ambiguous), nor one
+    Kubernetes removed (the API server would refuse it and never start)."""
     for cluster in _of_kind(docs, "Cluster"):
         for name in sorted(cluster.get(("spec", "apiServer", "extraArgs"), {})):
             if name in API_SERVER_FLAGS:
                 yield cluster.error(("spec", "apiServer", "extraArgs", name),
                                     f"--{name} is set by gitops itself and cannot be overridden")
+            elif name in REMOVED_API_SERVER_FLAGS:
+                yield cluster.error(("spec", "apiServer", "extraArgs", name),
+                                    f"--{name} was removed from kube-apiserver in Kubernetes "
+                                    f"{REMOVED_API_SERVER_FLAGS[name]}: the API server would not start")
 
 
 def api_server_oidc(docs: list[Document], everything: list[Document]) -> Iterable[Diagnostic]:

@@ -270,7 +270,7 @@ class BackupEtcd:
 @dataclass(frozen=True)
 class RestoreMember:
     """One etcd member a restore rewrites: its pod (running, with its files agent), its peer URL, and
-    the container `etcdctl snapshot restore` runs in (the cluster's etcd image, the node directory
+    the container `etcdutl snapshot restore` runs in (the cluster's etcd image, the node directory
     mounted as the agent sees it)."""
 
     node: str

@@ -150,16 +150,17 @@ def restore_action(inputs: ClusterInputs, value: str) -> Action:
 
 def _restorer(pod: DesiredPod, node: str, peer_url: str, initial: str, token: str) -> ContainerSpec:
     """The one-shot container that writes the member's restored data directory: the cluster's etcd
-    image (etcdctl is in it), the node's directory mounted where the files agent sees it."""
+    image (etcdutl is in it: etcd 3.6 removed `etcdctl snapshot restore`), the node's directory mounted where
+    the files agent sees it."""
     etcd = next(c.spec for c in pod.containers if c.spec.name == ETCD)
     agent = next(c.spec for c in pod.containers if c.spec.name == AGENT)
     mount = next(m for m in agent.mounts if m.container_path == AGENT_ROOT)
     return ContainerSpec(
-        name=RESTORER, image=etcd.image, command=("etcdctl",),
+        name=RESTORER, image=etcd.image, command=("etcdutl",),
         args=("snapshot", "restore", RESTORE_SNAPSHOT, "--name", node, "--initial-cluster", initial,
               "--initial-cluster-token", token, "--initial-advertise-peer-urls", peer_url,
               "--data-dir", RESTORE_DATA),
-        env={"ETCDCTL_API": "3"}, mounts=(mount,), labels={RESTORE_LABEL: node}, log_path=f"{RESTORER}.log")
+        mounts=(mount,), labels={RESTORE_LABEL: node}, log_path=f"{RESTORER}.log")
 
 
 def restart_gates(inputs: ClusterInputs, actions: list[Action], timeout: int) -> list[Action]:

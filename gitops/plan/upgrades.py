@@ -1,7 +1,7 @@
 """Kubernetes version changes (pure): one minor version at a time, never down.
 
 The version a cluster runs is read from its running API servers' image tags
-(`...:v1.20.2`); a tag that is not a version (a digest, a custom name) is not
+(`...:v1.37.2`); a tag that is not a version (a digest, a custom name) is not
 checked. An upgrade then rolls in the supported order (see `Action.sort_key`):
 every etcd member, then the API servers, controller-managers and schedulers,
 one at a time, each gated on health.
@@ -14,7 +14,7 @@ import re
 
 from gitops.errors import GitopsError
 from gitops.model import versions
-from gitops.model.components import APISERVER
+from gitops.model.components import APISERVER, ETCD
 from gitops.model.resources import RepoModel
 from gitops.observe.types import ObservedState
 
@@ -25,11 +25,11 @@ class VersionSkew(GitopsError):
     """The repo asks for a version change Kubernetes does not support."""
 
 
-def running_minors(observed: ObservedState) -> dict[str, set[tuple[int, int]]]:
-    """(major, minor) of every running kube-apiserver, by cluster."""
+def running_minors(observed: ObservedState, component: str = APISERVER) -> dict[str, set[tuple[int, int]]]:
+    """(major, minor) of every running `component` (kube-apiserver, etcd), by cluster."""
     out: dict[str, set[tuple[int, int]]] = {}
     for pod in observed.pods():
-        container = pod.running(APISERVER)
+        container = pod.running(component)
         minor = _minor(container.spec) if container is not None and container.spec is not None else None
         if minor is not None:
             out.setdefault(pod.cluster, set()).add(minor)
@@ -63,6 +63,28 @@ def version_problems(model: RepoModel, observed: ObservedState) -> list[str]:
         elif want < high:
             problems.append(f"Cluster {name} runs {have} and the repo asks for {cluster.kubernetes_version}: "
                             "Kubernetes does not support downgrading a minor version")
+    problems += _etcd_problems(model, observed)
+    return problems
+
+
+def _etcd_problems(model: RepoModel, observed: ObservedState) -> list[str]:
+    """etcd moves one minor at a time too (3.6 -> 3.7; 3.5 -> 3.7 crash-loops) and never back: its data
+    directory is upgraded by the newer minor."""
+    problems = []
+    running = running_minors(observed, ETCD)
+    for name, cluster in sorted(model.clusters.items()):
+        match = _TAG.search(cluster.image(ETCD))
+        if not running.get(name) or not match:
+            continue
+        want = (int(match[1]), int(match[2]))
+        low, high = min(running[name]), max(running[name])
+        have = ", ".join(f"{a}.{b}" for a, b in sorted(running[name]))
+        if want[0] != low[0] or want[1] > low[1] + 1:
+            problems.append(f"Cluster {name} runs etcd {have} and the repo asks for etcd {want[0]}.{want[1]}: "
+                            f"upgrade etcd one minor version at a time ({low[0]}.{low[1] + 1} first)")
+        elif want < high:
+            problems.append(f"Cluster {name} runs etcd {have} and the repo asks for etcd {want[0]}.{want[1]}: "
+                            "etcd does not support downgrading a minor version")
     return problems
 
 

@@ -5,7 +5,7 @@ Labels are changed with JSON merge patches carrying ``metadata.resourceVersion``
 write gets 409 Conflict; the host is then read again and the patch retried (up to `retries`
 times) unless someone else changed its SIP labels meanwhile. Talks through `gitops.kubeapi`
 (the official client's kubeconfig loading, TLS, auth); tested against a real kube-apiserver
-v1.20.2 with deploy/crds/metal3.io_baremetalhosts.yaml.
+v1.37 with deploy/crds/metal3.io_baremetalhosts.yaml.
 """
 from __future__ import annotations
 

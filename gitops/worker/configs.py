@@ -66,7 +66,9 @@ def bootstrap_kubeconfig(spec: WorkerSpec, token: str) -> str:
 
 def kubelet_config(spec: WorkerSpec) -> str:
     """Serving certificate requested from the cluster (gitops signs it), webhook authn/authz against the API,
-    no eviction or image GC (images are imported, not pulled, in the lab and on air-gapped machines)."""
+    no eviction or image GC (images are imported, not pulled, in the lab and on air-gapped machines).
+    `failCgroupV1: false`: kubelet 1.35+ refuses a cgroup v1 host unless told (KEP-5573); on cgroup v2 it
+    changes nothing."""
     return yaml.safe_dump({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -80,6 +82,8 @@ def kubelet_config(spec: WorkerSpec) -> str:
         "serverTLSBootstrap": True,
         "rotateCertificates": True,
         "cgroupDriver": "cgroupfs",
+        "containerRuntimeEndpoint": spec.cri_endpoint,
+        "failCgroupV1": False,
         "cgroupsPerQOS": False,
         "enforceNodeAllocatable": [],
         "failSwapOn": False,
@@ -100,8 +104,6 @@ def kubelet_args(spec: WorkerSpec) -> list[str]:
         f"--kubeconfig={spec.kubeconfig}",
         f"--cert-dir={spec.client_certificate.parent}",
         f"--root-dir={spec.root_dir}",
-        "--container-runtime=remote",
-        f"--container-runtime-endpoint={spec.cri_endpoint}",
         f"--node-ip={spec.ip}",
         f"--hostname-override={spec.name}",
         "--v=1",
@@ -110,7 +112,9 @@ def kubelet_args(spec: WorkerSpec) -> list[str]:
 
 def kube_proxy_config(spec: WorkerSpec, cluster_cidr: str) -> str:
     """iptables mode on the node's own credentials; masquerades everything so a pod reaching a Service
-    backed by a pod on the same bridge gets its answer back without br_netfilter."""
+    backed by a pod on the same bridge gets its answer back without br_netfilter. NodePorts on 127.0.0.1
+    (`localhostNodePorts`) only where the kubelet's own chains are wanted: kube-proxy 1.26+ adds the same
+    KUBE-FIREWALL drop of non-loopback sources to 127.0.0.0/8 for them."""
     return yaml.safe_dump({
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
@@ -122,7 +126,8 @@ def kube_proxy_config(spec: WorkerSpec, cluster_cidr: str) -> str:
         "hostnameOverride": spec.name,
         "mode": "iptables",
         "conntrack": {"maxPerCore": 0},
-        "iptables": {"masqueradeAll": True},
+        "iptables": {"masqueradeAll": True, "localhostNodePorts": spec.iptables_util_chains},
+        "nodePortAddresses": ["primary"],
     }, sort_keys=True)
 
 

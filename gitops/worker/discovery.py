@@ -32,6 +32,8 @@ class Discovered:
     ca_pem: str
     #: the endpoint cluster-info announces
     announced: str = ""
+    #: the gitVersion the API server answers /version with ("v1.37.2"; "" if it did not say)
+    server_version: str = ""
 
 
 def ca_hash(ca_pem: str) -> str:
@@ -77,4 +79,8 @@ def discover(server: str, token: str, pin: str, timeout: float = 10.0) -> Discov
                                 "`gitops join-token create`") from None
             if err.status != 403:
                 raise JoinError(f"cannot check the bootstrap token: {err}") from None
-    return Discovered(server=server, ca_pem=ca_pem, announced=announced)
+        try:
+            server_version = str(api.request("GET", "/version").get("gitVersion", ""))
+        except KubeAPIError as err:
+            raise JoinError(f"cannot read the API server's version at {server}: {err}") from None
+    return Discovered(server=server, ca_pem=ca_pem, announced=announced, server_version=server_version)

@@ -31,6 +31,7 @@ from gitops.cri.errors import CRIError
 from gitops.kubeapi import Credentials, KubeAPI, KubeAPIError, node_ready
 from gitops.safeio import write_atomic
 from gitops import procs
+from gitops.model import versions
 from gitops.worker import configs
 from gitops.worker.configs import WorkerSpec
 from gitops.worker.discovery import JoinError, discover
@@ -47,6 +48,12 @@ def join(spec: WorkerSpec, token: str, ca_cert_hash: str, *, kubelet: str, kube_
          say: Callable[[str], None] = print) -> None:
     found = discover(spec.server, token, ca_cert_hash)
     say(f"cluster CA matches {ca_cert_hash}; bootstrap token accepted by {spec.server}")
+    have = kubelet_version(kubelet)
+    if found.server_version:
+        why = versions.kubelet_skew_problem(spec.name, have, found.server_version)
+        if why:
+            raise JoinError(why)
+    say(f"kubelet {have}, API server {found.server_version or 'of an unknown version'}")
     if (spec.dir / STATE).exists():
         raise JoinError(f"{spec.dir} already holds a worker; run `gitops leave --dir {spec.dir}` first")
     spec.dir.mkdir(parents=True, exist_ok=True)
@@ -90,6 +97,18 @@ def join(spec: WorkerSpec, token: str, ca_cert_hash: str, *, kubelet: str, kube_
     _save(spec, state)
     say(f"node {spec.name} registered; kube-proxy started (pid {proxy['pid']}). It turns Ready once its network "
         "is up; its serving certificate is signed by gitops on the next reconcile")
+
+
+def kubelet_version(kubelet: str) -> str:
+    """What `kubelet --version` says ("v1.37.2"); JoinError naming the binary if it does not run."""
+    try:
+        done = subprocess.run([kubelet, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise JoinError(f"cannot run {kubelet} --version: {err}") from None
+    words = done.stdout.split()
+    if done.returncode != 0 or len(words) != 2 or words[0] != "Kubernetes":
+        raise JoinError(f"{kubelet} --version did not say its version: {(done.stdout + done.stderr).strip()[:200]}")
+    return words[1]
 
 
 def recorded(directory: Path) -> tuple[WorkerSpec, dict[str, object]] | None:
@@ -339,7 +358,7 @@ def _clean_iptables(kube_proxy: str) -> list[str]:
 
 
 def _pod_logs(spec: WorkerSpec) -> list[Path]:
-    """kubelet 1.20 writes pod logs under /var/log/pods/<namespace>_<pod>_<uid> whatever its root dir."""
+    """kubelet writes pod logs under /var/log/pods/<namespace>_<pod>_<uid> whatever its root dir."""
     pods = spec.root_dir / "pods"
     uids = {p.name for p in pods.iterdir()} if pods.is_dir() else set()
     root = Path("/var/log/pods")
