@@ -277,7 +277,7 @@ def test_a_member_recreated_after_one_joined_in_the_same_plan_needs_the_new_one_
 def test_an_etcd_spec_change_rolls_one_member_at_a_time_with_health_gates(repo):
     state, observed = settle(repo.model)
     cluster = dataclasses.replace(repo.model.clusters["team-b"],
-                                  image_overrides={"etcd": "registry.example.com/etcd:3.5.17-0"})
+                                  image_overrides={"etcd": "registry.example.com/etcd:3.6.17-0"})
     model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": cluster})
     config = dataclasses.replace(repo.repo.config, health_timeout=90)
     plan = make_plan(model, config, state, observed, now=NOW).plan

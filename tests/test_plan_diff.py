@@ -141,14 +141,14 @@ def test_drift_missing_and_exited_containers_are_healed(repo):
 def test_spec_change_names_the_changed_fields(repo):
     state, observed = settle(repo.model)
     cluster = repo.model.clusters["team-b"]
-    changed = dataclasses.replace(cluster, image_overrides={"etcd": "registry.example.com/etcd:3.5.17-0"},
+    changed = dataclasses.replace(cluster, image_overrides={"etcd": "registry.example.com/etcd:3.6.17-0"},
                                   service_cidr="10.112.0.0/13")
     model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": changed})
     actions = make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions
     etcd = [a for a in actions if a.component == "etcd"]
     assert {a.node for a in etcd} == {"team-b-cp-1", "team-b-cp-2", "team-b-cp-3"}
     assert all(a.kind == Kind.RECREATE_CONTAINER and a.reason == "spec changed" for a in etcd)
-    assert "image: 'registry.k8s.io/etcd:3.6.16-0' -> 'registry.example.com/etcd:3.5.17-0'" in etcd[0].details
+    assert "image: 'registry.k8s.io/etcd:3.6.16-0' -> 'registry.example.com/etcd:3.6.17-0'" in etcd[0].details
     # each API server talks to its own member only: it stops before that member changes, and its own
     # change is made by the start right after it (node by node), ready before the next member goes
     assert [(a.kind, a.node, a.component) for a in actions] == [
@@ -478,7 +478,7 @@ def test_a_plan_recompiles_only_the_clusters_whose_inputs_changed(repo):
     # an image override in team-a: only team-a is compiled again, and the plan is what a fresh compile gives
     cluster = repo.model.clusters["team-a"]
     changed = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-a": dataclasses.replace(
-        cluster, image_overrides={**cluster.image_overrides, "etcd": "registry.example.com/etcd:3.5.17-0"})})
+        cluster, image_overrides={**cluster.image_overrides, "etcd": "registry.example.com/etcd:3.7.4-0"})})
     plan = make_plan(changed, repo.repo.config, state, observed, now=NOW).plan
     assert COMPILED_CLUSTERS.misses == len(repo.model.clusters) + 1
     COMPILED_CLUSTERS.clear()
