@@ -349,7 +349,6 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
     """
     lab_dir = (lab_dir or default_dir()).resolve()
     versions = tuple(dict.fromkeys(lab_images.normalize_version(v) for v in kubernetes_versions))
-    etcd_version = tuple(dict.fromkeys(v.strip().removeprefix("v") for v in etcd_versions if v.strip()))
     if not 1 <= hypervisors <= 250:
         raise LabError("--hypervisors must be between 1 and 250")
     if not 0 <= public <= hypervisors:
@@ -366,7 +365,8 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
     lab_dir.mkdir(parents=True, exist_ok=True)
     hostcheck.record(lab_dir)
     try:
-        return _up(lab_dir, hypervisors, public, remote, subnet, cri_port, first_port, versions, etcd_version)
+        return _up(lab_dir, hypervisors, public, remote, subnet, cri_port, first_port, versions,
+                   tuple(v for v in etcd_versions if v.strip()))
     except BaseException:
         event(log, logging.WARNING, "lab up failed; tearing down what was started", dir=str(lab_dir))
         down(lab_dir)
@@ -374,7 +374,7 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
 
 
 def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port: int,
-        first_port: int, versions: tuple[str, ...], etcd_version: tuple[str, ...]) -> LabInfo:
+        first_port: int, versions: tuple[str, ...], etcd_versions: tuple[str, ...]) -> LabInfo:
     net = LabNetwork.for_subnet(subnet)
     if network.leftover(net):
         event(log, logging.WARNING, "the lab network of a lab that no longer runs removed", subnet=subnet,
@@ -382,7 +382,7 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
     if network.exists(net.netns):
         raise LabError(f"subnet {subnet} is in use (its lab network {net.netns} exists): another lab runs on it; "
                        "choose another subnet or stop that lab first")
-    recipes = lab_images.lab_recipes(versions, etcd_version)
+    recipes = lab_images.lab_recipes(versions, etcd_versions)
     kinds = {v: versions_mod.etcd_for(v) for v in versions}  # each version and the etcd it runs by default
     aliases = lab_images.upstream_aliases(recipes)
     image_refs = {role: r.ref for role, r in recipes.items()}

@@ -48,19 +48,28 @@ def _minor(spec: str) -> tuple[int, int] | None:
     return (int(match[1]), int(match[2])) if match else None
 
 
+def _step(running: set[tuple[int, int]], want: tuple[int, int]) -> str | None:
+    """How `want` (major, minor) steps from the running minors: "skip" (another major, or more than one minor
+    past the oldest running), "down" (behind the newest running), or None (the same minor or the next)."""
+    low, high = min(running), max(running)
+    if want[0] != low[0] or want[1] > low[1] + 1:
+        return "skip"
+    return "down" if want < high else None
+
+
 def version_problems(model: RepoModel, observed: ObservedState) -> list[str]:
     problems = []
     running = running_minors(observed)
     for name, cluster in sorted(model.clusters.items()):
         if not running.get(name):
             continue
-        want = versions.parse(cluster.kubernetes_version)[:2]
-        low, high = min(running[name]), max(running[name])
+        step = _step(running[name], versions.parse(cluster.kubernetes_version)[:2])
+        low = min(running[name])
         have = ", ".join(f"v{a}.{b}" for a, b in sorted(running[name]))
-        if want[0] != low[0] or want[1] > low[1] + 1:
+        if step == "skip":
             problems.append(f"Cluster {name} runs {have} and the repo asks for {cluster.kubernetes_version}: "
                             f"upgrade one minor version at a time (v{low[0]}.{low[1] + 1} first)")
-        elif want < high:
+        elif step == "down":
             problems.append(f"Cluster {name} runs {have} and the repo asks for {cluster.kubernetes_version}: "
                             "Kubernetes does not support downgrading a minor version")
     problems += _etcd_problems(model, observed)
@@ -77,14 +86,14 @@ def _etcd_problems(model: RepoModel, observed: ObservedState) -> list[str]:
         if not running.get(name) or not match:
             continue
         want = (int(match[1]), int(match[2]))
-        low, high = min(running[name]), max(running[name])
-        have = ", ".join(f"{a}.{b}" for a, b in sorted(running[name]))
-        if want[0] != low[0] or want[1] > low[1] + 1:
-            problems.append(f"Cluster {name} runs etcd {have} and the repo asks for etcd {want[0]}.{want[1]}: "
-                            f"upgrade etcd one minor version at a time ({low[0]}.{low[1] + 1} first)")
-        elif want < high:
-            problems.append(f"Cluster {name} runs etcd {have} and the repo asks for etcd {want[0]}.{want[1]}: "
-                            "etcd does not support downgrading a minor version")
+        step = _step(running[name], want)
+        low = min(running[name])
+        asks = f"Cluster {name} runs etcd {', '.join(f'{a}.{b}' for a, b in sorted(running[name]))} and the repo " \
+               f"asks for etcd {want[0]}.{want[1]}"
+        if step == "skip":
+            problems.append(f"{asks}: upgrade etcd one minor version at a time ({low[0]}.{low[1] + 1} first)")
+        elif step == "down":
+            problems.append(f"{asks}: etcd does not support downgrading a minor version")
     return problems
 
 
