@@ -76,10 +76,20 @@ def pod(lab, request):  # type: ignore[no-untyped-def]
     Yields (client, sandbox id, spec, dir): `dir` is a not-yet-existing directory under the
     hypervisor's data dir for the test's host files. The sandbox is removed afterwards.
     """
+    yield from _sandbox(lab.hypervisors[0], request)
+
+
+@pytest.fixture
+def private_pod(lab, request):  # type: ignore[no-untyped-def]
+    """`pod` on the private lab hypervisor: the one with the control-plane images."""
+    yield from _sandbox(next(hv for hv in lab.hypervisors if not hv.public), request)
+
+
+def _sandbox(lab_hv, request):  # type: ignore[no-untyped-def]
     from gitops.cri.client import CRIClient
     from gitops.cri.types import SandboxSpec
 
-    hv = lab.hypervisors[0].local()
+    hv = lab_hv.local()
     name = request.node.name.replace("_", "-")[:50]
     base = Path(hv.data_dir) / "tests" / name
     namespace = request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
@@ -125,7 +135,7 @@ LAB_WORKERS = 1
 #: failover moved to the second when the image build began to reuse its cached layers (about 2 minutes less).
 SECOND_LANE = ("image", "workers", "recovery", "kubeapi", "etcd", "failover")
 #: tests using these fixtures use the session's lab: group `session`
-LAB_FIXTURES = {"lab", "pod"}
+LAB_FIXTURES = {"lab", "pod", "private_pod"}
 
 
 def lab_group(item: pytest.Item) -> str | None:

@@ -13,7 +13,8 @@ from gitops.kubeapi import KubeAPI
 from gitops.pki import load_csr_pem, sign_public_key
 from gitops.pki.x509 import cert_to_pem
 from gitops.plan.actions import Action
-from gitops.plan.payloads import ApiReady, CreateContainer, CreatePod, GenerateKeys, PodRef, Reload, Remove, WriteFiles
+from gitops.plan.payloads import (ApiReady, CreateContainer, CreatePod, GenerateKeys, PodRef, Reload, Remove, ServingFirst,
+                                  WriteFiles)
 from gitops.pods import AGENT, file_digest
 
 
@@ -93,6 +94,8 @@ def start_container(run: Run, action: Action, p: CreateContainer, attempt: int =
 def recreate_container(run: Run, action: Action, p: CreateContainer) -> None:
     if p.etcd is not None:
         _etcd_gate(run, action, p, before=True)
+    if p.serving is not None:
+        _serving_first(run, action, p.serving)
     if p.overlap:
         _replace_beside(run, action, p)
     else:
@@ -148,6 +151,43 @@ def _wait_ready(run: Run, action: Action, ready: ApiReady) -> None:
         time.sleep(min(left, 0.5))
 
 
+def _serving_first(run: Run, action: Action, serving: ServingFirst) -> None:
+    """Until one of the other API servers has answered /readyz for `serving.steady` seconds (polled every
+    0.5 s; a miss starts its count again), or at once when neither it nor the one about to stop answers."""
+    ca_pem = run.state.clusters[action.cluster].trust_bundle("cluster")
+    apis = [_readyz_api(url, ca_pem) for url in (serving.url, *serving.peers)]
+    deadline, since, last = time.monotonic() + serving.timeout, dict[int, float](), ""
+    try:
+        while True:
+            for index, (api, path) in enumerate(apis[1:], start=1):
+                why = api.not_ready(path)
+                if why:
+                    since.pop(index, None)
+                    last = f"{api.server}{path}: {why}"
+                else:
+                    since.setdefault(index, time.monotonic())
+            now = time.monotonic()
+            if any(now - start >= serving.steady for start in since.values()):
+                return
+            if not since and apis[0][0].not_ready(apis[0][1]):
+                return  # nothing serves: no service to keep
+            if now > deadline:
+                raise ApplyError(f"no other API server of cluster {action.cluster} served for {serving.steady}s within "
+                                 f"{serving.timeout}s ({last}); kube-apiserver on {action.node} is left running")
+            refused = run.refused(action)
+            if refused:
+                raise ApplyError(f"fenced while waiting for another API server to serve: {refused}")
+            time.sleep(0.5)
+    finally:
+        for api, _ in apis:
+            api.close()
+
+
+def _readyz_api(url: str, ca_pem: str) -> tuple[KubeAPI, str]:
+    parts = urlsplit(url)
+    return KubeAPI(f"{parts.scheme}://{parts.netloc}", ca_pem, timeout=2), parts.path
+
+
 def _etcd_gate(run: Run, action: Action, p: CreateContainer, before: bool) -> None:
     """One etcd member at a time: the others healthy before it changes, it healthy after."""
     assert p.etcd is not None
@@ -167,6 +207,8 @@ def remove_container(run: Run, action: Action, p: Remove) -> None:
         with run.etcd(action, tuple(urls)) as etcd:
             etcd.wait_healthy(urls, p.etcd.timeout, f"before stopping {action.component} on {action.node} "
                                                     "for its etcd member")
+    if p.serving is not None:
+        _serving_first(run, action, p.serving)
     run.remove_container(action.hypervisor, p.target_id, action)
 
 

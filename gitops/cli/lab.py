@@ -156,7 +156,7 @@ def images_import_cmd(tarball: Path, lab_dir: Path | None) -> None:
 @click.argument("dst")
 @_DIR
 def images_alias_cmd(src: str, dst: str, lab_dir: Path | None) -> None:
-    """Tag image SRC as DST in every lab hypervisor (e.g. an upstream name a cluster uses)."""
+    """Tag image SRC as DST in every lab hypervisor that has it (e.g. an upstream name a cluster uses)."""
     for name in labmod.alias_image(src, dst, lab_dir):
         click.echo(f"tagged {src} as {dst} in {name}")
 

@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "lab.json"
 IMAGES_ARCHIVE = "lab-images.tar"
+#: the public hypervisors' archive: IMAGES_ARCHIVE without the control-plane images
+PUBLIC_ARCHIVE = "lab-images-public.tar"
 DEFAULT_SUBNET = "127.0.10"
 DEFAULT_FIRST_PORT = 30000
 PORTS_PER_HYPERVISOR = 1000
@@ -308,13 +310,15 @@ def _ctr_import(socket_path: str, tarball: Path, hv: str) -> None:
 IMPORTS_AT_ONCE = 4
 
 
-def _import_everywhere(hvs: list[LabHypervisor], tarball: Path) -> None:
-    """`tarball` into each of `hvs` at once (a thread per `ctr import`: each is its own containerd's work)."""
+def _import_everywhere(hvs: list[LabHypervisor], tarball: Path, public: Path | None = None) -> None:
+    """`tarball` (`public` into the public ones, if given) into each of `hvs` at once (a thread per
+    `ctr import`: each is its own containerd's work)."""
     if not hvs:
         return
     pool = ThreadPoolExecutor(max_workers=min(len(hvs), IMPORTS_AT_ONCE))
     try:
-        for done in as_completed([pool.submit(_ctr_import, hv.socket, tarball, hv.name) for hv in hvs]):
+        for done in as_completed([pool.submit(_ctr_import, hv.socket, public if hv.public and public else tarball,
+                                              hv.name) for hv in hvs]):
             done.result()  # the first failure ends it: what is still queued is cancelled below
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -343,9 +347,9 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
        etcd_versions: Iterable[str] = ()) -> LabInfo:
     """Start `hypervisors` containerd instances (the first `public` of them public).
 
-    Every hypervisor gets the lab images: the real control-plane binaries of each of
-    `kubernetes_versions` and the etcd each runs by default (and `etcd_versions` too), also
-    tagged under the upstream names a default Cluster uses.
+    Every hypervisor gets the lab images, tagged under the upstream names a default Cluster uses too;
+    the private ones also the real control-plane binaries of each of `kubernetes_versions` and the
+    etcd each runs by default (and `etcd_versions`): control-plane Nodes sit on private hypervisors.
     """
     lab_dir = (lab_dir or default_dir()).resolve()
     versions = tuple(dict.fromkeys(lab_images.normalize_version(v) for v in kubernetes_versions))
@@ -389,9 +393,13 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
     by_ref: dict[str, list[str]] = {}
     for alias, ref in aliases.items():
         by_ref.setdefault(ref, []).append(alias)
-    # One archive, each layer stored once, the aliases as extra repo tags: one import per hypervisor.
+    # One archive, each layer stored once, the aliases as extra repo tags: one import per hypervisor. Public
+    # hypervisors (ingress, SIP services) get theirs without the control-plane images: most of the bytes
     archive = images.build_archive([(r, by_ref.get(r.ref, [])) for r in recipes.values()],
                                    lab_dir / "images" / IMAGES_ARCHIVE)
+    private = lab_images.controlplane_roles(recipes)
+    public_archive = images.build_archive([(r, by_ref.get(r.ref, [])) for role, r in recipes.items()
+                                           if role not in private], lab_dir / "images" / PUBLIC_ARCHIVE)
     machines = [net.hypervisor(i, f"lab-hv-{i}") for i in range(1, n + 1)]
     client = ca = None
     if remote:
@@ -426,7 +434,7 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
         _wait(f"containerd for {name}", _cri_ready(hv.local()), READY_TIMEOUT, ctrd)
     # the images into every hypervisor at once: each import is its own containerd's work (ingest, unpack),
     # most of a lab's start when done one after another
-    _import_everywhere(hvs, archive)
+    _import_everywhere(hvs, archive, public_archive)
     if remote:  # each machine onboarded as a real one is: `gitops hypervisor init` on it, the fleet's side here
         assert ca is not None
         fronts = []
@@ -811,15 +819,19 @@ def import_image(tarball: Path, lab_dir: Path | None = None, only: Iterable[str]
 
 
 def alias_image(src: str, dst: str, lab_dir: Path | None = None) -> list[str]:
-    """Tag image `src` (present in the lab) as `dst` in every lab hypervisor; recorded in lab.json.
+    """Tag image `src` (present in the lab) as `dst` in every lab hypervisor that has it (a control-plane
+    image: the private ones); recorded in lab.json.
 
     Returns the hypervisors' names. `dst` is replaced if it already names another image.
     """
     lab = info(lab_dir)
     if not src or not dst:
         raise LabError("alias: both SRC and DST are required")
+    private = {ref for role, ref in lab.images.items() if "/" in role}  # (recipes.controlplane_roles)
     done = []
     for hv in lab.hypervisors:
+        if hv.public and lab.aliases.get(src, src) in private:
+            continue  # a public hypervisor has no control-plane image
         _ctr_tag(hv.socket, src, dst, hv.name)
         done.append(hv.name)
     aliases = dict(lab.aliases)

@@ -205,6 +205,12 @@ def lab_recipes(kubernetes_versions: Iterable[str] = DEFAULT_KUBERNETES_VERSIONS
     return recipes
 
 
+def controlplane_roles(recipes: dict[str, ImageRecipe]) -> set[str]:
+    """The versioned images (`etcd/<version>`, `<component>/v<version>`): only control-plane Nodes run them,
+    and those sit on private hypervisors (validation refuses one on a public one)."""
+    return {role for role in recipes if "/" in role}
+
+
 def upstream_aliases(recipes: dict[str, ImageRecipe]) -> dict[str, str]:
     """alias (an image name a default Cluster uses) -> lab image ref."""
     aliases = {

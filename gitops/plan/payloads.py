@@ -112,6 +112,19 @@ class ApiReady:
 
 
 @dataclass(frozen=True)
+class ServingFirst:
+    """Before a running API server (`url`, its /readyz) stops: one of its cluster's other API servers
+    (`peers`, their /readyz) has answered ok for `steady` seconds (the ingress's check counts it in
+    meanwhile; one a killed run just started may not be behind it yet), within `timeout` seconds. When
+    neither it nor any peer answers ok, there is no service to keep and it stops at once."""
+
+    url: str
+    peers: tuple[str, ...]
+    timeout: int = 60
+    steady: int = 0
+
+
+@dataclass(frozen=True)
 class CreateContainer:
     """Create and start `container` in the pod (after removing `replaces`, for a recreate).
 
@@ -128,6 +141,8 @@ class CreateContainer:
     #: a running API server: ready again before the next one goes (and a new one in a running cluster:
     #: ready before anything routes to it)
     ready: ApiReady | None = None
+    #: the cluster's first running API server the plan stops: another one serving first
+    serving: ServingFirst | None = None
     #: seconds the new container runs beside the one it replaces before that one is stopped (0: stop it
     #: first). The ingress's haproxy binds its port with SO_REUSEPORT, so the port never closes, and the
     #: old one soft-stops (its image's stop signal, SIGUSR1): connections in flight finish.
@@ -176,6 +191,8 @@ class Remove:
     #: an API server stopped because its etcd member changes next: these members (`client_url` and
     #: `peers`) healthy first, so an unhealthy cluster stops the run before anything stops
     etcd: EtcdHealth | None = None
+    #: the cluster's first running API server the plan stops: another one serving first
+    serving: ServingFirst | None = None
 
 
 @dataclass(frozen=True)
@@ -384,6 +401,7 @@ _NESTED: dict[tuple[type, str], Any] = {
     (CreateContainer, "pod"): PodRef, (CreateContainer, "sandbox"): SandboxSpec,
     (CreateContainer, "container"): ContainerSpec, (CreateContainer, "files"): (FileSpec,),
     (CreateContainer, "etcd"): EtcdHealth, (CreateContainer, "ready"): ApiReady, (Remove, "etcd"): EtcdHealth,
+    (CreateContainer, "serving"): ServingFirst, (Remove, "serving"): ServingFirst,
     (Reload, "pod"): PodRef,
     (SignRequest, "approval"): Condition,
     (ContainerSpec, "mounts"): (Mount,),

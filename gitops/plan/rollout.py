@@ -18,7 +18,8 @@ from gitops.nodefiles import AFTER_APPLY
 from gitops.observe.types import ObservedPod
 from gitops.plan.actions import Action, Kind
 from gitops.plan.inputs import ClusterInputs
-from gitops.plan.payloads import ApiReady, BackupEtcd, CreateContainer, EtcdHealth, EtcdMemberChange, Remove
+from gitops.plan.payloads import (ApiReady, BackupEtcd, CreateContainer, EtcdHealth, EtcdMemberChange, Remove,
+                                  ServingFirst)
 from gitops.pods import AGENT
 
 #: how long a new container replaced with `OVERLAP` (the ingress) runs beside the one it replaces
@@ -42,7 +43,39 @@ def roll_out(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, Ob
     actions = drain_api_servers(inputs, actions, keepers, timeout)
     actions, votes = hold_votes(inputs, actions)
     actions, quorum = hold_quorum(inputs, actions)
-    return back_up_first(inputs, leadership_order(count_joined(inputs, actions))), [*votes, *quorum]
+    actions = serving_first(inputs, leadership_order(count_joined(inputs, actions)), keepers, timeout)
+    return back_up_first(inputs, actions), [*votes, *quorum]
+
+
+def serving_first(inputs: ClusterInputs, actions: list[Action], keepers: dict[str, ObservedPod],
+                  timeout: int) -> list[Action]:
+    """The first action of the cluster's plan that stops a running API server (a recreate, or a stop around
+    its etcd member) waits before it for another one to serve steadily: every later stop follows a start
+    that waited so already, but the plan cannot know how long the others have served (a controller killed
+    while one started leaves it running, maybe not yet behind the ingress, and the next plan's first stop
+    would take the only one the ingress has)."""
+    running = {node: c.id for node, pod in keepers.items() if (c := pod.running(APISERVER)) is not None}
+    urls = {p.node: p.api_url for p in inputs.wants if p.api_url}
+    for index, action in sorted(enumerate(actions), key=lambda pair: pair[1].sort_key()):
+        if not (action.component == APISERVER and action.node in running and action.node in urls
+                and action.kind in (Kind.RECREATE_CONTAINER, Kind.REMOVE_CONTAINER)
+                and action.target_id == running[action.node]
+                and isinstance(action.payload, (CreateContainer, Remove))):
+            continue
+        peers = sorted(n for n in running if n != action.node and n in urls)
+        if not peers:
+            return actions
+        serving = ServingFirst(f"{urls[action.node]}/readyz", tuple(f"{urls[n]}/readyz" for n in peers), timeout,
+                               steady=INGRESS_COUNTS_IN)
+        gate = (f"before it stops: {' or '.join(peers)} answers /readyz for {serving.steady}s in a row, so the "
+                f"ingress has another (up to {timeout}s; not waited for when nothing serves)")
+        details = list(action.details)  # in apply's order: the etcd check, this wait, the graceful stop
+        details.insert(details.index(_GRACEFUL_STOP) if _GRACEFUL_STOP in details else len(details), gate)
+        actions = list(actions)
+        actions[index] = dataclasses.replace(action, details=tuple(details),
+                                             payload=dataclasses.replace(action.payload, serving=serving))
+        return actions
+    return actions
 
 
 def back_up_first(inputs: ClusterInputs, actions: list[Action]) -> list[Action]:
