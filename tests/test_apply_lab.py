@@ -691,10 +691,28 @@ def test_a_minor_version_upgrade_rolls_in_the_supported_order_and_the_api_stays_
     ingress fails and no acknowledged write is lost; the API then says the new version."""
     newest, previous = kubebin.KUBERNETES_BUILT[-1], kubebin.KUBERNETES_BUILT[-2]
     assert version_of(world, "team-b") == previous
-    path = world.repo / "clusters/team-b/cluster.yaml"
-    path.write_text(path.read_text().replace(f'kubernetesVersion: "{previous[1:]}"',
-                                             f'kubernetesVersion: "{newest[1:]}"'))
-    applied = under_probe(world, "team-b", "upgrade", world.apply_stamped)
+    path, config = world.repo / "clusters/team-b/cluster.yaml", world.repo / "gitops.yaml"
+    before, config_before = path.read_text(), config.read_text()
+    path.write_text(before.replace(f'kubernetesVersion: "{previous[1:]}"', f'kubernetesVersion: "{newest[1:]}"'))
+    # etcd's minor changes too (its data is rewritten for good): refused until the Cluster has spec.backup
+    refused = world.plan(check=False)
+    assert refused.returncode == 1 and "clusters/team-b/cluster.yaml:" in refused.stderr and (
+        "a new etcd minor version rewrites its data and cannot be undone, so a snapshot is taken first: give the "
+        "Cluster spec.backup") in refused.stderr, refused.stdout + refused.stderr
+    config.write_text(config_before + "  backup:\n    targets:\n      - name: local\n"
+                      f"        repository: {world.dir / 'backups'}\n        password: lab backup password\n")
+    first, sep, rest = path.read_text().partition("\n---")
+    path.write_text(first.rstrip("\n") + "\n  backup:\n    target: local\n    keep: 2\n" + sep + rest)
+    try:
+        applied = under_probe(world, "team-b", "upgrade", world.apply_stamped)
+        listed = world.gitops("backup", "list", str(world.repo), "--cluster", "team-b", "--json")
+    finally:  # the rest of the module runs team-b on the newest release, without backups
+        path.write_text(before.replace(f'kubernetesVersion: "{previous[1:]}"', f'kubernetesVersion: "{newest[1:]}"'))
+        config.write_text(config_before)
+    steps = [line for line in applied.splitlines() if line.startswith("[")]
+    assert "back up etcd" in steps[0] and "team-b" in steps[0], applied  # the snapshot before anything changes
+    [snapshot] = json.loads(listed.stdout)
+    assert snapshot["revision"] > 0, snapshot
     ran = [line for line in applied.splitlines() if line.startswith("[") and " container " in line]
     order = [(line.split()[3], *line.split()[2].split("/")[1:3]) for line in ran]
     members = etcd_members(world, "team-b")

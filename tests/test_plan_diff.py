@@ -22,6 +22,7 @@ from gitops.compile.authorities import authority
 from gitops.compile.desired import DesiredState
 from gitops.engine import MassDeleteRefused, apply_repo, make_plan
 from gitops.model.config import BareMetalSource, RepoConfig
+from gitops.model.resources import ClusterBackup
 from gitops.model.validate import validate_repo
 from gitops.observe.types import ObservedCluster, ObservedContainer, ObservedHypervisor, ObservedPod, ObservedState
 from gitops.compile.bootstrap import bootstrap_objects
@@ -643,9 +644,20 @@ def test_an_upgrade_rolls_component_by_component_and_never_skips_a_minor(repo):
         with pytest.raises(VersionSkew, match=rf"Cluster team-b runs etcd 3\.6 and the repo asks for etcd "
                                               rf"{re.escape(etcd.rsplit('.', 1)[0])}: .*{re.escape(words)}"):
             make_plan(model, repo.repo.config, state, observed, now=NOW)
+    # the next minor: refused without spec.backup (etcd's data is rewritten for good), naming where the versions
+    # are written; with it, planned, the snapshot first
     one_minor = dataclasses.replace(cluster, kubernetes_version="v1.37.2", etcd_version="3.7.3")
     model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": one_minor})
-    assert make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions  # allowed: planned
+    with pytest.raises(VersionSkew, match=r"^clusters/team-b/cluster\.yaml:\d+: Cluster team-b runs etcd 3\.6 and the "
+                                          r"repo asks for etcd 3\.7: a new etcd minor version rewrites its data and "
+                                          r"cannot be undone, so a snapshot is taken first: give the Cluster "
+                                          r"spec\.backup \(a target of the repo's spec\.backup\.targets\)$"):
+        make_plan(model, repo.repo.config, state, observed, now=NOW)
+    backed_up = dataclasses.replace(one_minor, backup=ClusterBackup("local", 60, 3))
+    model = dataclasses.replace(repo.model, clusters={**repo.model.clusters, "team-b": backed_up})
+    actions = make_plan(model, repo.repo.config, state, observed, now=NOW).plan.actions
+    assert (actions[0].kind, actions[0].cluster, actions[0].payload.target) == (Kind.BACKUP_ETCD, "team-b", "local")
+    assert actions[0].reason == "before this plan replaces running etcd member team-b-cp-1"
 
 
 def test_no_change_needing_an_unreachable_members_vote(repo):

@@ -102,6 +102,14 @@ def _oidc(spec: dict) -> ApiServerOIDC:
                          spec.get("caBundle", ""), spec.get("sipCluster", ""))
 
 
+def _etcd_version_field(spec: dict) -> tuple[str, ...]:
+    """The field the etcd version comes from: spec.images.etcd, else spec.etcdVersion, else the pairing of
+    spec.kubernetesVersion."""
+    if "etcd" in spec.get("images", {}):
+        return ("spec", "images", "etcd")
+    return ("spec", "etcdVersion") if "etcdVersion" in spec else ("spec", "kubernetesVersion")
+
+
 def cluster(doc: Document) -> Cluster:
     spec = doc.spec
     certs = spec.get("certificates", {})
@@ -126,6 +134,8 @@ def cluster(doc: Document) -> Cluster:
         oidc=_oidc(api["oidc"]) if "oidc" in api else None,
         ca_generation=certs.get("caGeneration", 1),
         ca_generation_at=f"{doc.file}:{doc.line_of(('spec', 'certificates', 'caGeneration'))}",
+        version_at=f"{doc.file}:{doc.line_of(('spec', 'kubernetesVersion'))}",
+        etcd_version_at=f"{doc.file}:{doc.line_of(_etcd_version_field(spec))}",
         backup=ClusterBackup(spec["backup"]["target"], spec["backup"].get("intervalMinutes", 60),
                              spec["backup"].get("keep", 24)) if "backup" in spec else None,
         restore=ClusterRestore(spec["restore"]["snapshot"]) if "restore" in spec else None,

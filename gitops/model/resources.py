@@ -204,6 +204,10 @@ class Cluster:
     ca_generation: int = 1
     #: where caGeneration is written ("file:line"), for errors about it
     ca_generation_at: str = field(default="", compare=False)
+    #: where kubernetesVersion and etcdVersion are written ("file:line"; the nearest field there is), for
+    #: errors about a version change
+    version_at: str = field(default="", compare=False)
+    etcd_version_at: str = field(default="", compare=False)
     #: metadata.labels: which rollout wave it is in (gitops.model.waves); nothing it runs depends on them
     labels: dict[str, str] = field(default_factory=dict, compare=False, repr=False, hash=False)
     #: spec.backup: etcd snapshots (None: none taken)

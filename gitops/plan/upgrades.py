@@ -66,19 +66,23 @@ def version_problems(model: RepoModel, observed: ObservedState) -> list[str]:
         step = _step(running[name], versions.parse(cluster.kubernetes_version)[:2])
         low = min(running[name])
         have = ", ".join(f"v{a}.{b}" for a, b in sorted(running[name]))
+        asks = f"{_at(cluster.version_at)}Cluster {name} runs {have} and the repo asks for {cluster.kubernetes_version}"
         if step == "skip":
-            problems.append(f"Cluster {name} runs {have} and the repo asks for {cluster.kubernetes_version}: "
-                            f"upgrade one minor version at a time (v{low[0]}.{low[1] + 1} first)")
+            problems.append(f"{asks}: upgrade one minor version at a time (v{low[0]}.{low[1] + 1} first)")
         elif step == "down":
-            problems.append(f"Cluster {name} runs {have} and the repo asks for {cluster.kubernetes_version}: "
-                            "Kubernetes does not support downgrading a minor version")
+            problems.append(f"{asks}: Kubernetes does not support downgrading a minor version")
     problems += _etcd_problems(model, observed)
     return problems
 
 
+def _at(where: str) -> str:
+    return f"{where}: " if where else ""
+
+
 def _etcd_problems(model: RepoModel, observed: ObservedState) -> list[str]:
     """etcd moves one minor at a time too (3.6 -> 3.7; 3.5 -> 3.7 crash-loops) and never back: its data
-    directory is upgraded by the newer minor."""
+    directory is upgraded by the newer minor, so a minor change needs a snapshot taken first (spec.backup:
+    the plan takes one before the first member changes)."""
     problems = []
     running = running_minors(observed, ETCD)
     for name, cluster in sorted(model.clusters.items()):
@@ -88,12 +92,15 @@ def _etcd_problems(model: RepoModel, observed: ObservedState) -> list[str]:
         want = (int(match[1]), int(match[2]))
         step = _step(running[name], want)
         low = min(running[name])
-        asks = f"Cluster {name} runs etcd {', '.join(f'{a}.{b}' for a, b in sorted(running[name]))} and the repo " \
-               f"asks for etcd {want[0]}.{want[1]}"
+        asks = f"{_at(cluster.etcd_version_at)}Cluster {name} runs etcd " \
+               f"{', '.join(f'{a}.{b}' for a, b in sorted(running[name]))} and the repo asks for etcd {want[0]}.{want[1]}"
         if step == "skip":
             problems.append(f"{asks}: upgrade etcd one minor version at a time ({low[0]}.{low[1] + 1} first)")
         elif step == "down":
             problems.append(f"{asks}: etcd does not support downgrading a minor version")
+        elif want > max(running[name]) and cluster.backup is None:
+            problems.append(f"{asks}: a new etcd minor version rewrites its data and cannot be undone, so a snapshot "
+                            "is taken first: give the Cluster spec.backup (a target of the repo's spec.backup.targets)")
     return problems
 
 
