@@ -1147,3 +1147,26 @@ def test_etcd_upkeep_runs_only_on_a_cluster_the_plan_leaves_alone(repo):
     assert [(a.kind, a.node) for a in both.actions] == [
         *((Kind.DEFRAGMENT_ETCD, n) for n in ("team-a-cp-2", "team-a-cp-3", "team-a-cp-1")),
         (Kind.RECREATE_CONTAINER, "team-a-cp-2")]
+
+
+def test_joined_kubelets_bound_the_version_a_cluster_may_run(repo):
+    """The version-skew policy against the kubelets a cluster's API reports: at most three minors older than the
+    version the repo asks for, never newer; each refusal names the node and where the version is written."""
+    from gitops.observe.types import ObservedCluster, ObservedWorker
+    from gitops.plan.upgrades import VersionSkew
+
+    state, observed = settle(repo.model)
+    assert repo.model.clusters["team-a"].kubernetes_version == "v1.37.2"
+
+    def with_kubelet(version: str):
+        seen = ObservedCluster("team-a", True, workers=(ObservedWorker("worker-1", True, version),))
+        return dataclasses.replace(observed, clusters={**observed.clusters, "team-a": seen})
+
+    for fine in ("v1.34.0", "v1.37.2", ""):  # three minors older, the same, none reported
+        make_plan(repo.model, repo.repo.config, state, with_kubelet(fine), now=NOW)
+    for kubelet, words in (("v1.33.9", "node worker-1: kubelet v1.33.9 is more than 3 minor versions older than "
+                                       "the cluster's API server v1.37.2"),
+                           ("v1.38.0", "node worker-1: kubelet v1.38.0 is newer than the cluster's API server v1.37.2")):
+        with pytest.raises(VersionSkew, match=rf"^clusters/team-a/cluster\.yaml:9: Cluster team-a asks for v1\.37\.2: "
+                                              rf"{re.escape(words)}"):
+            make_plan(repo.model, repo.repo.config, state, with_kubelet(kubelet), now=NOW)

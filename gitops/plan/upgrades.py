@@ -72,6 +72,24 @@ def version_problems(model: RepoModel, observed: ObservedState) -> list[str]:
         elif step == "down":
             problems.append(f"{asks}: Kubernetes does not support downgrading a minor version")
     problems += _etcd_problems(model, observed)
+    problems += _worker_problems(model, observed)
+    return problems
+
+
+def _worker_problems(model: RepoModel, observed: ObservedState) -> list[str]:
+    """The cluster's joined kubelets (its Nodes, as its API reports them) against the version the repo asks
+    for: never older than the kubelets, at most KUBELET_MAX_SKEW minors newer. A kubelet that reports no
+    version (or an unreadable one) is not checked."""
+    problems = []
+    for name, cluster in sorted(model.clusters.items()):
+        seen = observed.clusters.get(name)
+        for worker in sorted(seen.workers if seen is not None else (), key=lambda w: w.name):
+            if not worker.kubelet_version or not _TAG.search(f":{worker.kubelet_version}"):
+                continue
+            why = versions.kubelet_skew_problem(worker.name, worker.kubelet_version, cluster.kubernetes_version)
+            if why:
+                problems.append(f"{_at(cluster.version_at)}Cluster {name} asks for {cluster.kubernetes_version}: "
+                                f"{why}")
     return problems
 
 
