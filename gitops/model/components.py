@@ -52,7 +52,7 @@ class Component:
     name: str
     #: its key in a Cluster's `spec.images` ("": not overridable)
     image_key: str
-    #: the upstream image; `{kubernetes}` is the cluster's version ("v1.31.2"), `{etcd}` its etcd version ("3.5.16")
+    #: the upstream image; `{kubernetes}` is the cluster's version ("v1.37.2"), `{etcd}` its etcd version ("3.7.3")
     default_image: str
     #: how a running one is replaced (`STOP_START`, `ETCD_MEMBER`, `READYZ`, `OVERLAP`, `RELOAD`)
     rollout: str = STOP_START
