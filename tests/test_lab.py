@@ -371,7 +371,7 @@ def test_upstream_aliases(lab, tmp_path: Path) -> None:  # type: ignore[no-untyp
     assert lab.aliases["docker.io/osixia/keepalived:2.0.20"] == lab.images["keepalived"]
     assert len(lab.aliases) == 4 + len(set(lab.kubernetes.values())) + 3 * len(lab.kubernetes)
     # the control-plane images (versioned roles) on the private hypervisor only: control-plane Nodes sit there
-    controlplane = {ref for role, ref in lab.images.items() if "/" in role}
+    controlplane = {lab.images[role] for role in recipes.controlplane_roles(lab.images)}
     assert controlplane >= {f"gitops.lab/kube-apiserver:{v}", f"gitops.lab/etcd:{etcd}"}
     for hv in lab.hypervisors:
         with CRIClient(hv.remote().cri_endpoint()) as client:

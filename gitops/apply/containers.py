@@ -136,11 +136,10 @@ def _replace_beside(run: Run, action: Action, p: CreateContainer) -> None:
 
 def _wait_ready(run: Run, action: Action, ready: ApiReady) -> None:
     """Until the API server's own /readyz answers ok (anonymous; TLS verified against the cluster's CAs)."""
-    url = urlsplit(ready.url)
-    ca_pem = run.state.clusters[action.cluster].trust_bundle("cluster")
+    api, path = _readyz_api(ready.url, run.state.clusters[action.cluster].trust_bundle("cluster"), timeout=5)
     deadline = time.monotonic() + ready.timeout
-    with KubeAPI(f"{url.scheme}://{url.netloc}", ca_pem, timeout=5) as api:
-        run.until_ready(action, api, url.path, deadline, f"kube-apiserver on {action.node}",
+    with api:
+        run.until_ready(action, api, path, deadline, f"kube-apiserver on {action.node}",
                           lambda last: f"kube-apiserver on {action.node} not ready after {ready.timeout}s "
                                        f"({ready.url}: {last}); stopping before any other API server is touched")
     counted_in = time.monotonic() + ready.ingress  # the ingress's health check takes it back meanwhile
@@ -183,9 +182,10 @@ def _serving_first(run: Run, action: Action, serving: ServingFirst) -> None:
             api.close()
 
 
-def _readyz_api(url: str, ca_pem: str) -> tuple[KubeAPI, str]:
+def _readyz_api(url: str, ca_pem: str, timeout: float = 2) -> tuple[KubeAPI, str]:
+    """An anonymous client of the API server at `url` (its /readyz; TLS verified against `ca_pem`), and the path."""
     parts = urlsplit(url)
-    return KubeAPI(f"{parts.scheme}://{parts.netloc}", ca_pem, timeout=2), parts.path
+    return KubeAPI(f"{parts.scheme}://{parts.netloc}", ca_pem, timeout=timeout), parts.path
 
 
 def _etcd_gate(run: Run, action: Action, p: CreateContainer, before: bool) -> None:

@@ -827,7 +827,7 @@ def alias_image(src: str, dst: str, lab_dir: Path | None = None) -> list[str]:
     lab = info(lab_dir)
     if not src or not dst:
         raise LabError("alias: both SRC and DST are required")
-    private = {ref for role, ref in lab.images.items() if "/" in role}  # (recipes.controlplane_roles)
+    private = {lab.images[role] for role in lab_images.controlplane_roles(lab.images)}
     done = []
     for hv in lab.hypervisors:
         if hv.public and lab.aliases.get(src, src) in private:

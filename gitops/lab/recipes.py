@@ -205,10 +205,11 @@ def lab_recipes(kubernetes_versions: Iterable[str] = DEFAULT_KUBERNETES_VERSIONS
     return recipes
 
 
-def controlplane_roles(recipes: dict[str, ImageRecipe]) -> set[str]:
-    """The versioned images (`etcd/<version>`, `<component>/v<version>`): only control-plane Nodes run them,
-    and those sit on private hypervisors (validation refuses one on a public one)."""
-    return {role for role in recipes if "/" in role}
+def controlplane_roles(roles: Iterable[str]) -> set[str]:
+    """Of `roles` (a `lab_recipes` dict, or a lab's images by role), the versioned images (`etcd/<version>`,
+    `<component>/v<version>`): only control-plane Nodes run them, and those sit on private hypervisors
+    (validation refuses one on a public one)."""
+    return {role for role in roles if "/" in role}
 
 
 def upstream_aliases(recipes: dict[str, ImageRecipe]) -> dict[str, str]:
