@@ -116,6 +116,13 @@ def _diagnostics(repo, rel: str, edit) -> list[str]:
      "client 'nobody' is not a client of SIPCluster tenant-1's provider"),
     (lambda t: t.replace("sipCluster: tenant-1", "sipCluster: tenant-1\n      issuerURL: https://x.example"),
      "either issuerURL and clientID"),
+    # a prefix the API server puts before every name may not make one of Kubernetes' own (issue #60.2)
+    (lambda t: t.replace('groupsPrefix: "oidc:"', 'groupsPrefix: "system:"'),
+     "oidc.groupsPrefix: 'system:': put before a name it spells, or can spell, a system: name"),
+    (lambda t: t.replace('groupsPrefix: "oidc:"', 'groupsPrefix: "SyStem:x-"'), "'SyStem:x-': put before a name"),
+    (lambda t: t.replace('usernamePrefix: "oidc:"', 'usernamePrefix: "system:node:"'),
+     "oidc.usernamePrefix: 'system:node:': put before a name"),
+    (lambda t: t.replace('groupsPrefix: "oidc:"', 'groupsPrefix: "sys"'), "'sys': put before a name it spells, or"),
 ])
 def test_a_cluster_trusting_a_provider_by_name_is_checked(declared, edit, words):
     repo, _ = declared
@@ -165,3 +172,22 @@ def test_a_user_may_not_claim_a_system_group(declared):
                           lambda t: t.replace(declared_group, declared_group + "            - system:masters\n"))
     assert any("'system:masters': the system: groups are Kubernetes' own" in e and "tenant-1.yaml" in e
                and "groups[1]" in e for e in errors), errors
+
+
+@pytest.mark.parametrize("declared_as, key, name, words", [
+    ("username: alice", "username", "system:kube-controller-manager", "does not match"),
+    ("email: alice@example.com", "email", "System:x@example.com", "the system: names are Kubernetes' own"),
+])
+def test_a_user_may_not_take_a_system_name(declared, declared_as, key, name, words):
+    repo, _ = declared
+    errors = _diagnostics(repo, "sip/tenant-1.yaml", lambda t: t.replace(declared_as, f"{key}: {name!r}"))
+    assert any(words in e and "tenant-1.yaml" in e and f"users[0].{key}: {name!r}" in e for e in errors), errors
+
+
+def test_an_unprefixed_issuer_with_declared_names_validates(declared):
+    """No prefix at all (- or absent) is allowed: the names the provider sends are checked one by one."""
+    repo, _ = declared
+    errors = _diagnostics(repo, "clusters/team-a/cluster.yaml",
+                          lambda t: t.replace('usernamePrefix: "oidc:"', 'usernamePrefix: "-"')
+                          .replace('      groupsPrefix: "oidc:"\n', ""))
+    assert errors == []

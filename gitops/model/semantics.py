@@ -330,6 +330,9 @@ def api_server_oidc(docs: list[Document], everything: list[Document]) -> Iterabl
     sips = {d.name: d for d in _of_kind(everything, "SIPCluster")}
     for cluster in _of_kind(docs, "Cluster"):
         base = ("spec", "apiServer", "oidc")
+        if cluster.get(base) is None:
+            continue
+        yield from _system_prefixes(cluster, base)
         name = cluster.get(base + ("sipCluster",))
         if name is not None:
             yield from _sip_issuer(cluster, base, sips.get(name))
@@ -343,6 +346,29 @@ def api_server_oidc(docs: list[Document], everything: list[Document]) -> Iterabl
             certs = []
         if not certs:
             yield cluster.error(path, "not PEM certificates (expected -----BEGIN CERTIFICATE----- blocks)")
+
+
+SYSTEM = "system:"
+
+
+def spells_system(prefix: str, name: str = "") -> bool:
+    """Whether `prefix` put before `name` makes a name of Kubernetes' own (system:masters is every right,
+    system:node:X a node's), in any case: or, with no name, whether some name after `prefix` could."""
+    whole = (prefix + name).lower()
+    return whole.startswith(SYSTEM) or (not name and bool(prefix) and SYSTEM.startswith(whole))
+
+
+def _system_prefixes(cluster: Document, base: tuple[str, ...]) -> Iterable[Diagnostic]:
+    """usernamePrefix and groupsPrefix: neither is, nor begins, a system: name (the API server puts them before
+    every name the issuer sends: a prefix system: turns a group masters into system:masters, sys one named
+    tem:masters). With this and sip_auth's rule on the names a provider declares, no prefix and name together
+    spell one."""
+    for key in ("usernamePrefix", "groupsPrefix"):
+        prefix = cluster.get(base + (key,))
+        if prefix is not None and prefix != "-" and spells_system(prefix):
+            yield cluster.error(base + (key,), f"{prefix!r}: put before a name it spells, or can spell, a system: "
+                                "name (Kubernetes' own users and groups: system:masters is every right); take "
+                                "a prefix of your own such as oidc:")
 
 
 def _load_pem_certificates(text: str) -> list:
@@ -423,10 +449,14 @@ def sip_auth(docs: list[Document], _everything: list[Document]) -> Iterable[Diag
                                 "not a bcrypt ($2b$...) or argon2id ($argon2id$...) hash: a password is never written "
                                 "in the repo; put its hash (gitops oidc hash-password)")
             for j, group in enumerate(user.get("groups", [])):
-                if group.lower().startswith("system:"):
+                if spells_system("", group):
                     yield sip.error(base + ("users", i, "groups", j),
                                     f"{group!r}: the system: groups are Kubernetes' own (system:masters is every "
                                     "right); an OIDC user may not claim one")
+            if spells_system("", user["email"]):  # (the schema keeps : out of usernames)
+                yield sip.error(base + ("users", i, "email"), f"{user['email']!r}: the system: names are "
+                                "Kubernetes' own (system:node:X is a node, system:kube-controller-manager a "
+                                "controller); an OIDC user may not take one")
             for key in ("username", "email"):
                 first = seen.setdefault((key, user[key].lower()), i)
                 if first != i:
