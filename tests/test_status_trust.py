@@ -455,3 +455,61 @@ def test_an_older_signed_commit_merged_in_after_a_rollback_is_never_read_as_newe
     subprocess.run(["git", "--git-dir", origin, "update-ref", f"refs/heads/{BRANCH}", forged], check=True)
     branch.sync()
     assert branch.untrusted is not None and branch.read("status/source.yaml") == b"applied: a3\n"
+
+
+def _merge(origin: str, tmp_path: Path, parents: list[str], tree_of: str) -> str:
+    """An unsigned merge of `parents` holding `tree_of`'s tree, pushed as the branch's tip (anyone with push)."""
+    tree = git(tmp_path, "--git-dir", origin, "rev-parse", f"{tree_of}^{{tree}}")
+    forged = git(tmp_path, "--git-dir", origin, "commit-tree", tree,
+                 *(arg for p in parents for arg in ("-p", p)), "-m", "merge")
+    subprocess.run(["git", "--git-dir", origin, "update-ref", f"refs/heads/{BRANCH}", forged], check=True)
+    return forged
+
+
+def test_an_unsigned_merge_never_rolls_back_another_signers_commit(origin: str, tmp_path: Path):
+    """Issue #60.1: a merge whose first parent is the tip replica A last verified and whose second is replica B's
+    newer signed commit made A read its old tree and publish over B's records, which B then trusted."""
+    a_key, b_key = make_key(tmp_path / "keys", "a"), make_key(tmp_path / "keys", "b")
+    a = StatusBranch(origin, tmp_path / "a", BRANCH, trust(a_key, b_key))
+    b = StatusBranch(origin, tmp_path / "b", BRANCH, trust(b_key, a_key))
+    only_a = lambda content: lambda br: br.write_tree({"status/a.yaml": content}, ("status/a.yaml",))  # noqa: E731
+    only_b = lambda content: lambda br: br.write_tree({"status/b.yaml": content}, ("status/b.yaml",))  # noqa: E731
+    seen_by_a = a.publish(only_a(b"a1\n"), "a1")
+    b.publish(only_b(b"b1\n"), "b1")
+    a.sync()
+    assert a.read("status/b.yaml") == b"b1\n"
+    seen_by_a = a.publish(only_a(b"a2\n"), "a2")
+    newer = b.publish(only_b(b"b2\n"), "b2")  # A has not seen it yet
+    forged = _merge(origin, tmp_path, [seen_by_a, newer], tree_of=seen_by_a)
+    assert a.sync() == forged and a.untrusted is not None and a.untrusted[0] == forged
+    assert a.read("status/b.yaml") == b"b2\n", "A read a tree older than B's signed commit in the tip's history"
+    a.publish(only_a(b"a3\n"), "a3")
+    b.sync()
+    assert b.untrusted is None and b.read("status/b.yaml") == b"b2\n" and b.read("status/a.yaml") == b"a3\n"
+
+
+def test_signed_commits_side_by_side_are_read_merged_or_nothing_is_written(origin: str, tmp_path: Path):
+    """Two signed commits neither of which descends from the other (the branch rolled back, another writer wrote
+    on the old tip, a merge put them together): both trees are read, merged three ways; when they changed one
+    file differently nothing is published, and the error says why."""
+    a_key, b_key = make_key(tmp_path / "keys", "a"), make_key(tmp_path / "keys", "b")
+    a = StatusBranch(origin, tmp_path / "a", BRANCH, trust(a_key, b_key))
+    b = StatusBranch(origin, tmp_path / "b", BRANCH, trust(b_key, a_key))
+    base = a.publish(files({"status/source.yaml": b"applied: 1\n"}), "base")
+    b.sync()
+    mine = a.publish(lambda br: br.write_tree({"status/a.yaml": b"a\n"}, ("status/a.yaml",)), "a")
+    subprocess.run(["git", "--git-dir", origin, "update-ref", f"refs/heads/{BRANCH}", base], check=True)
+    theirs = b.publish(lambda br: br.write_tree({"status/b.yaml": b"b\n"}, ("status/b.yaml",)), "b")
+    forged = _merge(origin, tmp_path, [theirs, mine], tree_of=base)
+    c = StatusBranch(origin, tmp_path / "c", BRANCH, trust(a_key, b_key))  # a reader that never saw either
+    assert c.sync() == forged and c.untrusted is not None and "side by side" in c.untrusted[1]
+    assert (c.read("status/a.yaml"), c.read("status/b.yaml")) == (b"a\n", b"b\n")
+    # both changed the same file: no tree holds both, so nothing is written over either
+    clash = a.publish(files({"status/source.yaml": b"applied: a\n"}), "a2")
+    subprocess.run(["git", "--git-dir", origin, "update-ref", f"refs/heads/{BRANCH}", theirs], check=True)
+    b.sync()
+    other = b.publish(files({"status/source.yaml": b"applied: b\n"}), "b2")
+    _merge(origin, tmp_path, [other, clash], tree_of=base)
+    with pytest.raises(StatusError, match=r"signed commits side by side .* conflict in status/source.yaml"):
+        a.publish(files({"status/source.yaml": b"applied: a3\n"}), "a3")
+    assert git(tmp_path, "--git-dir", origin, "log", "-1", "--format=%s", BRANCH) == "merge"

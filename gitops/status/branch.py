@@ -27,7 +27,7 @@ from gitops.errors import GitopsError
 from gitops.gitrepo import GitError, Repo, open_clone, remove_abandoned_remote_locks
 from gitops.safeio import FileRefused, read_text, remove_under, write_atomic, write_under
 from gitops.status.reader import DEFAULT_BRANCH, StatusReader
-from gitops.status.trust import BranchTrust, newest_trusted
+from gitops.status.trust import BranchTrust, TrustError, merged_tree, trusted_heads
 
 log = logging.getLogger(__name__)
 
@@ -147,23 +147,31 @@ class StatusBranch:
         return tip
 
     def _trusted_base(self, tip: str) -> str:
-        """`tip` when a pinned key signed it and it descends from the last commit verified here, else the
-        newest trusted commit to read instead ("" when there is none), the tip noted in `untrusted`."""
+        """`tip` when a pinned key signed it and it descends from the last commit verified here, else what to
+        read instead, the tip noted in `untrusted`: the newest trusted commit of its history (every parent), or
+        the trees of several merged when signed commits stand side by side (a tree id), "" when there is none.
+        What is published on top never holds a tree older than a signed commit in its own history."""
         assert self.trust is not None
         repo, ref = self.repo, f"{TRUSTED_REFS}/{self.branch}"
         known = self._known()
         if known and not repo.is_ancestor(known, tip):
             self.untrusted = (tip, f"its history does not descend from {known[:12]}, the last status commit "
                                    "verified here (rewritten or rolled back)")
-            base = self._keep = known
+            self._keep = known
+        elif (problem := self.trust.verifier.problem(repo, tip)) is None:
+            repo.run("update-ref", ref, tip)
+            return tip
         else:
-            problem = self.trust.verifier.problem(repo, tip)
-            if problem is None:
-                base = tip
-            else:
-                self.untrusted = (tip, problem)
-                base = newest_trusted(repo, tip, self.trust.verifier, since=known)
-        if base:
+            self.untrusted = (tip, problem)
+        heads = trusted_heads(repo, tip, self.trust.verifier, since=known)
+        try:
+            base = merged_tree(repo, heads) if len(heads) > 1 else (heads[0] if heads else "")
+        except TrustError as err:
+            raise StatusError(f"{self.branch}: {err}") from None
+        if len(heads) > 1:
+            self.untrusted = (tip, f"{self.untrusted[1]}; signed commits stand side by side in its history "
+                                   f"({', '.join(h[:12] for h in heads)}): their trees are read merged")
+        elif base:
             repo.run("update-ref", ref, base)
         if self.untrusted is not None:
             log.warning("status branch tip not trusted: it is set aside", extra={

@@ -13,9 +13,10 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from gitops.errors import GitopsError
 from gitops.gitrepo import Repo, as_repo
@@ -185,15 +186,68 @@ class Verifier:
         return "signed by a key that is not pinned" + (f" ({key.group(0)})" if key else "")
 
 
-def newest_trusted(repo: Repo | Path, tip: str, verifier: Verifier, since: str = "", limit: int = 200) -> str:
-    """The newest first-parent ancestor of `tip` (itself included) signed by a pinned key: one that descends
-    from `since` when given (a commit known good: returned when none does; an older signed commit merged
-    in beside it is a rollback, never a candidate), else among the `limit` newest; "" when there is none."""
+def trusted_heads(repo: Repo | Path, tip: str, verifier: Verifier, since: str = "") -> tuple[str, ...]:
+    """The commits a pinned key signed in `tip`'s history (every parent, no cap) that no other such commit
+    descends from, newest first; with `since` (the last commit verified here) only those outside its history,
+    and `since` itself unless one of them descends from it. One head is the newest status; several are signed
+    commits side by side (a merge put one beside another): reading any one of them alone drops what the others
+    wrote, so their trees are merged (`merged_tree`). Each commit's signature is checked once, and only those
+    of commits outside the heads found so far."""
     repo = as_repo(repo)
-    for sha in repo.first_parents(f"{since}..{tip}" if since else tip, limit):
-        if verifier.problem(repo, sha) is None and (not since or repo.is_ancestor(since, sha)):
-            return sha
-    return since
+    heads: list[str] = []
+    while (head := _first_trusted(repo, tip, verifier, [since, *heads] if since else heads)):
+        heads.append(head)  # (the next walk leaves its history out: what is found next is beside it)
+    if since and not any(repo.is_ancestor(since, head) for head in heads):
+        heads.append(since)
+    return tuple(heads)
+
+
+def _first_trusted(repo: Repo, tip: str, verifier: Verifier, without: list[str]) -> str:
+    """The first commit, children before parents, of `tip`'s history outside `without`'s that a pinned key
+    signed ("" when none): `git rev-list --topo-order --header` read as it comes, only signed ones verified."""
+    with repo.stream("rev-list", "--topo-order", "--header", tip, *(f"^{sha}" for sha in without)) as proc:
+        assert proc.stdout is not None
+        for raw in _records(proc.stdout):
+            sha, _, body = raw.partition(b"\n")
+            if b"\ngpgsig " in b"\n" + body.split(b"\n\n", 1)[0] \
+                    and verifier.problem(repo, sha.decode()) is None:
+                proc.kill()
+                return sha.decode()
+    return ""
+
+
+def _records(stream: BinaryIO, chunk: int = 1 << 16) -> Iterator[bytes]:
+    """The NUL-separated records of `stream`, each as it completes."""
+    pending = b""
+    while data := stream.read1(chunk):
+        pending += data
+        *done, pending = pending.split(b"\0")
+        yield from (record for record in done if record)
+    if pending:
+        yield pending
+
+
+def merged_tree(repo: Repo | Path, heads: tuple[str, ...]) -> str:
+    """The tree to read for `heads` (`trusted_heads`): the one head's, or the heads' trees merged three ways
+    (`git merge-tree`), so that no signed commit's content is dropped. Raises `TrustError` naming the paths when
+    two heads changed one file differently: then nothing is published until the branch holds one newest."""
+    repo = as_repo(repo)
+    merged = heads[0]
+    for other in heads[1:]:
+        done = repo.attempt("merge-tree", "--write-tree", "--name-only", "--no-messages", merged, other)
+        if done.status != 0:
+            paths = done.text.split("\n")[1:] if done.status == 1 else []
+            raise TrustError(f"the status branch holds signed commits side by side ({', '.join(h[:12] for h in heads)}; "
+                             "a merge put one beside another) whose changes conflict"
+                             + (f" in {', '.join(sorted(set(p for p in paths if p))[:5])}" if paths else
+                                f": {done.err.strip()[:200]}")
+                             + ": reading either alone would drop the other's records, so nothing is written until "
+                             "the branch is reset to the newest of them")
+        tree = done.text.split("\n", 1)[0].strip()
+        merged = repo.run("commit-tree", "--no-gpg-sign", tree, "-p", merged, "-p", other, "-m", "merged signed status heads",
+                          env={"GIT_AUTHOR_NAME": "gitops", "GIT_AUTHOR_EMAIL": "gitops@localhost",
+                               "GIT_COMMITTER_NAME": "gitops", "GIT_COMMITTER_EMAIL": "gitops@localhost"}).strip()
+    return repo.run("rev-parse", f"{merged}^{{tree}}").strip()
 
 
 @dataclass
