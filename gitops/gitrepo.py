@@ -11,7 +11,10 @@ writer (the controller's workdir lock, the UI mirror's lock), and reads need no 
 (`tests/test_gitrepo.py`).
 
 Git never prompts here (`GIT_TERMINAL_PROMPT=0`): credentials come with the URL or a credential helper, and a
-command that would ask fails instead of hanging. Its messages are in English (`LANGUAGE=C`): callers match
+command that would ask fails instead of hanging. Credentials in an http(s) URL never reach a command line
+(`/proc/PID/cmdline` is anyone's to read, and git hands the URL it fetches to its remote helper's): the URL
+is used without them and they reach git through its environment, read by a credential helper
+(`without_credentials`). Its messages are in English (`LANGUAGE=C`): callers match
 some of them (a push that lost a race).
 """
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from gitops.errors import GitopsError
 
@@ -74,11 +78,40 @@ def _env(extra: Mapping[str, str] | None) -> dict[str, str]:
     return {**os.environ, **_ENV, **(extra or {})}
 
 
-class Repo:
-    """A git repository on this machine (a clone with a worktree, or bare)."""
+#: the credential helper (a shell snippet, on no command line with a secret): the user and password from the
+#: environment `without_credentials` makes, for git's `get`
+_HELPER = ('!f() { test "$1" = get || exit 0; printf "username=%s\\npassword=%s\\n" "$GITOPS_GIT_USERNAME" '
+           '"$GITOPS_GIT_PASSWORD"; }; f')
 
-    def __init__(self, path: Path):
+
+def without_credentials(url: str) -> tuple[str, dict[str, str]]:
+    """An http(s) `url` without its user info (a user name alone may be a token too), and the environment
+    that gives them to git: a credential helper of its own (every other one set aside) reading them from
+    variables, which only this user and root may read (`/proc/PID/environ`). Any other URL as it is."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url, {}
+    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+        return url, {}
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    user, password = unquote(user), unquote(password)
+    if any(c in user + password for c in "\n\0"):
+        raise GitopsError(f"the credentials of {urlunsplit(parts._replace(netloc=host))} hold a newline or a NUL")
+    return urlunsplit(parts._replace(netloc=host)), {
+        "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "credential.helper", "GIT_CONFIG_VALUE_0": "",
+        "GIT_CONFIG_KEY_1": "credential.helper", "GIT_CONFIG_VALUE_1": _HELPER,
+        "GITOPS_GIT_USERNAME": user, "GITOPS_GIT_PASSWORD": password}
+
+
+class Repo:
+    """A git repository on this machine (a clone with a worktree, or bare). `env`: what every git command of
+    it gets on top (the credentials of its remote, `without_credentials`)."""
+
+    def __init__(self, path: Path, env: Mapping[str, str] | None = None):
         self.path = Path(path)
+        self.env = dict(env or {})
 
     def __repr__(self) -> str:
         return f"Repo({str(self.path)!r})"
@@ -90,7 +123,7 @@ class Repo:
         """Run `git ARGS` in the repo and return how it ended (no error raised for a failure)."""
         try:
             done = subprocess.run(["git", "-C", str(self.path), *args], input=input, capture_output=True,
-                                  env=_env(env), timeout=timeout, check=False,
+                                  env=_env({**self.env, **(env or {})}), timeout=timeout, check=False,
                                   stdin=None if input is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return Done(124, b"", f"git {args[0]} took longer than {timeout} s")
@@ -122,7 +155,7 @@ class Repo:
         """`git ARGS` running, its standard output a pipe to read as it comes (a listing or an archive too
         large to hold), waited for at the end; killed when the reader raises."""
         with subprocess.Popen(["git", "-C", str(self.path), *args], stdout=subprocess.PIPE, stderr=stderr,
-                              stdin=subprocess.DEVNULL, env=_env(None)) as proc:
+                              stdin=subprocess.DEVNULL, env=_env(self.env)) as proc:
             try:
                 yield proc
             except BaseException:
@@ -261,23 +294,24 @@ def is_path(repo: str) -> bool:
 
 
 def open_clone(url: str, directory: Path) -> Repo:
-    """The clone of `url` in `directory`: opened (origin re-pointed at `url`) or made without checkout.
-    Raises GitError."""
+    """The clone of `url` in `directory`: opened (origin re-pointed at `url`) or made without checkout; its
+    origin is the URL without credentials, which the returned `Repo` gives git itself. Raises GitError."""
+    clean, env = without_credentials(url)
     if (directory / ".git").is_dir():
-        repo = Repo(directory)
-        repo.run("remote", "set-url", "origin", url)
+        repo = Repo(directory, env)
+        repo.run("remote", "set-url", "origin", clean)
         return repo
     directory.parent.mkdir(parents=True, exist_ok=True)
-    Repo(directory.parent).run("clone", "--quiet", "--no-checkout", "--", url, str(directory))
-    return Repo(directory)
+    Repo(directory.parent, env).run("clone", "--quiet", "--no-checkout", "--", clean, str(directory))
+    return Repo(directory, env)
 
 
-def init_bare(directory: Path) -> Repo:
-    """A bare repository in `directory`, made if there is none."""
+def init_bare(directory: Path, env: Mapping[str, str] | None = None) -> Repo:
+    """A bare repository in `directory`, made if there is none (`env`: as `Repo`'s)."""
     if not (directory / "HEAD").exists():
         directory.mkdir(parents=True, exist_ok=True)
         Repo(directory).run("init", "--quiet", "--bare")
-    return Repo(directory)
+    return Repo(directory, env)
 
 
 def clear_stale_locks(workdir: Path) -> list[Path]:

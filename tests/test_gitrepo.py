@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from gitops.gitrepo import GitError, Repo, init_bare, open_clone
+from githttp import GitHTTP, command_lines
 from signing import make_key
 
 GIT_ID = {"user.name": "t", "user.email": "t@example.invalid", "commit.gpgsign": "false"}
@@ -161,3 +163,82 @@ def test_the_source_clone_fetches_checks_out_and_verifies_signatures_through_the
         source.verify(stranger)
     with pytest.raises(SourceError, match="cannot fetch nope"):
         GitSource(str(repo.path), tmp_path / "work2", "nope").fetch()
+
+
+# ------------------------------------------------------------------ credentials (issue #60.3)
+
+TOKEN = "s3cr3t-t0ken-of-60"
+
+
+def _served_repo(root: Path) -> str:
+    """A bare repo `root/r.git` holding one commit on main; its SHA."""
+    work = Repo(root / "work")
+    work.path.mkdir(parents=True)
+    work.run("init", "-q", "-b", "main")
+    work.configure(GIT_ID)
+    sha = _commit(work, {"gitops.yaml": "x: 1\n"}, "first")
+    init_bare(root / "r.git")
+    work.run("push", "-q", str(root / "r.git"), "main")
+    return sha
+
+
+def test_credentials_in_a_url_never_reach_a_command_line_while_a_fetch_hangs(tmp_path: Path):
+    """The controller's clone and the UI's mirror fetch a URL with a user and token; while the server holds
+    both fetches, no process on the machine has the token on its command line (git passes the URL it fetches
+    to its remote helper's)."""
+    from gitops.ui.source import StatusSource
+
+    server = GitHTTP(tmp_path, "bob", TOKEN, hang=True)
+    url = server.url("r.git", f"bob:{TOKEN}")
+    failed: list[Exception] = []
+
+    def run(call) -> None:
+        try:
+            call()
+        except Exception as err:  # (each fails once the server lets go)
+            failed.append(err)
+
+    mirror = StatusSource(url, tmp_path / "mirror")
+    threads = [threading.Thread(target=run, args=(lambda: open_clone(url, tmp_path / "clone"),)),
+               threading.Thread(target=run, args=(lambda: mirror.fetch(force=True),))]
+    try:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while len(server.requests) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(server.requests) >= 2, server.requests
+        fetching = command_lines(f"127.0.0.1:{server.port}")
+        assert any("remote-http" in line for line in fetching) and any("fetch" in line for line in fetching), \
+            fetching
+        assert command_lines(TOKEN) == []
+        assert not any("bob@" in line for line in fetching), fetching
+    finally:
+        server.stop()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert len(failed) == 2 and all(TOKEN not in str(err) for err in failed), failed
+
+
+def test_a_url_with_credentials_clones_and_fetches_through_them(tmp_path: Path):
+    """The credentials still reach the server (Basic auth over git's smart HTTP), for the first clone, a fetch
+    of the clone reopened, and the UI's mirror; the clone's config never holds them; wrong ones fail at once."""
+    from gitops.ui.source import StatusSource
+
+    sha = _served_repo(tmp_path / "served")
+    server = GitHTTP(tmp_path / "served", "bob", TOKEN)
+    try:
+        url = server.url("r.git", f"bob:{TOKEN}")
+        clone = open_clone(url, tmp_path / "clone")
+        assert clone.commit_of("origin/main") == sha
+        assert TOKEN not in (clone.path / ".git" / "config").read_text()
+        again = open_clone(url, tmp_path / "clone")
+        assert again.fetch_ref("origin", "refs/heads/main", "refs/fetched/main") and again.commit_of(
+            "refs/fetched/main") == sha
+        mirror = StatusSource(url, tmp_path / "mirror")
+        mirror.fetch(force=True)
+        assert mirror.branch_commit("main") == sha
+        with pytest.raises(GitError, match="Authentication failed|could not read"):
+            open_clone(server.url("r.git", "bob:wrong"), tmp_path / "refused")
+    finally:
+        server.stop()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gitops.errors import GitopsError
-from gitops.gitrepo import init_bare
+from gitops.gitrepo import init_bare, without_credentials
 from gitops.model.config import CONFIG_FILE, DEFAULT_STATUS_BRANCH
 from gitops.model.yamlload import MAX_FILE_BYTES, YamlError, load_yaml_documents
 from gitops.printable import printable, shorten
@@ -102,7 +102,9 @@ class StatusSource:
         self._fetched = -1e9
         #: one fetch at a time (reads need no lock: each is a git process of its own, `gitops.gitrepo`)
         self._lock = threading.Lock()
-        self.repo = init_bare(cache)
+        #: fetched without the URL's credentials on a command line (`without_credentials`)
+        self._fetch_url, credentials = without_credentials(url)
+        self.repo = init_bare(cache, credentials)
 
     # ------------------------------------------------------------------ fetching
 
@@ -111,7 +113,7 @@ class StatusSource:
         with self._lock:
             if not force and time.monotonic() - self._fetched < self.refresh:
                 return
-            done = self.repo.attempt("fetch", "--quiet", "--prune", "--no-tags", self.url, *_REFSPECS)
+            done = self.repo.attempt("fetch", "--quiet", "--prune", "--no-tags", self._fetch_url, *_REFSPECS)
             if not done.ok:
                 why = done.err.strip() or f"git fetch exited {done.status}"
                 raise GitopsError(f"cannot fetch {self.shown}: {redact(why)}")
