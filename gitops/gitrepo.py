@@ -119,10 +119,13 @@ class Repo:
     # ------------------------------------------------------------------ commands
 
     def attempt(self, *args: str, input: bytes | None = None, env: Mapping[str, str] | None = None,
-                timeout: float | None = None) -> Done:
-        """Run `git ARGS` in the repo and return how it ended (no error raised for a failure)."""
+                timeout: float | None = None, max_file_bytes: int | None = None) -> Done:
+        """Run `git ARGS` in the repo and return how it ended (no error raised for a failure). `max_file_bytes`:
+        no file git writes may grow past it (the kernel's RLIMIT_FSIZE, through `prlimit`: a pack fetched
+        whole, `fetch.unpackLimit=1`, is one file)."""
+        limit = ["prlimit", f"--fsize={max_file_bytes}"] if max_file_bytes is not None else []
         try:
-            done = subprocess.run(["git", "-C", str(self.path), *args], input=input, capture_output=True,
+            done = subprocess.run([*limit, "git", "-C", str(self.path), *args], input=input, capture_output=True,
                                   env=_env({**self.env, **(env or {})}), timeout=timeout, check=False,
                                   stdin=None if input is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired:

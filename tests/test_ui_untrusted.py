@@ -314,6 +314,33 @@ def test_a_branch_over_the_size_limit_is_refused_before_it_is_archived(scratch: 
         assert plan_of(served, "small")[0] == 200 and extracted == ["small"]
 
 
+def test_the_mirror_fetches_no_more_refs_or_bytes_than_its_bounds(scratch: Path):
+    """Issue #60.4: the UI's mirror fetched every branch, whatever its size or number, before /plan checked one.
+    Past its bounds a fetch is refused (refs: listed first; bytes: the pack stopped by the kernel as it comes)
+    and nothing of it is kept; within them it is the remote's branches exactly, deleted ones pruned."""
+    from gitops.errors import GitopsError
+
+    origin = make_origin(scratch)
+    for i in range(9):
+        git(origin.bare, "update-ref", f"refs/heads/many-{i}", "main")
+    refs = lambda source: source.repo.run("for-each-ref", "--format=%(refname)").split()  # noqa: E731
+    few = StatusSource(str(origin.bare), scratch / "few", max_refs=10)
+    with pytest.raises(GitopsError, match=r"more than 10 branches and notes refs \(--mirror-max-refs\); nothing"):
+        few.fetch(force=True)
+    assert refs(few) == [] and not list((scratch / "few" / "objects" / "pack").iterdir())
+    origin.branch("big", {"blob.bin": os.urandom(3 * 2**20)})
+    small = StatusSource(str(origin.bare), scratch / "small", max_fetch_bytes=2**20)
+    with pytest.raises(GitopsError, match=r"sends more than 1.0 MiB at once \(--mirror-max-mib\); nothing was kept"):
+        small.fetch(force=True)
+    assert refs(small) == [] and not list((scratch / "small" / "objects" / "pack").iterdir())
+    within = StatusSource(str(origin.bare), scratch / "within", max_refs=12, max_fetch_bytes=8 * 2**20)
+    within.fetch(force=True)
+    assert refs(within) == sorted(git(origin.bare, "for-each-ref", "--format=%(refname)").split())
+    git(origin.bare, "update-ref", "-d", "refs/heads/many-0")
+    within.fetch(force=True)
+    assert "refs/heads/many-0" not in refs(within) and "refs/heads/many-1" in refs(within)
+
+
 def test_a_branch_with_a_link_out_of_its_files_is_refused_not_a_500(scratch: Path):
     origin = make_origin(scratch)
     origin.branch("absolute", links={"clusters/secret.yaml": "/etc/passwd"})

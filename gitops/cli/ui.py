@@ -17,7 +17,7 @@ from gitops.ui.guard import Hosts
 from gitops.ui.plans import branch_plan
 from gitops.cli.trust import reader_options
 from gitops.status.trust import Signers
-from gitops.ui.source import MAX_BRANCH_BYTES, StatusSource
+from gitops.ui.source import MAX_BRANCH_BYTES, MAX_MIRROR_BYTES, MAX_MIRROR_REFS, StatusSource
 
 #: served on loopback unless told otherwise: put it behind a reverse proxy (TLS, sign-in) to share it
 DEFAULT_ADDRESS = "127.0.0.1:8080"
@@ -32,13 +32,15 @@ allowed_host_option = click.option(
 
 def ui_app(repo: str, branch: str, status_branch: str, cache: Path, refresh: float = 5.0, strict: bool = True,
            listen: str = DEFAULT_ADDRESS, allowed_hosts: Iterable[str] = (),
-           max_branch_bytes: int = MAX_BRANCH_BYTES, signers: Signers = Signers(), insecure: bool = False):
+           max_branch_bytes: int = MAX_BRANCH_BYTES, signers: Signers = Signers(), insecure: bool = False,
+           max_refs: int = MAX_MIRROR_REFS, max_fetch_bytes: int = MAX_MIRROR_BYTES):
     """The UI's WSGI app over `repo` (a URL or a clone), mirrored into `cache`, answering the Host names of
     `listen` and `allowed_hosts`, showing status commits signed by `signers` or spec.status.signers.
     `strict`: the repo must be fetchable now (else the pages say why until it is)."""
     cache.mkdir(parents=True, exist_ok=True)
     source = StatusSource(repo, cache, branch=branch, status_branch=status_branch, refresh=refresh,
-                          max_branch_bytes=max_branch_bytes, signers=signers, insecure=insecure)
+                          max_branch_bytes=max_branch_bytes, signers=signers, insecure=insecure, max_refs=max_refs,
+                          max_fetch_bytes=max_fetch_bytes)
     if strict:
         source.fetch(force=True)
     return create_app(source, planner=branch_plan, hosts=Hosts(listen.rpartition(":")[0], allowed_hosts),
@@ -83,9 +85,16 @@ def watch_ui(repo: str, branch: str, status_branch: str, cache: Path, metrics_ad
 @click.option("--plan-max-mib", default=MAX_BRANCH_BYTES // 2**20, show_default=True, type=click.IntRange(1),
               help="The largest branch /plan checks out: MiB of files (the sum of its blobs), checked before "
                    "anything is archived.")
+@click.option("--mirror-max-refs", default=MAX_MIRROR_REFS, show_default=True, type=click.IntRange(1),
+              help="The most branches (and notes refs) the UI's mirror fetches: a repo with more is refused "
+                   "before anything is fetched.")
+@click.option("--mirror-max-mib", default=MAX_MIRROR_BYTES // 2**20, show_default=True, type=click.IntRange(1),
+              help="The most MiB one fetch of the UI's mirror brings (the pack it receives; the first fetch is the "
+                   "whole repo): a fetch that passes it is stopped and nothing of it kept.")
 @reader_options
 def ui(repo: str, branch: str, status_branch: str, address: str, allowed_hosts: tuple[str, ...], refresh: float,
-       plan_max_mib: int, status_signers: Path | None, insecure_unverified_status: bool) -> None:
+       plan_max_mib: int, mirror_max_refs: int, mirror_max_mib: int, status_signers: Path | None,
+       insecure_unverified_status: bool) -> None:
     """Serve the status branch as a read-only web UI: the fleet, each cluster, the applies, a branch's plan
     (status commits signed by spec.status.signers of --branch's gitops.yaml, or by --status-signers)."""
     if insecure_unverified_status:
@@ -94,7 +103,8 @@ def ui(repo: str, branch: str, status_branch: str, address: str, allowed_hosts: 
     signers = Signers.from_file(status_signers) if status_signers else Signers()
     with tempfile.TemporaryDirectory(prefix="gitops-ui-mirror-") as cache:
         app = ui_app(repo, branch, status_branch, Path(cache), refresh, listen=address, allowed_hosts=allowed_hosts,
-                     max_branch_bytes=plan_max_mib * 2**20, signers=signers, insecure=insecure_unverified_status)
+                     max_branch_bytes=plan_max_mib * 2**20, signers=signers, insecure=insecure_unverified_status,
+                     max_refs=mirror_max_refs, max_fetch_bytes=mirror_max_mib * 2**20)
         server = start(app, address, "ui")
         click.echo(f"gitops ui: http://{server.address}/ (repo {redact(repo)}; Ctrl-C or SIGTERM stops it)")
         done = threading.Event()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import subprocess
 import tarfile
 import tempfile
 import threading
@@ -28,8 +29,11 @@ from gitops.ui.guard import BadRequest, NotFound, Refused
 from gitops.units import human_size
 
 #: what a fetch brings: the branches (the status branch among them), a clone's remote-tracking branches, notes
-_REFSPECS = ("+refs/heads/*:refs/heads/*", "+refs/remotes/origin/*:refs/remotes/origin/*",
-             "+refs/notes/*:refs/notes/*")
+_NAMESPACES = ("refs/heads/", "refs/remotes/origin/", "refs/notes/")
+#: a fetch brings at most this many refs of those ...
+MAX_MIRROR_REFS = 5_000
+#: ... and at most this many bytes (the pack it receives)
+MAX_MIRROR_BYTES = 512 * 2**20
 
 #: a branch /plan checks out: at most this many bytes of files (the sum of its blobs' sizes) ...
 MAX_BRANCH_BYTES = 64 * 2**20
@@ -86,11 +90,13 @@ class StatusSource:
     """A private bare mirror of `url` (a URL or a local clone), fetched when a page asks and the last fetch is
     older than `refresh` seconds. `branch`: the repo's main branch (its gitops.yaml names the status
     branch, unless `status_branch` is given). `max_branch_bytes`, `max_branch_files`: what a branch checked
-    out for a plan may hold."""
+    out for a plan may hold. `max_refs`, `max_fetch_bytes`: what one fetch may bring (refs listed before
+    anything is fetched; the pack's size held by the kernel while it comes), refused past them."""
 
     def __init__(self, url: str, cache: Path, branch: str = "main", status_branch: str = "", refresh: float = 5.0,
                  max_branch_bytes: int = MAX_BRANCH_BYTES, max_branch_files: int = MAX_BRANCH_FILES,
-                 signers: Signers = Signers(), insecure: bool = False):
+                 signers: Signers = Signers(), insecure: bool = False, max_refs: int = MAX_MIRROR_REFS,
+                 max_fetch_bytes: int = MAX_MIRROR_BYTES):
         self.url, self.cache, self.branch, self.refresh = url, cache, branch, refresh
         #: status commits are read only when signed by one of these or of spec.status.signers on `branch`
         self.signers, self.insecure = signers, insecure
@@ -98,6 +104,8 @@ class StatusSource:
         #: the URL as messages show it: without its credentials
         self.shown = redact(url)
         self.max_branch_bytes, self.max_branch_files = max_branch_bytes, max_branch_files
+        #: what one fetch may bring: refs, and bytes of the pack
+        self.max_refs, self.max_fetch_bytes = max_refs, max_fetch_bytes
         self._status_branch = status_branch
         self._fetched = -1e9
         #: one fetch at a time (reads need no lock: each is a git process of its own, `gitops.gitrepo`)
@@ -113,11 +121,52 @@ class StatusSource:
         with self._lock:
             if not force and time.monotonic() - self._fetched < self.refresh:
                 return
-            done = self.repo.attempt("fetch", "--quiet", "--prune", "--no-tags", self._fetch_url, *_REFSPECS)
-            if not done.ok:
-                why = done.err.strip() or f"git fetch exited {done.status}"
-                raise GitopsError(f"cannot fetch {self.shown}: {redact(why)}")
+            wanted = self._remote_refs()
+            if wanted:
+                refspecs = "".join(f"+{ref}:{ref}\n" for ref in sorted(wanted))
+                done = self.repo.attempt("-c", "fetch.unpackLimit=1", "fetch", "--quiet", "--no-tags", "--stdin",
+                                         self._fetch_url, input=refspecs.encode(),
+                                         max_file_bytes=self.max_fetch_bytes)
+                if not done.ok:
+                    if self._drop_partial_packs() >= self.max_fetch_bytes:
+                        raise GitopsError(f"cannot fetch {self.shown}: it sends more than "
+                                          f"{human_size(self.max_fetch_bytes)} at once (--mirror-max-mib); "
+                                          "nothing was kept")
+                    why = done.err.strip() or f"git fetch exited {done.status}"
+                    raise GitopsError(f"cannot fetch {self.shown}: {redact(why)}")
+            gone = [ref for ref in self.repo.run("for-each-ref", "--format=%(refname)", *_NAMESPACES).split()
+                    if ref not in wanted]
+            if gone:  # (what --prune does for the refs the remote no longer has)
+                self.repo.run("update-ref", "--stdin", input="".join(f"delete {ref}\n" for ref in gone).encode())
             self._fetched = time.monotonic()
+
+    def _remote_refs(self) -> set[str]:
+        """The refs of the remote a fetch brings (`_NAMESPACES`), read as `git ls-remote` lists them; more than
+        `max_refs` is refused before anything is fetched."""
+        wanted: set[str] = set()
+        with self.repo.stream("ls-remote", "--refs", self._fetch_url, *(f"{n}*" for n in _NAMESPACES),
+                              stderr=subprocess.PIPE) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            for line in proc.stdout:
+                ref = line.decode(errors="replace").rstrip("\n").partition("\t")[2]
+                if ref.startswith(_NAMESPACES) and not ref.endswith("/HEAD"):
+                    wanted.add(ref)
+                    if len(wanted) > self.max_refs:
+                        proc.kill()
+                        raise GitopsError(f"cannot fetch {self.shown}: it has more than {self.max_refs} branches "
+                                          "and notes refs (--mirror-max-refs); nothing was fetched")
+            why = proc.stderr.read(4096).decode(errors="replace").strip()
+        if proc.returncode != 0:
+            raise GitopsError(f"cannot fetch {self.shown}: {redact(why) or f'git ls-remote exited {proc.returncode}'}")
+        return wanted
+
+    def _drop_partial_packs(self) -> int:
+        """Remove the packs a failed fetch left behind; the size of the largest (at the limit: stopped there)."""
+        largest = 0
+        for path in (self.repo.path / "objects" / "pack").glob("tmp_pack_*"):
+            largest = max(largest, path.stat().st_size)
+            path.unlink(missing_ok=True)
+        return largest
 
     def resolve(self, name: str) -> str | None:
         """The full ref of a branch name in the mirror (its own branch, else a clone's remote-tracking one)."""
