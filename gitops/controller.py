@@ -224,6 +224,7 @@ class Controller:
         self.metrics = metrics or Metrics()
         self.notifier = Notifier(spool=config.workdir / NOTIFICATIONS_SPOOL)
         self._status: dict[str, StatusBranch] = {}
+        self._leases: dict[str, ApplyLease] = {}
         #: node files read on earlier polls, and the last converged reconcile (None: the next poll does it all)
         self.files = NodeFilesCache(RepoConfig().node_files_interval)
         self.clusters = ClusterReader(RepoConfig().cluster_objects_interval)
@@ -462,7 +463,7 @@ class Controller:
         if target.put_back:
             config = dataclasses.replace(config, rollout=Rollout())
         if scope is None:
-            ApplyLease(status.repo).acquire(self.holder, self.config.lock_ttl)
+            self._lease(status).acquire(self.holder, self.config.lock_ttl)
         sha = target.sha
         first = [live] if live is not None else []
 
@@ -618,7 +619,14 @@ class Controller:
             self.replica.stop()
             return
         for branch in self._status.values():
-            ApplyLease(branch.repo).release(self.holder)
+            self._lease(branch).release(self.holder)
+
+    def _lease(self, branch: StatusBranch) -> ApplyLease:
+        """The apply lease on `branch`'s remote, one per branch for this controller's life (what it saw of
+        other holders' leases counts across polls), verified with the branch's trust of the moment."""
+        lease = self._leases.setdefault(branch.branch, ApplyLease(branch.repo, branch.trust))
+        lease.trust = branch.trust
+        return lease
 
 
 def _applied(sha: str, result: ApplyResult) -> Applied:

@@ -179,3 +179,27 @@ def test_an_incomplete_plan_keeps_every_poll_complete(world):
     ctl.reconcile_once()
     ctl.reconcile_once()
     assert calls["validate"] == 2 and calls["plan"] == 2
+
+
+def test_the_controller_remembers_another_holders_lease_across_polls(world, tmp_path):
+    """One apply lease per status branch for the controller's life: another replica's signed lease it saw
+    still holds when the lock is deleted (a fresh lease per poll forgot it, and took the lock)."""
+    import datetime as dt
+
+    from gitops.status.branch import StatusBranch
+    from gitops.status.lease import LOCK_REF, ApplyLease, Locked
+    from signing import trust
+
+    ctl, origin, work, live, calls = world
+    ctl.reconcile_once()
+    other = StatusBranch(str(origin), tmp_path / "other", "gitops/status", trust(ctl.signing_key))
+    ApplyLease(other.repo, other.trust).acquire("replica-b", dt.timedelta(minutes=10),
+                                                dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=10))
+    live["state"] = ObservedState({"hv-new": ObservedHypervisor("hv-new", True)})  # (a full reconcile: applies)
+    with pytest.raises(Locked, match="replica-b"):
+        ctl.reconcile_once()
+    git(origin, "update-ref", "-d", LOCK_REF)
+    live["state"] = ObservedState({})
+    with pytest.raises(Locked, match="replica-b"):
+        ctl.reconcile_once()
+    assert not git(origin, "for-each-ref", LOCK_REF)  # (not taken)

@@ -513,3 +513,49 @@ def test_signed_commits_side_by_side_are_read_merged_or_nothing_is_written(origi
     with pytest.raises(StatusError, match=r"signed commits side by side .* conflict in status/source.yaml"):
         a.publish(files({"status/source.yaml": b"applied: a3\n"}), "a3")
     assert git(tmp_path, "--git-dir", origin, "log", "-1", "--format=%s", BRANCH) == "merge"
+
+
+def test_an_apply_lock_no_pinned_key_signed_is_no_controllers_lease(origin: str, tmp_path: Path):
+    """Issue #60.5: a lock pushed by someone else naming controller A's holder id made A apply beside B, who
+    held the lease. Lease commits are signed and read only when a pinned key signed them; the last lease of
+    another holder that one did is honoured until it expires, whatever the ref says meanwhile (deleted,
+    replaced); a holder gives its lease up with a signed lease that has expired."""
+    import datetime as dt
+
+    from gitops.status.lease import ApplyLease, Locked
+
+    a_key, b_key = make_key(tmp_path / "keys", "a"), make_key(tmp_path / "keys", "b")
+    a_branch = StatusBranch(origin, tmp_path / "a", BRANCH, trust(a_key, b_key))
+    b_branch = StatusBranch(origin, tmp_path / "b", BRANCH, trust(b_key, a_key))
+    a, b = ApplyLease(a_branch.repo, a_branch.trust), ApplyLease(b_branch.repo, b_branch.trust)
+    ttl = dt.timedelta(minutes=10)
+    b.acquire("ctl-b", ttl)
+    with pytest.raises(Locked, match="ctl-b"):
+        a.acquire("ctl-a", ttl)
+    forger = tmp_path / "forger"
+    subprocess.run(["git", "init", "-q", str(forger)], check=True)
+    later = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
+    for body in (json.dumps({"holder": "ctl-a", "expires": later}), None):  # A named, then the lock deleted
+        if body is None:
+            git(tmp_path, "--git-dir", origin, "update-ref", "-d", "refs/gitops/lock")
+        else:
+            (forger / "lock.json").write_text(body)
+            git(forger, "add", "lock.json")
+            git(forger, "commit", "-q", "-m", "lock")
+            git(forger, "push", "-q", "--force", origin, "HEAD:refs/gitops/lock")
+        with pytest.raises(Locked, match="ctl-b"):  # B's lease still holds for A, which saw it
+            a.acquire("ctl-a", ttl)
+    # B renews (the lock is gone: it takes its own back), then gives it up: A takes it at once, signed by A
+    b.acquire("ctl-b", ttl, dt.datetime.now(dt.timezone.utc) + ttl)
+    b.release("ctl-b")
+    assert a.acquire("ctl-a", ttl).holder == "ctl-a"
+    lock = git(tmp_path, "--git-dir", origin, "rev-parse", "refs/gitops/lock")
+    assert a.trust.verifier.problem(a_branch.repo, lock) is None
+    # a controller that never saw a signed lease takes a forged one as free (and signs its own over it)
+    (forger / "lock.json").write_text(json.dumps({"holder": "ctl-c", "expires": later}))
+    git(forger, "commit", "-qam", "lock again")
+    git(forger, "push", "-q", "--force", origin, "HEAD:refs/gitops/lock")
+    c_branch = StatusBranch(origin, tmp_path / "c", BRANCH, trust(make_key(tmp_path / "keys", "c"), a_key, b_key))
+    assert ApplyLease(c_branch.repo, c_branch.trust).acquire("ctl-c", ttl).holder == "ctl-c"
+    taken = git(tmp_path, "--git-dir", origin, "rev-parse", "refs/gitops/lock")
+    assert taken != git(forger, "rev-parse", "HEAD") and c_branch.trust.verifier.problem(c_branch.repo, taken) is None

@@ -5,6 +5,12 @@ repo's remote, `refs/gitops/lock`, moved with `--force-with-lease` so that two c
 racing for it cannot both win. A holder renews it while in use; a crashed holder's lease
 simply expires, and a restarted controller with the same holder id takes its own back
 (`holder_id`: one per workdir, which `lock_workdir` keeps to one process).
+
+With the status branch's trust, a lease commit is signed with the status key and read only when a
+pinned key signed it, as every status commit: a lock anyone else pushed (naming a controller's holder
+id or not) is no controller's lease. The last lease of another holder a pinned key signed is
+remembered and honoured until it expires, whatever the ref says meanwhile: deleting or replacing it
+frees nothing. A holder gives its lease up with a signed lease that has expired.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from gitops.errors import GitopsError
 from gitops.gitrepo import GitError, Repo, remove_abandoned_remote_locks
 from gitops.safeio import write_atomic
 from gitops.status.branch import StatusError
+from gitops.status.trust import BranchTrust
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +53,14 @@ class Lease:
 class ApplyLease:
     """The lease on `LOCK_REF` of `repo`'s `origin` (any local clone of the infra repo)."""
 
-    def __init__(self, repo: Repo):
+    def __init__(self, repo: Repo, trust: BranchTrust | None = None):
         self.repo = repo
+        #: signs the lease commits and verifies the lease read (None: neither, for tests and tools)
+        self.trust = trust
         #: lease commit -> when this process first saw it (a lease not renewed since ends LONGEST_HOLD after)
         self._seen: dict[str, dt.datetime] = {}
+        #: the last lease of another holder that a pinned key signed (honoured until it expires)
+        self._others: Lease | None = None
 
     def _current(self) -> tuple[str | None, Lease | None]:
         try:
@@ -58,6 +69,11 @@ class ApplyLease:
         except GitError as err:
             raise StatusError(f"cannot fetch the lock: {err.detail}") from None
         sha = self.repo.ref(LOCK_REF)
+        problem = self.trust.verifier.problem(self.repo, sha) if self.trust is not None else None
+        if problem is not None:
+            log.warning("the apply lock is not signed by a pinned key: it is no controller's lease",
+                        extra={"sha": sha, "reason": problem})
+            return sha, None
         try:
             kind, size = self.repo.header(f"{sha}:lock.json") or ("missing object", None)
             if kind != "blob" or size is None or size > MAX_LOCK_BYTES:
@@ -87,15 +103,31 @@ class ApplyLease:
                 log.warning("the apply lock claims a longer hold than any controller takes: honoured for "
                             f"{max(ttl, LONGEST_HOLD)} after it was first seen", extra={"holder": lease.holder})
                 lease = Lease(lease.holder, first + max(ttl, LONGEST_HOLD))
+        if lease is not None and lease.holder != holder:
+            self._others = lease if self.trust is not None else None  # (a pinned key signed it)
+        elif lease is None and self._others is not None and self._others.expires > now:
+            lease = self._others  # (the lock deleted, or replaced by one no pinned key signed: still theirs)
         if lease is not None and lease.holder != holder and lease.expires > now:
             raise Locked(f"another controller ({lease.holder}) holds the apply lock until "
                          f"{lease.expires.isoformat(timespec='seconds')}")
         if lease is not None and lease.holder == holder and lease.expires - now > ttl / 2:
             return lease  # still fresh: no push on quiet polls
         new = Lease(holder, now + ttl)
-        body = json.dumps({"holder": new.holder, "expires": new.expires.isoformat()}, sort_keys=True) + "\n"
+        self._push(new, old_sha)
+        self._others = None
+        return new
+
+    def _push(self, lease: Lease, old_sha: str | None) -> None:
+        """Put `lease` on the lock ref if it still is `old_sha` (signed when there is a status key); raises
+        Locked when another push got there first."""
+        body = json.dumps({"holder": lease.holder, "expires": lease.expires.isoformat()}, sort_keys=True) + "\n"
         repo = self.repo
-        commit = repo.run("commit-tree", repo.tree_of_blobs({"lock.json": body.encode()}), "-m", f"lock: {holder}")
+        signed = ["-S"] if self.trust is not None and self.trust.key is not None else []
+        try:
+            commit = repo.run("commit-tree", *signed, repo.tree_of_blobs({"lock.json": body.encode()}), "-m",
+                              f"lock: {lease.holder}")
+        except GitError as err:  # (signing with the status key among the causes)
+            raise StatusError(f"cannot make the apply lock's commit: {err.detail}") from None
         lease_arg = f"--force-with-lease={LOCK_REF}:{old_sha or ''}"
         try:
             repo.run("push", "origin", lease_arg, f"{commit}:{LOCK_REF}")
@@ -104,16 +136,17 @@ class ApplyLease:
                 log.warning("abandoned git lock in the remote removed", extra={"path": str(lock)})
             raise Locked(f"lost the race for the apply lock: {err.detail}") from None
         repo.run("update-ref", LOCK_REF, commit)
-        return new
 
     def release(self, holder: str) -> None:
+        """Give the lease up: a lease of `holder` that has expired (signed like any: a lock deleted frees
+        nothing for controllers that saw a lease), if `holder` holds it."""
         old_sha, lease = self._current()
         if lease is None or lease.holder != holder:
             return
         try:
-            self.repo.run("push", "origin", f"--force-with-lease={LOCK_REF}:{old_sha}", f":{LOCK_REF}")
-        except GitError as err:
-            log.warning("could not release the apply lock: %s", err.detail)
+            self._push(Lease(holder, dt.datetime.now(dt.timezone.utc)), old_sha)
+        except (Locked, StatusError) as err:
+            log.warning("could not release the apply lock: %s", err)
 
 
 def lock_workdir(workdir: Path) -> IO[str]:
