@@ -10,8 +10,10 @@ ConfigMap every 200 ms; every ConfigMap answered 201 must be there afterwards.
 """
 from __future__ import annotations
 
+import datetime as dt
 import http.client
 import json
+import re
 import shutil
 import ssl
 import subprocess
@@ -50,6 +52,21 @@ class FaultWorld(World):
         records, hvs = LocalDirStore(self.state).load().nodes, self.hypervisors()
         return {n: f"https://{hvs[records[n].hypervisor].ip_address}:{records[n].ports['etcd-client']}"
                 for n in nodes}
+
+    def election_log(self, nodes: list[str], since: str) -> list[str]:
+        """What the etcd members of `nodes` logged of elections from `since` (an ISO time prefix) on: raft's
+        pre-candidate, candidate, vote and leader lines, `node time message`, in time order."""
+        records, hvs = LocalDirStore(self.state).load().nodes, self.hypervisors()
+        lines = []
+        for node in nodes:
+            logs = Path(hvs[records[node].hypervisor].data_dir) / CLUSTER / node / "logs"
+            for path in sorted(logs.glob("etcd*.log")):
+                for raw in path.read_text(errors="replace").splitlines():
+                    found = re.search(r'"ts":"([^"]+)".*?"msg":"([^"]+)"', raw)
+                    if found and found[1] >= since and re.search(r"candidate|MsgPreVote|MsgVote|leader|election"
+                                                                 r"|term|took too long|slow", found[2]):
+                        lines.append(f"{found[1][11:23]} {node} {found[2][:140]}")
+        return sorted(lines, key=lambda line: line[:12])
 
     def etcd_tls(self) -> ssl.SSLContext:
         tls = etcd_client_files(self, CLUSTER, "fault-watch", "etcd-watch")
@@ -117,6 +134,11 @@ class LeaderWatch(threading.Thread):
         self._stopping.set()
         self.join(timeout=10)
 
+    def timeline(self, since: float, until: float) -> list[str]:
+        """The samples from just before `since` to `until` as `+seconds leader,leader` lines (- for no answer)."""
+        return [f"{at - since:+.2f} " + ",".join("-" if v is None else format(v, "x")[-4:] for v in seen.values())
+                for at, seen in self.samples if since - 0.3 <= at <= until]
+
     def new_leader_at(self, since: float, old: int) -> float | None:
         """When every endpoint first agreed on a leader other than `old` after `since`."""
         for at, seen in self.samples:
@@ -179,9 +201,14 @@ def partition_member(world: FaultWorld, leader: bool) -> dict[str, object]:
     figures: dict[str, object] = {"node": node, "hypervisor": hypervisor, "machine": machine}
     try:
         time.sleep(2)
-        cut = time.monotonic()
+        asked = time.monotonic()
         figures["cut_at"] = time.strftime("%H:%M:%S")
         labmod.partition(world.lab.dir, machine)
+        # the cut holds from its last rule on, which returns last: the election is timed from here, not from
+        # when the rules were asked for (under a busy machine the nsenter/iptables runs take their time)
+        cut = time.monotonic()
+        figures["cut_took_s"] = round(cut - asked, 2)
+        cut_utc = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=2)
         time.sleep(6)  # the ingress's health check takes its API server out; a new leader if it led
         planned = world.plan("--detailed-exitcode", check=False)
         figures["plan_exit"] = planned.returncode
@@ -204,6 +231,11 @@ def partition_member(world: FaultWorld, leader: bool) -> dict[str, object]:
         figures.update(under.stop())
     at = watch.new_leader_at(cut, int(before[old_leader], 16))
     figures["leaderless_s"] = round(at - cut, 2) if leader and at is not None else None
+    if leader:  # what the survivors said and logged meanwhile (each sample: the leader each names)
+        figures["leader_samples"] = watch.timeline(cut, (at or cut + 10) + 0.5)
+        until = (cut_utc + dt.timedelta(seconds=3 + (at or cut + 10) - cut)).strftime("%Y-%m-%dT%H:%M:%S.%f")
+        figures["election_log"] = [line for line in world.election_log(survivors, cut_utc.strftime(
+            "%Y-%m-%dT%H:%M:%S")) if line[:12] <= until[11:23]][:60]
     figures["partition_s"] = round(healed - cut, 1)
     converge(world)
     figures["members_replaced"] = sorted(set(before.items()) ^ set(member_ids(world).items()))
