@@ -559,3 +559,28 @@ def test_an_apply_lock_no_pinned_key_signed_is_no_controllers_lease(origin: str,
     assert ApplyLease(c_branch.repo, c_branch.trust).acquire("ctl-c", ttl).holder == "ctl-c"
     taken = git(tmp_path, "--git-dir", origin, "rev-parse", "refs/gitops/lock")
     assert taken != git(forger, "rev-parse", "HEAD") and c_branch.trust.verifier.problem(c_branch.repo, taken) is None
+
+
+def test_signed_commits_carry_a_generation_and_readers_that_know_one_refuse_older(origin: str, tmp_path: Path):
+    """Issue #60.5: each status commit a controller signs is one generation more than what it was written on;
+    a reader given --status-min-generation (a tree reader, or a worktree as `state pull` reads) refuses an
+    older signed commit put back at the tip, and the controller that wrote the newer one writes over it."""
+    from gitops.status.trust import BranchTrust, generation_of
+
+    mine = make_key(tmp_path / "keys", "ctl")
+    branch = StatusBranch(origin, tmp_path / "a", BRANCH, trust(mine))
+    c1 = branch.publish(files({"status/source.yaml": b"applied: 1\n"}), "one")
+    c2 = branch.publish(files({"status/source.yaml": b"applied: 2\n"}), "two")
+    assert [generation_of(Path(origin), c) for c in (c1, c2)] == [1, 2]
+    assert "Status-Generation: 2" in git(tmp_path, "--git-dir", origin, "log", "-1", "--format=%B", c2)
+    subprocess.run(["git", "--git-dir", origin, "update-ref", f"refs/heads/{BRANCH}", c1], check=True)
+    knowing = Verifier(Signers((mine.signer,)), min_generation=2)
+    with pytest.raises(TrustError, match="is generation 1, older than generation 2"):
+        StatusReader.at_ref(Path(origin), BRANCH, knowing)
+    assert StatusReader.at_ref(Path(origin), BRANCH, Verifier(Signers((mine.signer,)))).read(
+        "status/source.yaml") == b"applied: 1\n"  # (one that knows none reads it)
+    with pytest.raises(StatusError, match="generation 1, older than generation 2"):
+        StatusBranch(origin, tmp_path / "b", BRANCH, BranchTrust(knowing)).sync()
+    c3 = branch.publish(files({"status/source.yaml": b"applied: 3\n"}), "three")
+    assert generation_of(Path(origin), c3) == 3
+    assert StatusReader.at_ref(Path(origin), BRANCH, knowing).read("status/source.yaml") == b"applied: 3\n"

@@ -466,3 +466,20 @@ def test_the_ui_shows_only_status_commits_a_pinned_key_signed(scratch: Path):
     with serve_ui(origin.bare, scratch) as served:
         code, page = get(served.base)
         assert code == 503 and "no status signer is pinned" in page, page
+
+
+def test_the_ui_refuses_a_status_tip_older_than_one_it_read(scratch: Path):
+    """Issue #60.5: a reader without a workdir could not notice the status branch put back to an older signed
+    commit. Signed status commits carry a generation (`Status-Generation:`); the UI remembers the newest tip it
+    read (and starts from --status-min-generation) and refuses an older one, 503 with the reason."""
+    origin = make_origin(scratch)
+    older = origin.status_commit({"status/source.yaml": "status:\n  result: Applied\n"},
+                                 "applied old\n\nStatus-Generation: 3")
+    origin.status_commit({"status/source.yaml": "status:\n  result: Applied\n"}, "applied new\n\nStatus-Generation: 5")
+    with serve_ui(origin.bare, scratch, min_generation=4) as served:
+        assert get(served.base)[0] == 200 and served.source.min_generation == 5
+        git(origin.bare, "update-ref", "refs/heads/gitops/status", older)
+        served.source.fetch(force=True)
+        code, page = get(served.base)
+        assert code == 503 and "is generation 3, older than generation 5 already seen" in page, page
+        assert get(served.base + "applies")[0] == 503

@@ -19,12 +19,12 @@ from gitops.cli.secrets import read_identity
 from gitops.units import human_age, human_size
 from gitops.controller import Controller, ControllerConfig, CoordinationFlags
 from gitops.errors import GitopsError
-from gitops.gitrepo import as_url
+from gitops.gitrepo import as_repo, as_url
 from gitops.metrics import serve
 from gitops.source import SignaturePolicy
 from gitops.status.backups import BACKUPS_DIR
 from gitops.cli.trust import reader_options, reader_verifier
-from gitops.status.trust import Signers
+from gitops.status.trust import Signers, generation_of
 from gitops.status.reader import StatusReader, branch_of_checkout, signers_of_checkout
 from gitops.status.report import Result
 from gitops.ui.views import rollout_view
@@ -245,19 +245,21 @@ def last_backup(doc: dict | None, now: dt.datetime) -> str:
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @reader_options
 def status(repo: Path, ref: str | None, cluster: str | None, output: str, status_signers: Path | None,
-           insecure_unverified_status: bool) -> None:
+           insecure_unverified_status: bool, status_min_generation: int) -> None:
     """Show the controller's status branch: clusters, or one cluster's nodes (its tip verified against
     spec.status.signers of the clone's gitops.yaml and --status-signers)."""
-    verifier = reader_verifier(signers_of_checkout(repo), status_signers, insecure_unverified_status)
+    verifier = reader_verifier(signers_of_checkout(repo), status_signers, insecure_unverified_status,
+                               status_min_generation)
     reader = StatusReader.for_clone(repo, ref, verifier)
     ref = reader.ref
+    generation = generation_of(repo, as_repo(repo).commit_of(ref))  # (for --status-min-generation next time)
     src = reader.source()
     docs = {kind: reader.documents(kind) for kind in ("Cluster", "Node", "Hypervisor", "SIPCluster", "Shard")}
     backups = reader.documents_in(BACKUPS_DIR)
     if cluster is not None and cluster not in docs["Cluster"]:
         raise GitopsError(f"no status for Cluster {cluster!r} on {ref} (known: {', '.join(docs['Cluster']) or 'none'})")
     if output == "json":
-        data = {"ref": ref, "source": src.status, "rollout": reader.rollout(),
+        data = {"ref": ref, "generation": generation, "source": src.status, "rollout": reader.rollout(),
                 "clusters": {n: d["status"] for n, d in docs["Cluster"].items() if cluster in (None, n)},
                 "nodes": {n: d["status"] for n, d in docs["Node"].items()
                           if cluster is None or d.get("spec", {}).get("cluster") == cluster},
@@ -267,7 +269,8 @@ def status(repo: Path, ref: str | None, cluster: str | None, output: str, status
         click.echo(json.dumps(data, indent=2, sort_keys=True))
         return
     console = Console(highlight=False, width=None if Console().is_terminal else 160)
-    console.print(f"source: {src.result or '?'}  seen {src.last_seen_sha[:12]}  in force {src.applied_sha[:12]}")
+    console.print(f"source: {src.result or '?'}  seen {src.last_seen_sha[:12]}  in force {src.applied_sha[:12]}  "
+                  f"status generation {generation}")
     for error in src.errors:
         console.print(f"  [red]{error}[/red]")
     rollout = reader.rollout()

@@ -96,7 +96,7 @@ state_option = click.option("--state-dir", type=click.Path(file_okay=False), cal
 @reader_options
 def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exitcode: bool,
          status_ref: str | None, out: Path | None, identity: Path | None, status_signers: Path | None,
-         insecure_unverified_status: bool) -> None:
+         insecure_unverified_status: bool, status_min_generation: int) -> None:
     """Show what `gitops apply` would change on the hypervisors."""
     # against a snapshot no hypervisor is contacted: encrypted client keys may stay encrypted
     result = load(repo, identity, sealed_ok=bool(status_ref))
@@ -104,7 +104,8 @@ def plan(repo: Path, state_dir: Path | None, fmt: str, output: str, detailed_exi
     if status_ref and out:
         raise click.UsageError("--out needs the live state: it cannot be used with --against-status")
     if status_ref:
-        verifier = reader_verifier(result.repo.config.status_signers, status_signers, insecure_unverified_status)
+        verifier = reader_verifier(result.repo.config.status_signers, status_signers, insecure_unverified_status,
+                                   status_min_generation)
         planned = plan_against_status(model, result.repo.config, repo, status_ref, verifier=verifier)
     else:
         store = state_store(repo, state_dir)

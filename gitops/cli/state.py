@@ -62,11 +62,11 @@ def _sealer(identity: Path | None, insecure: bool) -> Sealer:
 @_options
 def pull_cmd(repo: str, status_branch: str, state_dir: Path, identity: Path | None,
              insecure_plaintext_secrets: bool, force: bool, status_signers: Path | None,
-             insecure_unverified_status: bool) -> None:
+             insecure_unverified_status: bool, status_min_generation: int) -> None:
     """Decrypt the state sealed on the status branch into --state-dir (for `gitops plan/apply --state-dir`),
     from a status commit signed by a pinned key (spec.status.signers of --repo, --status-signers)."""
     sealer = _sealer(identity, insecure_plaintext_secrets)
-    verifier = reader_verifier(_pinned(repo), status_signers, insecure_unverified_status)
+    verifier = reader_verifier(_pinned(repo), status_signers, insecure_unverified_status, status_min_generation)
     with tempfile.TemporaryDirectory(prefix="gitops-status-") as scratch:
         branch = _branch(repo, status_branch, Path(scratch), BranchTrust(verifier))
         generation, found = pull(branch, sealer)
@@ -90,7 +90,7 @@ def pull_cmd(repo: str, status_branch: str, state_dir: Path, identity: Path | No
                    "it (else the controller sets the commit aside).")
 def push_cmd(repo: str, status_branch: str, state_dir: Path, identity: Path | None,
              insecure_plaintext_secrets: bool, force: bool, status_signers: Path | None,
-             insecure_unverified_status: bool, signing_key: Path) -> None:
+             insecure_unverified_status: bool, status_min_generation: int, signing_key: Path) -> None:
     """Seal --state-dir's state onto the status branch, in a commit signed with --signing-key: the controller
     restores it on its next reconcile when spec.status.signers lists that key."""
     sealer = _sealer(identity, insecure_plaintext_secrets)
@@ -98,7 +98,7 @@ def push_cmd(repo: str, status_branch: str, state_dir: Path, identity: Path | No
     if not recorded.clusters and not recorded.nodes:
         raise GitopsError(f"{state_dir} holds no recorded state (no {STATE_FILE}): nothing to push")
     key = SigningKey(signing_key.absolute())
-    verifier = reader_verifier(_pinned(repo), status_signers, insecure_unverified_status)
+    verifier = reader_verifier(_pinned(repo), status_signers, insecure_unverified_status, status_min_generation)
     if not verifier.insecure and not verifier.signers.allows(key.signer):
         if not force:
             raise GitopsError(f"{signing_key} is not a pinned status signer (spec.status.signers, --status-signers): "

@@ -18,18 +18,23 @@ def reader_options(f):
         click.option("--insecure-unverified-status", is_flag=True,
                      help="Read the status branch without verifying who signed it (anyone who can push there "
                           "decides what is shown). Labs only."),
+        click.option("--status-min-generation", type=click.IntRange(0), default=0, metavar="N",
+                     help="Refuse a status commit older than generation N (`gitops status` shows the generation it "
+                          "read): a branch put back to an older signed commit is noticed."),
     ]):
         f = option(f)
     return f
 
 
-def reader_verifier(pinned: tuple[str, ...], status_signers: Path | None, insecure: bool) -> Verifier:
-    """The verifier a reader of the status branch uses: spec.status.signers (`pinned`) and --status-signers;
-    none of either is an error, unless --insecure-unverified-status (warned about on stderr)."""
+def reader_verifier(pinned: tuple[str, ...], status_signers: Path | None, insecure: bool,
+                    min_generation: int = 0) -> Verifier:
+    """The verifier a reader of the status branch uses: spec.status.signers (`pinned`) and --status-signers,
+    commits at least generation `min_generation`; none of either is an error, unless
+    --insecure-unverified-status (warned about on stderr)."""
     if insecure:
         click.echo(f"WARNING: {INSECURE_FLAG}: the status branch is read WITHOUT verifying its signatures; "
                    "anyone who can push there decides what this shows", err=True)
-        return Verifier(Signers(), insecure=True)
+        return Verifier(Signers(), insecure=True, min_generation=min_generation)
     signers = Signers.parse(pinned, "spec.status.signers")
     if status_signers is not None:
         signers = signers.plus(Signers.from_file(status_signers).signers)
@@ -37,7 +42,7 @@ def reader_verifier(pinned: tuple[str, ...], status_signers: Path | None, insecu
         raise TrustError("no status signer is pinned: list the controllers' keys in spec.status.signers of "
                          "gitops.yaml (`gitops status-key --workdir DIR` prints one), or pass --status-signers "
                          f"FILE ({INSECURE_FLAG} reads the branch unverified)")
-    return Verifier(signers)
+    return Verifier(signers, min_generation=min_generation)
 
 
 @click.command("status-key")

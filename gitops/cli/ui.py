@@ -33,14 +33,14 @@ allowed_host_option = click.option(
 def ui_app(repo: str, branch: str, status_branch: str, cache: Path, refresh: float = 5.0, strict: bool = True,
            listen: str = DEFAULT_ADDRESS, allowed_hosts: Iterable[str] = (),
            max_branch_bytes: int = MAX_BRANCH_BYTES, signers: Signers = Signers(), insecure: bool = False,
-           max_refs: int = MAX_MIRROR_REFS, max_fetch_bytes: int = MAX_MIRROR_BYTES):
+           max_refs: int = MAX_MIRROR_REFS, max_fetch_bytes: int = MAX_MIRROR_BYTES, min_generation: int = 0):
     """The UI's WSGI app over `repo` (a URL or a clone), mirrored into `cache`, answering the Host names of
     `listen` and `allowed_hosts`, showing status commits signed by `signers` or spec.status.signers.
     `strict`: the repo must be fetchable now (else the pages say why until it is)."""
     cache.mkdir(parents=True, exist_ok=True)
     source = StatusSource(repo, cache, branch=branch, status_branch=status_branch, refresh=refresh,
                           max_branch_bytes=max_branch_bytes, signers=signers, insecure=insecure, max_refs=max_refs,
-                          max_fetch_bytes=max_fetch_bytes)
+                          max_fetch_bytes=max_fetch_bytes, min_generation=min_generation)
     if strict:
         source.fetch(force=True)
     return create_app(source, planner=branch_plan, hosts=Hosts(listen.rpartition(":")[0], allowed_hosts),
@@ -94,7 +94,7 @@ def watch_ui(repo: str, branch: str, status_branch: str, cache: Path, metrics_ad
 @reader_options
 def ui(repo: str, branch: str, status_branch: str, address: str, allowed_hosts: tuple[str, ...], refresh: float,
        plan_max_mib: int, mirror_max_refs: int, mirror_max_mib: int, status_signers: Path | None,
-       insecure_unverified_status: bool) -> None:
+       insecure_unverified_status: bool, status_min_generation: int) -> None:
     """Serve the status branch as a read-only web UI: the fleet, each cluster, the applies, a branch's plan
     (status commits signed by spec.status.signers of --branch's gitops.yaml, or by --status-signers)."""
     if insecure_unverified_status:
@@ -104,7 +104,8 @@ def ui(repo: str, branch: str, status_branch: str, address: str, allowed_hosts: 
     with tempfile.TemporaryDirectory(prefix="gitops-ui-mirror-") as cache:
         app = ui_app(repo, branch, status_branch, Path(cache), refresh, listen=address, allowed_hosts=allowed_hosts,
                      max_branch_bytes=plan_max_mib * 2**20, signers=signers, insecure=insecure_unverified_status,
-                     max_refs=mirror_max_refs, max_fetch_bytes=mirror_max_mib * 2**20)
+                     max_refs=mirror_max_refs, max_fetch_bytes=mirror_max_mib * 2**20,
+                     min_generation=status_min_generation)
         server = start(app, address, "ui")
         click.echo(f"gitops ui: http://{server.address}/ (repo {redact(repo)}; Ctrl-C or SIGTERM stops it)")
         done = threading.Event()

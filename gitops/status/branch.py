@@ -27,7 +27,7 @@ from gitops.errors import GitopsError
 from gitops.gitrepo import GitError, Repo, open_clone, remove_abandoned_remote_locks
 from gitops.safeio import FileRefused, read_text, remove_under, write_atomic, write_under
 from gitops.status.reader import DEFAULT_BRANCH, StatusReader
-from gitops.status.trust import BranchTrust, TrustError, merged_tree, trusted_heads
+from gitops.status.trust import GENERATION_TRAILER, BranchTrust, TrustError, generation_of, merged_tree, trusted_heads
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,9 @@ class StatusBranch:
         #: the last sync found history rolled back: the next commit has this one (verified) as a parent too,
         #: so the branch descends from it again (and no older commit can pass as newer)
         self._keep: str = ""
+        #: the generation of what the last sync read (the newest signed commit, or several merged): the next
+        #: commit is one more
+        self.generation = 0
 
     # ------------------------------------------------------------------ worktree
 
@@ -118,6 +121,8 @@ class StatusBranch:
         repo = self.repo
         self.untrusted, self._keep = None, ""
         known = self._known() if tip is None and self.trust is not None else ""
+        if tip is None:
+            self.generation = generation_of(repo, known) if known else 0
         if tip is None and known:  # deleted by someone: the history last verified here goes on from there
             self.untrusted = ("", f"the branch is gone; {known[:12]}, the last status commit verified here, "
                                   "is read instead")
@@ -133,6 +138,8 @@ class StatusBranch:
                     shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         elif tip != self._pushed:  # else the worktree already is the tip
             base = self._trusted_base(tip) if self.trust is not None else tip
+            if self.trust is None:
+                self.generation = generation_of(repo, tip)
             if base == tip:
                 repo.run("checkout", "--quiet", "--force", "-B", self.branch, tip)
             else:  # the tip's tree is never checked out: the branch points at it, the worktree is the base's
@@ -159,11 +166,13 @@ class StatusBranch:
                                    "verified here (rewritten or rolled back)")
             self._keep = known
         elif (problem := self.trust.verifier.problem(repo, tip)) is None:
+            self.generation = self._at_least(tip, generation_of(repo, tip))
             repo.run("update-ref", ref, tip)
             return tip
         else:
             self.untrusted = (tip, problem)
         heads = trusted_heads(repo, tip, self.trust.verifier, since=known)
+        self.generation = self._at_least(tip, max((generation_of(repo, h) for h in heads), default=0))
         try:
             base = merged_tree(repo, heads) if len(heads) > 1 else (heads[0] if heads else "")
         except TrustError as err:
@@ -177,6 +186,16 @@ class StatusBranch:
             log.warning("status branch tip not trusted: it is set aside", extra={
                 "sha": tip, "reason": self.untrusted[1], "reading": base or "(nothing)", "branch": self.branch})
         return base
+
+    def _at_least(self, tip: str, generation: int) -> int:
+        """`generation`, unless older than the verifier's `min_generation`: `StatusError` then."""
+        assert self.trust is not None
+        floor = self.trust.verifier.min_generation
+        if generation < floor:
+            raise StatusError(f"{self.branch}: the newest signed status commit under {tip[:12]} is generation "
+                              f"{generation}, older than generation {floor} (--status-min-generation): the branch "
+                              "was put back to an older signed commit")
+        return generation
 
     def _known(self) -> str:
         """The last status commit verified in this worktree's clone ("" when none)."""
@@ -249,12 +268,13 @@ class StatusBranch:
                 return None
             if tip is None and not repo.run("status", "--porcelain"):
                 return None
+            stamped = f"{message}\n\n{GENERATION_TRAILER}: {self.generation + 1}"
             try:
-                repo.run("commit", "-q", "-m", message, "--no-verify")
+                repo.run("commit", "-q", "-m", stamped, "--no-verify")
                 if self._keep and tip is not None:  # rolled back: the commit descends from what was verified too
                     signed = ["-S"] if self.trust is not None and self.trust.key is not None else []
                     merged = repo.run("commit-tree", repo.run("rev-parse", "HEAD^{tree}"), "-p", tip, "-p",
-                                      self._keep, *signed, "-m", message)
+                                      self._keep, *signed, "-m", stamped)
                     repo.run("reset", "--soft", merged)
             except GitError as err:  # (signing with the status key among the causes)
                 raise StatusError(f"cannot commit to {self.branch}: {err.detail}") from None
@@ -284,7 +304,7 @@ class StatusBranch:
                     with_note = None
                     continue
                 raise StatusError(f"cannot push {self.branch}: {err.detail}") from None
-            self._pushed = sha
+            self._pushed, self.generation = sha, self.generation + 1
             if self.trust is not None and self.trust.key is not None:  # signed here: what the next sync reads
                 repo.run("update-ref", f"{TRUSTED_REFS}/{self.branch}", sha)
             log.info("status committed", extra={"sha": sha, "branch": self.branch})

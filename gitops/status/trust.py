@@ -34,6 +34,10 @@ _LINE = re.compile(r"^(?P<principal>[A-Za-z0-9._@+-]{1,128})\s+(?P<type>[a-z0-9@
 MAX_COMMIT_BYTES = 1 << 20
 #: where the insecure mode is named in errors and warnings
 INSECURE_FLAG = "--insecure-unverified-status"
+#: the trailer of a signed status commit's message that numbers it: one more than the newest signed commit it
+#: was written on, so a reader that knows one can refuse an older signed commit put back at the tip
+GENERATION_TRAILER = "Status-Generation"
+_GENERATION = re.compile(rb"^" + GENERATION_TRAILER.encode() + rb": ([0-9]{1,18})$", re.MULTILINE)
 
 
 class TrustError(GitopsError):
@@ -138,12 +142,24 @@ def ensure_key(path: Path, comment: str) -> SigningKey:
     return SigningKey(path)
 
 
+def generation_of(repo: Repo | Path, sha: str) -> int:
+    """The `GENERATION_TRAILER` of commit `sha`'s message (the last one), 0 when it has none (a commit made
+    before generations, or no commit): trust it only for a commit a pinned key signed."""
+    found = as_repo(repo).read_objects([sha])[0]
+    if found is None or found[0] != "commit":
+        return 0
+    numbers = _GENERATION.findall(found[1].partition(b"\n\n")[2])
+    return int(numbers[-1]) if numbers else 0
+
+
 @dataclass
 class Verifier:
-    """Answers whether commits of a clone are signed by one of `signers` (each commit asked once)."""
+    """Answers whether commits of a clone are signed by one of `signers` (each commit asked once).
+    `min_generation`: what `require` reads must be at least that generation (`--status-min-generation`)."""
 
     signers: Signers
     insecure: bool = False  # `--insecure-unverified-status`: every commit passes, with a warning
+    min_generation: int = 0
     _answers: dict[str, str | None] = field(default_factory=dict)
 
     def problem(self, repo: Repo | Path, sha: str) -> str | None:
@@ -156,13 +172,26 @@ class Verifier:
             self._answers[sha] = self._check(repo, sha)
         return self._answers[sha]
 
-    def require(self, repo: Repo | Path, sha: str, what: str = "status commit") -> None:
-        """Raise `TrustError` unless `sha` is signed by a pinned key."""
+    def require(self, repo: Repo | Path, sha: str, what: str = "status commit", min_generation: int = 0) -> int:
+        """Raise `TrustError` unless `sha` is signed by a pinned key and at least generation `min_generation`
+        (and `self.min_generation`); its generation."""
         problem = self.problem(repo, sha)
         if problem is not None:
             raise TrustError(f"{what} {sha[:12]} is not trusted: {problem} (the status signers are "
                              f"spec.status.signers of gitops.yaml, or --status-signers; {INSECURE_FLAG} reads it "
                              "unverified)")
+        return self.require_generation(repo, sha, what, min_generation)
+
+    def require_generation(self, repo: Repo | Path, sha: str, what: str = "status commit",
+                           min_generation: int = 0) -> int:
+        """`sha`'s generation; `TrustError` when it is older than `min_generation` or `self.min_generation`."""
+        floor = max(min_generation, self.min_generation)
+        generation = generation_of(repo, sha)
+        if generation < floor:
+            raise TrustError(f"{what} {sha[:12]} is generation {generation}, older than generation {floor} already "
+                             "seen or asked for (--status-min-generation): the branch was put back to an older "
+                             "signed commit")
+        return generation
 
     def _check(self, repo: Repo | Path, sha: str) -> str | None:
         if not self.signers:

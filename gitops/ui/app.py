@@ -184,7 +184,7 @@ def create_app(source: StatusSource, planner: Planner | None = None, hosts: Host
         assert planner is not None
         commit = source.branch_commit(ref)
         status_commit = source.commit_of(source.status_ref())
-        source.verify(status_commit)  # (the plan reads that commit only: verified here, once)
+        source.verify_tip(status_commit)  # (the plan reads that commit only: verified here, once)
         key = (commit, status_commit)
         page = plans.peek(key)
         if page is None:

@@ -96,7 +96,7 @@ class StatusSource:
     def __init__(self, url: str, cache: Path, branch: str = "main", status_branch: str = "", refresh: float = 5.0,
                  max_branch_bytes: int = MAX_BRANCH_BYTES, max_branch_files: int = MAX_BRANCH_FILES,
                  signers: Signers = Signers(), insecure: bool = False, max_refs: int = MAX_MIRROR_REFS,
-                 max_fetch_bytes: int = MAX_MIRROR_BYTES):
+                 max_fetch_bytes: int = MAX_MIRROR_BYTES, min_generation: int = 0):
         self.url, self.cache, self.branch, self.refresh = url, cache, branch, refresh
         #: status commits are read only when signed by one of these or of spec.status.signers on `branch`
         self.signers, self.insecure = signers, insecure
@@ -106,6 +106,10 @@ class StatusSource:
         self.max_branch_bytes, self.max_branch_files = max_branch_bytes, max_branch_files
         #: what one fetch may bring: refs, and bytes of the pack
         self.max_refs, self.max_fetch_bytes = max_refs, max_fetch_bytes
+        #: the oldest generation the status branch's tip may have: the given one, raised to each tip read (a
+        #: tip put back to an older signed commit is refused, as a cache of what was seen)
+        self.min_generation = min_generation
+        self._floor_lock = threading.Lock()
         self._status_branch = status_branch
         self._fetched = -1e9
         #: one fetch at a time (reads need no lock: each is a git process of its own, `gitops.gitrepo`)
@@ -248,6 +252,13 @@ class StatusSource:
         """`TrustError` unless the status commit `commit` is signed by a pinned key."""
         self.verifier().require(self.repo, commit)
 
+    def verify_tip(self, commit: str, what: str = "status commit") -> None:
+        """`verify`, and `commit` (the status branch's tip) no older than any tip read before (or than
+        `min_generation`): its generation becomes the least the next may have."""
+        generation = self.verifier().require(self.repo, commit, what, self.min_generation)
+        with self._floor_lock:
+            self.min_generation = max(self.min_generation, generation)
+
     # ------------------------------------------------------------------ reading
 
     def status_ref(self) -> str:
@@ -261,13 +272,18 @@ class StatusSource:
         """The status tree at the status branch's tip (or at commit `at` of it). Every read of the status
         branch's documents goes through here (the one place a reader is made)."""
         self.fetch()
-        return StatusReader.at_ref(self.repo, at or self.status_ref(), self.verifier())
+        if at:
+            return StatusReader.at_ref(self.repo, at, self.verifier())
+        ref = self.status_ref()
+        tip = self.commit_of(ref)
+        self.verify_tip(tip, f"status commit of {ref}")
+        return StatusReader.at_ref(self.repo, tip, self.verifier())
 
     def log(self, limit: int = 50) -> list[LogEntry]:
         """The status branch's newest `limit` commits, newest first (two `git log`s, no record read)."""
         self.fetch()
         ref = self.status_ref()
-        self.verify(self.commit_of(ref))  # an untrusted tip: the history it shows is someone else's choice
+        self.verify_tip(self.commit_of(ref))  # an untrusted tip: the history it shows is someone else's choice
         lines = self.repo.run("log", "--first-parent", f"-n{limit}", "--format=%H%x00%ct%x00%s", ref).splitlines()
         changed = set(self.repo.run("log", "--first-parent", f"-n{limit}", "--format=%H", ref, "--", APPLY).split())
         out = []
