@@ -584,3 +584,24 @@ def test_signed_commits_carry_a_generation_and_readers_that_know_one_refuse_olde
     c3 = branch.publish(files({"status/source.yaml": b"applied: 3\n"}), "three")
     assert generation_of(Path(origin), c3) == 3
     assert StatusReader.at_ref(Path(origin), BRANCH, knowing).read("status/source.yaml") == b"applied: 3\n"
+
+
+def test_the_first_signed_commit_on_a_branch_written_before_signing_keeps_its_backup_records(origin: str,
+                                                                                            tmp_path: Path):
+    """Issue #60.5: a status branch written before signing is all unsigned; its first signed commit dropped
+    what the controller does not write from its own state, such as backups/ records. They are kept as they
+    were; what the controller writes (status, state) is never read from the unsigned tree."""
+    commit_unsigned(origin, BRANCH, {"status/source.yaml": "applied: old\n", "state/public.json": '{"generation": 7}\n',
+                                     "backups/team-a.yaml": "status:\n  snapshots: 3\n", "backups/team-b.yaml": "x\n"},
+                    work=tmp_path / "old-controller")
+    branch = StatusBranch(origin, tmp_path / "a", BRANCH, trust(make_key(tmp_path / "keys", "ctl")))
+    branch.sync()
+    assert branch.untrusted is not None and branch.read("state/public.json") is None
+    assert branch.read("status/source.yaml") is None and branch.read("backups/team-a.yaml") == b"status:\n  snapshots: 3\n"
+    first = branch.publish(lambda b: b.write_tree({"status/source.yaml": b"applied: new\n",
+                                                   "state/public.json": b'{"generation": 1}\n'}, ("status", "state")),
+                           "first signed")  # (as the controller writes: backups/ is not its to rewrite)
+    assert first is not None
+    assert git(tmp_path, "--git-dir", origin, "ls-tree", "-r", "--name-only", first).split() == [
+        "backups/team-a.yaml", "backups/team-b.yaml", "state/public.json", "status/source.yaml"]
+    assert git(tmp_path, "--git-dir", origin, "show", f"{first}:state/public.json") == '{"generation": 1}'

@@ -26,7 +26,7 @@ from pathlib import Path
 from gitops.errors import GitopsError
 from gitops.gitrepo import GitError, Repo, open_clone, remove_abandoned_remote_locks
 from gitops.safeio import FileRefused, read_text, remove_under, write_atomic, write_under
-from gitops.status.reader import DEFAULT_BRANCH, StatusReader
+from gitops.status.reader import DEFAULT_BRANCH, MANAGED, SOURCE, StatusReader
 from gitops.status.trust import GENERATION_TRAILER, BranchTrust, TrustError, generation_of, merged_tree, trusted_heads
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class StatusBranch:
                 if base:
                     repo.run("read-tree", "--reset", "-u", base)
                 else:
-                    repo.run("read-tree", "--empty")
+                    self._carry_unmanaged(tip)
             repo.run("clean", "-ffdxq")
         self._pushed = None  # the caller writes now
         return tip
@@ -186,6 +186,20 @@ class StatusBranch:
             log.warning("status branch tip not trusted: it is set aside", extra={
                 "sha": tip, "reason": self.untrusted[1], "reading": base or "(nothing)", "branch": self.branch})
         return base
+
+    def _carry_unmanaged(self, tip: str) -> None:
+        """No commit of `tip`'s history is signed (a branch written before signing): the worktree holds the
+        tip's files outside what the controller writes from its own state (`MANAGED`: status, observed,
+        kubeconfigs, state), such as `backups/` records, so the first signed commit keeps them as they were
+        (logged: they were never signed); what the controller writes starts empty."""
+        repo = self.repo
+        repo.run("read-tree", "--reset", "-u", tip)
+        repo.run("rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", *MANAGED, SOURCE)
+        carried = self.tracked()
+        if carried:
+            log.warning("the status branch was never signed: its files outside what the controller writes are "
+                        "kept as they are in its first signed commit", extra={"branch": self.branch, "tip": tip,
+                                                                            "paths": carried[:20]})
 
     def _at_least(self, tip: str, generation: int) -> int:
         """`generation`, unless older than the verifier's `min_generation`: `StatusError` then."""
