@@ -1,5 +1,6 @@
 """A git server over HTTP on 127.0.0.1 for tests: git's own `git http-backend` (smart HTTP) behind Basic auth,
-or a server that accepts connections and answers nothing (a fetch that hangs)."""
+or a server that accepts connections and answers nothing (a fetch that hangs); and what /proc shows of the
+machine's command lines."""
 from __future__ import annotations
 
 import base64
@@ -79,6 +80,11 @@ class GitHTTP:
 
 def command_lines(needle: str) -> list[str]:
     """The command lines (`/proc/PID/cmdline`) of every process on this machine that mention `needle`."""
+    return [line for _pid, line in processes(needle)]
+
+
+def processes(needle: str) -> list[tuple[int, str]]:
+    """(pid, command line) of every process on this machine whose command line mentions `needle`."""
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -87,5 +93,5 @@ def command_lines(needle: str) -> list[str]:
             except OSError:
                 continue
             if needle in line:
-                found.append(line)
+                found.append((int(proc.name), line))
     return found

@@ -32,6 +32,8 @@ from gitops.pki import create_ca, issue_cert
 pytestmark = pytest.mark.lab("etcd")
 
 IP = "127.0.38.1"
+#: a rest: target's password (in its URL), looked for on the machine's command lines
+TOKEN = "rest-t0ken-60"
 PASSWORD = "correct horse battery staple"
 
 
@@ -92,13 +94,16 @@ def etcd(work: Path):
         stop_all([proc])
 
 
-def rest_server(work: Path) -> tuple[subprocess.Popen, str]:
+def rest_server(work: Path, user: str = "", password: str = "") -> tuple[subprocess.Popen, str]:
+    """`rclone serve restic` on IP (behind Basic auth with `user` and `password`); its repository URL, with
+    them in it."""
     port = free_ports(IP, 1)[0]
     (work / "rest").mkdir()
-    proc = subprocess.Popen(["rclone", "serve", "restic", "--addr", f"{IP}:{port}", str(work / "rest")],
+    auth = ["--user", user, "--pass", password] if user else []
+    proc = subprocess.Popen(["rclone", "serve", "restic", "--addr", f"{IP}:{port}", *auth, str(work / "rest")],
                             stdout=subprocess.DEVNULL, stderr=open(work / "rclone.log", "w"))
     wait_listening(IP, port, 30, lambda: "rclone exited" if proc.poll() is not None else None)
-    return proc, f"rest:http://{IP}:{port}/"
+    return proc, f"rest:http://{f'{user}:{password}@' if user else ''}{IP}:{port}/"
 
 
 def sftp_server(work: Path) -> tuple[subprocess.Popen, list[str], str]:
@@ -126,7 +131,7 @@ def sftp_server(work: Path) -> tuple[subprocess.Popen, list[str], str]:
 def test_snapshots_go_to_each_kind_of_target_and_retention_keeps_the_newest(work: Path, etcd) -> None:
     ca, url = etcd
     context = client_context(ca)
-    rest, rest_repo = rest_server(work)
+    rest, rest_repo = rest_server(work, "bob", TOKEN)  # (its credentials reach restic in a pipe, never argv)
     sshd, ssh_command, sftp_repo = sftp_server(work)
     try:
         kinds = {"local": BackupTarget("local", str(work / "local-repo"), PASSWORD),
@@ -147,6 +152,46 @@ def test_snapshots_go_to_each_kind_of_target_and_retention_keeps_the_newest(work
     finally:
         stop_all([rest, sshd])
     assert (work / "sftp-repo" / "config").is_file()  # restic's repository really is on the sftp side
+
+
+def test_a_rest_targets_credentials_never_reach_restics_command_line(work: Path) -> None:
+    """A rest: repository's user and password (its URL) reach restic through a pipe (`--repository-file`), as
+    its password does: while restic waits on a server that answers nothing, no command line on the machine
+    holds them (issue #60.3's class: /proc/PID/cmdline is anyone's to read)."""
+    import socket
+    import threading
+
+    from githttp import processes
+
+    server = socket.create_server((IP, free_ports(IP, 1)[0]))
+    port, held = server.getsockname()[1], []
+    threading.Thread(target=lambda: held.extend(server.accept() for _ in range(100)), daemon=True).start()
+    target = BackupTarget("rest", f"rest:http://bob:{TOKEN}@{IP}:{port}/", PASSWORD)
+    failed: list[BaseException] = []
+    listing = threading.Thread(target=lambda: failed.extend(_raised(lambda: Restic(target).snapshots("team-a")))
+                               , daemon=True)
+    listing.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not held and time.monotonic() < deadline:
+            time.sleep(0.05)
+        running = processes("--repository-file")
+        assert held and running, running
+        assert processes(TOKEN) == []
+    finally:
+        for pid, _line in processes("--repository-file"):
+            os.kill(pid, 9)
+        listing.join(timeout=30)
+        server.close()
+    assert len(failed) == 1 and isinstance(failed[0], BackupError) and TOKEN not in str(failed[0]), failed
+
+
+def _raised(call) -> list[BaseException]:
+    try:
+        call()
+    except BaseException as err:  # noqa: BLE001 -- handed to the test
+        return [err]
+    return []
 
 
 def test_a_backup_killed_before_its_cleanup_leaves_no_snapshot_behind(work: Path, etcd) -> None:

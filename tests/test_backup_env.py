@@ -24,22 +24,22 @@ CONTROLLER_SECRETS = {"RESTIC_PASSWORD": "password-in-the-environment", "RESTIC_
 #: sshCommand's first word: writes the environment it got, and its parent's (restic's) with its command line,
 #: and what is left to read of the password pipe it inherits from restic; then runs the real ssh
 DUMP = """#!/bin/sh
-fd=$(tr '\\0' '\\n' < /proc/$PPID/cmdline | sed -n 's#^/proc/self/fd/##p')
+fds=$(tr '\\0' '\\n' < /proc/$PPID/cmdline | sed -n 's#^/proc/self/fd/##p')
 {{ echo "== ssh"; env; echo "== restic $PPID"; tr '\\0' '\\n' < /proc/$PPID/environ
    echo "== restic cmdline"; tr '\\0' ' ' < /proc/$PPID/cmdline; echo
-   echo "== inherited fd $fd"; timeout 1 cat /proc/$$/fd/$fd 2>/dev/null; echo; }} >> {out}
+   for fd in $fds; do echo "== inherited fd $fd"; timeout 1 cat /proc/$$/fd/$fd 2>/dev/null; echo; done; }} >> {out}
 exec "$@"
 """
 
 
-def dumped_environments(dump: str) -> list[tuple[dict[str, str], dict[str, str], str, str]]:
-    """Each run's (ssh's environment, restic's environment, restic's command line, what ssh could read of the
-    password pipe)."""
+def dumped_environments(dump: str) -> list[tuple[dict[str, str], dict[str, str], str, list[str]]]:
+    """Each run's (ssh's environment, restic's environment, restic's command line, what ssh could read of each
+    pipe restic was given: its repository's and its password's, as `N\nwhat was left`)."""
     runs = []
     for run in dump.split("== ssh\n")[1:]:
         ssh, rest = run.split("== restic ", 1)
         restic, rest = rest.split("== restic cmdline\n", 1)
-        cmdline, inherited = rest.split("== inherited fd ", 1)
+        cmdline, *inherited = rest.split("== inherited fd ")
         runs.append(({k: v for k, _, v in (ln.partition("=") for ln in ssh.splitlines() if "=" in ln)},
                      {k: v for k, _, v in (ln.partition("=") for ln in restic.splitlines()[1:] if "=" in ln)},
                      cmdline.strip(), inherited))
@@ -84,9 +84,11 @@ def test_ssh_gets_no_password_and_restic_only_its_own_environment(work: Path, mo
         name == p or (p.endswith("*") and name.startswith(p[:-1])) for p in (*ENVIRONMENT, "SSH_AUTH_SOCK"))}
     for ssh_env, restic_env, cmdline, inherited in runs:
         assert "restic" in cmdline and "--password-file /proc/self/fd/" in cmdline, cmdline
-        assert PASSWORD not in cmdline
-        number, _, left = inherited.partition("\n")
-        assert number.isdigit() and left.strip() == "", inherited  # restic read it all before ssh started
+        assert "--repository-file /proc/self/fd/" in cmdline and repository not in cmdline, cmdline
+        assert PASSWORD not in cmdline and len(inherited) == 2, (cmdline, inherited)
+        for pipe in inherited:
+            number, _, left = pipe.partition("\n")
+            assert number.isdigit() and left.strip() == "", inherited  # restic read it all before ssh started
         for env in (ssh_env, restic_env):
             assert PASSWORD not in "\n".join(f"{k}={v}" for k, v in env.items())
             assert not set(env) & set(CONTROLLER_SECRETS), sorted(env)

@@ -24,6 +24,7 @@ from gitops.backup.snapshot import Snapshot
 from gitops.backup.targets import kind_of
 from gitops.errors import GitopsError
 from gitops.model.config import BackupTarget
+from gitops.redact import redact
 
 RESTIC = "restic"
 #: restic's words for "no repository here yet" (then gitops initialises it)
@@ -61,20 +62,30 @@ def environment(target: BackupTarget, environ: Mapping[str, str] | None = None) 
 def _password_pipe(target: BackupTarget) -> int:
     """The read end of a pipe holding the target's password whole (its write end closed), for restic's
     `--password-file /proc/self/fd/N`: read once, before the repository (and an sftp target's ssh) opens."""
-    password = target.password.encode()
     if target.password != target.password.strip():  # restic trims a password file's whitespace
         raise BackupError(f"backup target {target.name}: its password begins or ends with whitespace, which "
                           "restic cuts off a password file; use one without (`restic key passwd` changes it)")
-    if len(password) > MAX_PASSWORD:
+    if len(target.password.encode()) > MAX_PASSWORD:
         raise BackupError(f"backup target {target.name}: its password is longer than {MAX_PASSWORD} bytes")
+    return _pipe(target, target.password.encode(), "password")
+
+
+def _repository_pipe(target: BackupTarget) -> int:
+    """The read end of a pipe holding the target's repository, for restic's `--repository-file
+    /proc/self/fd/N`: a rest: URL's user and password never reach restic's command line, which anyone on the
+    host can read in /proc/PID/cmdline."""
+    return _pipe(target, target.repository.strip().encode(), "repository")
+
+
+def _pipe(target: BackupTarget, data: bytes, what: str) -> int:
     read, write = os.pipe()
     try:
         os.set_blocking(write, False)  # (it fits a pipe's buffer: a pipe that is smaller fails, never waits)
-        if os.write(write, password) != len(password):
+        if os.write(write, data) != len(data):
             raise BlockingIOError
     except OSError:
         os.close(read)
-        raise BackupError(f"backup target {target.name}: its password does not fit a pipe to restic") from None
+        raise BackupError(f"backup target {target.name}: its {what} does not fit a pipe to restic") from None
     finally:
         os.close(write)
     return read
@@ -83,22 +94,30 @@ def _password_pipe(target: BackupTarget) -> int:
 class Restic:
     def __init__(self, target: BackupTarget, binary: str = RESTIC):
         self.target = target
-        self._argv = [binary, "--no-cache", "-r", target.repository, *kind_of(target).options(target)]
+        self._argv = [binary, "--no-cache", *kind_of(target).options(target)]
 
     def _run(self, *args: str, stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
              check: bool = True) -> subprocess.CompletedProcess:
         password = _password_pipe(self.target)
         try:
-            done = subprocess.run([*self._argv, "--password-file", f"/proc/self/fd/{password}", *args],
+            repository = _repository_pipe(self.target)
+        except BackupError:
+            os.close(password)
+            raise
+        try:
+            done = subprocess.run([*self._argv, "--repository-file", f"/proc/self/fd/{repository}",
+                                   "--password-file", f"/proc/self/fd/{password}", *args],
                                   stdin=stdin if stdin is not None else subprocess.DEVNULL,
                                   stdout=stdout if stdout is not None else subprocess.PIPE, stderr=subprocess.PIPE,
-                                  env=environment(self.target), pass_fds=(password,), timeout=TIMEOUT, check=False)
+                                  env=environment(self.target), pass_fds=(password, repository), timeout=TIMEOUT,
+                                  check=False)
         except FileNotFoundError:
             raise BackupError("restic is not installed (Debian: apt install restic)") from None
         except subprocess.TimeoutExpired:
             raise BackupError(f"backup target {self.target.name}: restic {args[0]} took over {TIMEOUT:.0f}s") from None
         finally:
             os.close(password)
+            os.close(repository)
         if check and done.returncode != 0:
             raise BackupError(f"backup target {self.target.name}: restic {args[0]} failed: {self._why(done)}")
         return done
@@ -106,7 +125,7 @@ class Restic:
     @staticmethod
     def _why(done: subprocess.CompletedProcess) -> str:
         lines = [ln for ln in done.stderr.decode(errors="replace").splitlines() if ln.strip()]
-        return "; ".join(lines[-3:]) or f"exit {done.returncode}"
+        return redact("; ".join(lines[-3:])) or f"exit {done.returncode}"  # (a rest: URL's user and password)
 
     def ensure_repository(self) -> None:
         """Initialise the repository unless it exists (a wrong password is an error, never a new one)."""
