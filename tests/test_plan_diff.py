@@ -1162,11 +1162,12 @@ def test_joined_kubelets_bound_the_version_a_cluster_may_run(repo):
         seen = ObservedCluster("team-a", True, workers=(ObservedWorker("worker-1", True, version),))
         return dataclasses.replace(observed, clusters={**observed.clusters, "team-a": seen})
 
-    for fine in ("v1.34.0", "v1.37.2", ""):  # three minors older, the same, none reported
+    for fine in ("v1.34.0", "v1.37.2+k3s1", "", "unknown"):  # three minors older, the same, none, unreadable
         make_plan(repo.model, repo.repo.config, state, with_kubelet(fine), now=NOW)
     for kubelet, words in (("v1.33.9", "node worker-1: kubelet v1.33.9 is more than 3 minor versions older than "
                                        "the cluster's API server v1.37.2"),
-                           ("v1.38.0", "node worker-1: kubelet v1.38.0 is newer than the cluster's API server v1.37.2")):
+                           ("v1.38.0", "node worker-1: kubelet v1.38.0 is newer than the cluster's API server v1.37.2"),
+                           ("v1.33.1+k3s1", "node worker-1: kubelet v1.33.1+k3s1 is more than 3 minor versions")):
         with pytest.raises(VersionSkew, match=rf"^clusters/team-a/cluster\.yaml:9: Cluster team-a asks for v1\.37\.2: "
                                               rf"{re.escape(words)}"):
             make_plan(repo.model, repo.repo.config, state, with_kubelet(kubelet), now=NOW)

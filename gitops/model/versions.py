@@ -8,6 +8,8 @@ than a guess. This module imports nothing of gitops: the build script runs it as
 """
 from __future__ import annotations
 
+import re
+
 import sys
 from dataclasses import dataclass
 
@@ -66,11 +68,21 @@ def problem(version: str) -> str | None:
     return None
 
 
+def release_of(reported: str) -> str | None:
+    """The MAJOR.MINOR.PATCH a component reports (`v1.37.2`, `v1.30.4+k3s1`, `v1.29.3-eks-1`), None when it
+    reports none readable."""
+    found = _REPORTED.fullmatch(reported.strip())
+    return ".".join(found.groups()) if found else None
+
+
+_REPORTED = re.compile(r"v?(\d+)\.(\d+)\.(\d+)(?:[-+].*)?")
+
+
 def kubelet_skew_problem(node: str, kubelet: str, apiserver: str) -> str | None:
     """Why a kubelet of version `kubelet` on `node` may not join API servers of version `apiserver` (the
     version-skew policy: never newer, at most KUBELET_MAX_SKEW minors older), or None if it may."""
     try:
-        k_major, k_minor, _ = parse(kubelet)
+        k_major, k_minor, _ = parse(release_of(kubelet) or kubelet)  # (a distribution's suffix: +k3s1, -eks-1)
         a_major, a_minor, _ = parse(apiserver)
     except ValueError as err:
         return f"node {node}: {err}"

@@ -84,7 +84,7 @@ def _worker_problems(model: RepoModel, observed: ObservedState) -> list[str]:
     for name, cluster in sorted(model.clusters.items()):
         seen = observed.clusters.get(name)
         for worker in sorted(seen.workers if seen is not None else (), key=lambda w: w.name):
-            if not worker.kubelet_version or not _TAG.search(f":{worker.kubelet_version}"):
+            if versions.release_of(worker.kubelet_version) is None:
                 continue
             why = versions.kubelet_skew_problem(worker.name, worker.kubelet_version, cluster.kubernetes_version)
             if why:
