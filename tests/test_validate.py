@@ -817,7 +817,9 @@ def test_a_clusters_ingress_nodes_must_fit_on_distinct_public_hypervisors(repo):
     ("v1.38.0", "v1.37.2", "kubelet v1.38.0 is newer than the cluster's API server v1.37.2"),
     ("v1.37.2", "v1.36.3", "kubelet v1.37.2 is newer than the cluster's API server v1.36.3"),
     ("v1.33.9", "v1.37.2", "kubelet v1.33.9 is more than 3 minor versions older"),
-    ("v1.37.2-dirty", "v1.37.2", "not a Kubernetes version"),
+    # a build's or a distribution's suffix is read past (the skew is the release's); no release is refused
+    ("v1.37.2-dirty", "v1.37.2", None), ("v1.38.0+k3s1", "v1.37.2", "kubelet v1.38.0+k3s1 is newer"),
+    ("1.37", "v1.37.2", "not a Kubernetes version"), ("v1.37.x", "v1.37.2", "not a Kubernetes version"),
 ])
 def test_a_kubelet_newer_than_the_api_server_or_too_old_is_refused_naming_the_node(kubelet, apiserver, words):
     from gitops.model import versions
