@@ -63,8 +63,8 @@ class FaultWorld(World):
             for path in sorted(logs.glob("etcd*.log")):
                 for raw in path.read_text(errors="replace").splitlines():
                     found = re.search(r'"ts":"([^"]+)".*?"msg":"([^"]+)"', raw)
-                    if found and found[1] >= since and re.search(r"candidate|MsgPreVote|MsgVote|leader|election"
-                                                                 r"|term|took too long|slow", found[2]):
+                    if found and found[1] >= since and "ReadIndex" not in found[2] and re.search(
+                            r"candidate|MsgPreVote|MsgVote|leader|election|term|took too long|slow", found[2]):
                         lines.append(f"{found[1][11:23]} {node} {found[2][:140]}")
         return sorted(lines, key=lambda line: line[:12])
 
@@ -235,7 +235,7 @@ def partition_member(world: FaultWorld, leader: bool) -> dict[str, object]:
         figures["leader_samples"] = watch.timeline(cut, (at or cut + 10) + 0.5)
         until = (cut_utc + dt.timedelta(seconds=3 + (at or cut + 10) - cut)).strftime("%Y-%m-%dT%H:%M:%S.%f")
         figures["election_log"] = [line for line in world.election_log(survivors, cut_utc.strftime(
-            "%Y-%m-%dT%H:%M:%S")) if line[:12] <= until[11:23]][:60]
+            "%Y-%m-%dT%H:%M:%S")) if line[:12] <= until[11:23]][:120]
     figures["partition_s"] = round(healed - cut, 1)
     converge(world)
     figures["members_replaced"] = sorted(set(before.items()) ^ set(member_ids(world).items()))
