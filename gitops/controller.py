@@ -624,7 +624,9 @@ class Controller:
     def _lease(self, branch: StatusBranch) -> ApplyLease:
         """The apply lease on `branch`'s remote, one per branch for this controller's life (what it saw of
         other holders' leases counts across polls), verified with the branch's trust of the moment."""
-        lease = self._leases.setdefault(branch.branch, ApplyLease(branch.repo, branch.trust))
+        if branch.branch not in self._leases:
+            self._leases[branch.branch] = ApplyLease(branch.repo, branch.trust)
+        lease = self._leases[branch.branch]
         lease.trust = branch.trust
         return lease
 
