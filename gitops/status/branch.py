@@ -26,7 +26,7 @@ from pathlib import Path
 from gitops.errors import GitopsError
 from gitops.gitrepo import GitError, Repo, open_clone, remove_abandoned_remote_locks
 from gitops.safeio import FileRefused, read_text, remove_under, write_atomic, write_under
-from gitops.status.reader import DEFAULT_BRANCH, MANAGED, SOURCE, StatusReader
+from gitops.status.reader import DEFAULT_BRANCH, MANAGED, StatusReader
 from gitops.status.trust import GENERATION_TRAILER, BranchTrust, TrustError, generation_of, merged_tree, trusted_heads
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ class StatusBranch:
         (logged: they were never signed); what the controller writes starts empty."""
         repo = self.repo
         repo.run("read-tree", "--reset", "-u", tip)
-        repo.run("rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", *MANAGED, SOURCE)
+        repo.run("rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", *MANAGED)
         carried = self.tracked()
         if carried:
             log.warning("the status branch was never signed: its files outside what the controller writes are "
@@ -202,14 +202,12 @@ class StatusBranch:
                                                                             "paths": carried[:20]})
 
     def _at_least(self, tip: str, generation: int) -> int:
-        """`generation`, unless older than the verifier's `min_generation`: `StatusError` then."""
+        """`generation` (the newest signed one under `tip`), held to the verifier's floor: `StatusError`."""
         assert self.trust is not None
-        floor = self.trust.verifier.min_generation
-        if generation < floor:
-            raise StatusError(f"{self.branch}: the newest signed status commit under {tip[:12]} is generation "
-                              f"{generation}, older than generation {floor} (--status-min-generation): the branch "
-                              "was put back to an older signed commit")
-        return generation
+        try:
+            return self.trust.verifier.at_least(generation, f"the newest signed status commit under {tip[:12]}")
+        except TrustError as err:
+            raise StatusError(f"{self.branch}: {err}") from None
 
     def _known(self) -> str:
         """The last status commit verified in this worktree's clone ("" when none)."""

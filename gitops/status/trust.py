@@ -185,10 +185,14 @@ class Verifier:
     def require_generation(self, repo: Repo | Path, sha: str, what: str = "status commit",
                            min_generation: int = 0) -> int:
         """`sha`'s generation; `TrustError` when it is older than `min_generation` or `self.min_generation`."""
+        return self.at_least(generation_of(repo, sha), f"{what} {sha[:12]}", min_generation)
+
+    def at_least(self, generation: int, what: str, min_generation: int = 0) -> int:
+        """`generation` (of `what`, for the error); `TrustError` when it is older than `min_generation` or
+        `self.min_generation`: the one floor every reader of a status branch holds to."""
         floor = max(min_generation, self.min_generation)
-        generation = generation_of(repo, sha)
         if generation < floor:
-            raise TrustError(f"{what} {sha[:12]} is generation {generation}, older than generation {floor} already "
+            raise TrustError(f"{what} is generation {generation}, older than generation {floor} already "
                              "seen or asked for (--status-min-generation): the branch was put back to an older "
                              "signed commit")
         return generation
