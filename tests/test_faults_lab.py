@@ -51,6 +51,8 @@ def test_the_fault_commands_cut_and_restore_a_machine(world: FaultWorld, tmp_pat
         return done.stdout
 
     assert reaches("lab-hv-3", hv.ip, 10250) and reaches("host", hv.ip, 10250)
+    data = [line.split() for line in open("/proc/self/mounts") if line.split()[1] == hv.node_data_dir]
+    assert [(d[0], d[2]) for d in data] == [("gitops-lab-data", "tmpfs")], data  # --data-tmpfs: etcd's own disk
     assert gitops("partition", "lab-hv-4", "--from", "lab-hv-3") == f"lab-hv-4: partitioned from {peer.ip}\n"
     assert not reaches("lab-hv-3", hv.ip, 10250) and not reaches("lab-hv-4", peer.ip, 10250)  # both ways
     assert reaches("host", hv.ip, 10250) and reaches("lab-hv-2", hv.ip, 10250)  # only from that peer

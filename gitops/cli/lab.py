@@ -32,14 +32,18 @@ def lab() -> None:
                    "etcd each runs by default (tagged registry.k8s.io/kube-*:v<version>, registry.k8s.io/etcd:"
                    f"<version>-0); built here: {', '.join(KUBERNETES_BUILT)}.")
 @click.option("--etcd-versions", default="", help="Comma-separated etcd versions to import besides those.")
+@click.option("--data-tmpfs", "data_tmpfs_mib", type=int, default=0, metavar="MIB",
+              help="Each hypervisor's node data (etcd's WAL and database) on a tmpfs of MIB MiB: the dedicated "
+                   "disk etcd asks for, where the host's one disk is shared with other work (0: the lab "
+                   "directory's disk).")
 @_DIR
 def up_cmd(hypervisors: int, public: int, remote: bool, subnet: str, kubernetes_versions: str,
-           etcd_versions: str, lab_dir: Path | None) -> None:
+           etcd_versions: str, data_tmpfs_mib: int, lab_dir: Path | None) -> None:
     """Start the lab and print its Hypervisor documents (YAML) on stdout."""
     versions = [v for v in (part.strip() for part in kubernetes_versions.split(",")) if v]
     etcd = [v for v in (part.strip() for part in etcd_versions.split(",")) if v]
     info = labmod.up(lab_dir, hypervisors=hypervisors, public=public, remote=remote, subnet=subnet,
-                     kubernetes_versions=versions, etcd_versions=etcd)
+                     kubernetes_versions=versions, etcd_versions=etcd, data_tmpfs_mib=data_tmpfs_mib)
     click.echo(labmod.hypervisors_yaml(info), nl=False)
     click.echo(f"lab up in {info.dir}: {len(info.hypervisors)} hypervisor(s)", err=True)
 

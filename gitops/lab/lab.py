@@ -344,12 +344,16 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
        subnet: str = DEFAULT_SUBNET, cri_port: int = DEFAULT_CRI_PORT,
        first_port: int = DEFAULT_FIRST_PORT,
        kubernetes_versions: Iterable[str] = DEFAULT_KUBERNETES_VERSIONS,
-       etcd_versions: Iterable[str] = ()) -> LabInfo:
+       etcd_versions: Iterable[str] = (), data_tmpfs_mib: int = 0) -> LabInfo:
     """Start `hypervisors` containerd instances (the first `public` of them public).
 
     Every hypervisor gets the lab images, tagged under the upstream names a default Cluster uses too;
     the private ones also the real control-plane binaries of each of `kubernetes_versions` and the
     etcd each runs by default (and `etcd_versions`): control-plane Nodes sit on private hypervisors.
+    With `data_tmpfs_mib`, each hypervisor's node data (etcd's WAL and database among it) is a tmpfs of
+    that size: the dedicated disk etcd asks for, where the host's one disk, shared with every other job on
+    it, can hold a write back for seconds (`down` unmounts it; a power cut of a machine keeps it, as a
+    disk would).
     """
     lab_dir = (lab_dir or default_dir()).resolve()
     versions = tuple(dict.fromkeys(lab_images.normalize_version(v) for v in kubernetes_versions))
@@ -357,6 +361,8 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
         raise LabError("--hypervisors must be between 1 and 250")
     if not 0 <= public <= hypervisors:
         raise LabError("--public must be between 0 and --hypervisors")
+    if not 0 <= data_tmpfs_mib <= 65536:
+        raise LabError("--data-tmpfs must be between 0 (the lab directory's disk) and 65536 MiB")
     LabNetwork.for_subnet(subnet)
     if len(str(lab_dir / "hv-999" / "containerd.sock.ttrpc")) > _SOCKET_MAX:
         raise LabError(f"lab directory path too long for unix sockets: {lab_dir}")
@@ -370,7 +376,7 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
     hostcheck.record(lab_dir)
     try:
         return _up(lab_dir, hypervisors, public, remote, subnet, cri_port, first_port, versions,
-                   tuple(v for v in etcd_versions if v.strip()))
+                   tuple(v for v in etcd_versions if v.strip()), data_tmpfs_mib)
     except BaseException:
         event(log, logging.WARNING, "lab up failed; tearing down what was started", dir=str(lab_dir))
         down(lab_dir)
@@ -378,7 +384,7 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
 
 
 def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port: int,
-        first_port: int, versions: tuple[str, ...], etcd_versions: tuple[str, ...]) -> LabInfo:
+        first_port: int, versions: tuple[str, ...], etcd_versions: tuple[str, ...], data_tmpfs_mib: int) -> LabInfo:
     net = LabNetwork.for_subnet(subnet)
     if network.leftover(net):
         event(log, logging.WARNING, "the lab network of a lab that no longer runs removed", subnet=subnet,
@@ -413,6 +419,8 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
         hv_dir = lab_dir / f"hv-{i}"
         for sub in ("cni/bin", "cni/conf", "logs", "data"):
             (hv_dir / sub).mkdir(parents=True, exist_ok=True)
+        if data_tmpfs_mib:
+            _mount_tmpfs(hv_dir / "data", data_tmpfs_mib)
         sock = hv_dir / "containerd.sock"
         low = first_port + (i - 1) * PORTS_PER_HYPERVISOR
         hv = LabHypervisor(
@@ -449,6 +457,14 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
     for hv in hvs:
         event(log, logging.INFO, "lab hypervisor ready", hypervisor=hv.name, ip=hv.ip, remote=remote)
     return LabInfo(lab_dir, tuple(hvs), image_refs, tuple(started), aliases, kinds, subnet)
+
+
+def _mount_tmpfs(path: Path, mib: int) -> None:
+    """A tmpfs of `mib` MiB (mode 0700) on `path` (`down` unmounts everything under the lab directory)."""
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0700", "gitops-lab-data", str(path)],
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise LabError(f"mounting a {mib} MiB tmpfs on {path}: {(done.stderr or done.stdout).strip()}")
 
 
 def import_provider_image(info: LabInfo) -> str:
