@@ -4,6 +4,7 @@
 #   ${GITOPS_KUBE_CACHE:-$HOME/.cache/gitops/kubernetes}/
 #     v1.35.4/ v1.36.3/ v1.37.2/   kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
 #     etcd-v3.6.16/ etcd-v3.7.3/   etcd etcdctl etcdutl
+#     containerd-v2.4.2/           containerd ctr containerd-shim-runc-v2
 #     .modules/<name>/             the wrapper modules (go.mod, go.sum) the builds ran in
 # Each directory records the recipe it was built with (BUILD: versions, Go, flags); a second run finds the
 # same recipe there and costs nothing, another recipe rebuilds that directory only.
@@ -16,9 +17,11 @@
 # commit, so gitCommit is empty and gitTreeState "archive", buildDate the module's publication time.
 # Static: CGO_ENABLED=0, checked in the build settings the go command records in each binary.
 #
-# GITOPS_KUBE_VERSIONS / GITOPS_ETCD_VERSIONS (space-separated) choose other versions; the defaults are
-# gitops/model/versions.py's: the newest patch of each supported minor the proxy serves, and the etcd
-# upstream kubeadm pairs with each.
+# GITOPS_KUBE_VERSIONS / GITOPS_ETCD_VERSIONS (space-separated) and GITOPS_CONTAINERD_VERSION choose other
+# versions; the defaults are gitops/model/versions.py's: the newest patch of each supported minor the proxy
+# serves, the etcd upstream kubeadm pairs with each, and containerd 2.x (github.com/containerd/containerd/v2,
+# whose go.mod has no replace directive: a wrapper module requiring it builds as upstream's does; cgo off
+# leaves out the btrfs snapshotter, which needs it, as upstream's static release does not).
 # Timings on 2 cores (docs/development/tests.md): see there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +30,11 @@ cd "$(dirname "$0")/.."
 RELEASES=$(python3 gitops/model/versions.py)
 KUBE_VERSIONS=(${GITOPS_KUBE_VERSIONS:-$(sed -n 's/^kubernetes //p' <<<"$RELEASES")})
 ETCD_VERSIONS=(${GITOPS_ETCD_VERSIONS:-$(sed -n 's/^etcd //p' <<<"$RELEASES")})
+CONTAINERD_VERSION=${GITOPS_CONTAINERD_VERSION:-$(sed -n 's/^containerd //p' <<<"$RELEASES")}
 ROOT=${GITOPS_KUBE_CACHE:-$HOME/.cache/gitops/kubernetes}
 KUBE_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 ETCD_BINARIES=(etcd etcdctl etcdutl)
+CONTAINERD_BINARIES=(containerd ctr containerd-shim-runc-v2)
 # bump when the way a binary is built changes: every cached build with another recipe is rebuilt
 RECIPE=2
 command -v go >/dev/null || { echo "build-kubernetes: the go command is not installed (Go 1.26 or later)" >&2; exit 1; }
@@ -178,7 +183,40 @@ build_etcd() {  # v3.X.Y
     step "etcd $v: done ($("$dir/etcd" --version | head -n1))"
 }
 
+build_containerd() {  # v2.X.Y
+    local v=$1 dir="$ROOT/containerd-$1" want work pkg=github.com/containerd/containerd/v2 ldflags
+    want=$(recipe_of containerd "$v")
+    if cached "$dir" "$want" "${CONTAINERD_BINARIES[@]}"; then
+        step "containerd $v: cached in $dir"
+        return
+    fi
+    step "containerd $v: building ${CONTAINERD_BINARIES[*]} from $pkg@$v"
+    work="$ROOT/.modules/containerd-$v"
+    mkdir -p "$work"
+    go mod download -json "$pkg@$v" > "$work/download.json"
+    {
+        echo "// The wrapper module scripts/build-kubernetes.sh builds containerd $v in (generated)."
+        echo "module gitops.build/containerd"
+        echo
+        grep -m1 '^go ' "$(json_field "$work/download.json" GoMod)"
+        echo
+        echo "require $pkg $v"
+    } > "$work/go.mod"
+    step "  resolving modules (go.sum)"
+    (cd "$work" && go list -deps "$pkg/cmd/containerd" "$pkg/cmd/ctr" "$pkg/cmd/containerd-shim-runc-v2" >/dev/null)
+    # as its Makefile stamps it (`containerd --version`: "containerd github.com/containerd/containerd/v2 v2.4.2 ...")
+    ldflags="-s -w -X $pkg/version.Version=$v -X $pkg/version.Revision=module-$v -X $pkg/version.Package=$pkg"
+    rm -rf "$dir.tmp"
+    mkdir -p "$dir.tmp"
+    go_build "$work" "$dir.tmp" "$ldflags" "$pkg/cmd/containerd" "$pkg/cmd/ctr" "$pkg/cmd/containerd-shim-runc-v2"
+    [ "$("$dir.tmp/containerd" --version | awk '{print $3}')" = "$v" ] \
+        || { echo "build-kubernetes: containerd does not say $v" >&2; exit 1; }
+    keep "$dir.tmp" "$dir" "$want" "${CONTAINERD_BINARIES[@]}"
+    step "containerd $v: done ($("$dir/containerd" --version))"
+}
+
 mkdir -p "$ROOT"
 for v in "${ETCD_VERSIONS[@]}"; do build_etcd "$v"; done
 for v in "${KUBE_VERSIONS[@]}"; do build_kubernetes "$v"; done
-step "all built (${KUBE_VERSIONS[*]}; etcd ${ETCD_VERSIONS[*]}) in $ROOT"
+build_containerd "$CONTAINERD_VERSION"
+step "all built (${KUBE_VERSIONS[*]}; etcd ${ETCD_VERSIONS[*]}; containerd $CONTAINERD_VERSION) in $ROOT"

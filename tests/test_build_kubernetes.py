@@ -23,7 +23,7 @@ def test_the_build_list_is_the_supported_releases() -> None:
     out = subprocess.run(["python3", str(ROOT / "gitops" / "model" / "versions.py")], capture_output=True, text=True,
                          check=True).stdout
     kube, etcd = versions.built()
-    assert out == f"kubernetes {' '.join(kube)}\netcd {' '.join(etcd)}\n"
+    assert out == f"kubernetes {' '.join(kube)}\netcd {' '.join(etcd)}\ncontainerd v{versions.CONTAINERD}\n"
     assert kube == tuple(f"v{r.kubernetes}" for _, r in sorted(versions.RELEASES.items()))
     assert all(not any(tag in v for tag in ("alpha", "beta", "rc")) for v in (*kube, *etcd))
 
@@ -36,7 +36,24 @@ def test_a_second_run_finds_everything_in_the_cache() -> None:
         assert any(line.endswith(f"kubernetes {v}: cached in {kubebin.cache_root() / v}") for line in lines), lines
     for v in kubebin.ETCD_BUILT:
         assert any(line.endswith(f"etcd {v}: cached in {kubebin.cache_root() / f'etcd-{v}'}") for line in lines), lines
+    ctrd = f"v{versions.CONTAINERD}"
+    assert any(line.endswith(f"containerd {ctrd}: cached in {kubebin.cache_root() / f'containerd-{ctrd}'}")
+               for line in lines), lines
     assert "go build" not in done.stdout
+
+
+def test_containerd_is_static_and_says_its_version() -> None:
+    """containerd, ctr and the runc shim of the module build: cgo off, `--version` the module's release."""
+    v = f"v{versions.CONTAINERD}"
+    for name in ("containerd", "ctr", "containerd-shim-runc-v2"):
+        path = kubebin.containerd_program(name)
+        settings = subprocess.run(["go", "version", "-m", str(path)], capture_output=True, text=True, check=True)
+        assert "\tbuild\tCGO_ENABLED=0\n" in settings.stdout, name
+        assert f"\tdep\tgithub.com/containerd/containerd/v2\t{v}\t" in settings.stdout or \
+            f"\tmod\tgithub.com/containerd/containerd/v2\t{v}\t" in settings.stdout, name
+    out = subprocess.run([str(kubebin.containerd_program("containerd")), "--version"], capture_output=True,
+                         text=True, check=True, timeout=60).stdout.split()
+    assert out[:3] == ["containerd", "github.com/containerd/containerd/v2", v]
 
 
 @pytest.mark.parametrize("version", kubebin.KUBERNETES_BUILT)

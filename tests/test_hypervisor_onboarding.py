@@ -23,7 +23,8 @@ import yaml
 from conftest import running_lab
 from repo_helpers import write
 
-from gitops.lab import network
+from gitops.lab import kubebin, network
+from gitops.model import versions
 
 pytestmark = pytest.mark.lab("onboarding")
 
@@ -48,10 +49,12 @@ class Box:
 
     def init_argv(self, ca_hash: str, address: str | None = None) -> list[str]:
         config = self.dir / "containerd.toml"
-        start = f"sh -c 'containerd --config {config} >> {self.dir}/containerd.log 2>&1 &'"
+        binary = kubebin.containerd_program("containerd")  # the new machine's containerd: 2.x, built from its module
+        start = f"sh -c '{binary} --config {config} >> {self.dir}/containerd.log 2>&1 &'"
         return network.enter(self.machine.netns, [
             GITOPS, "hypervisor", "init", "--address", address or self.machine.ip, "--ca-hash", ca_hash,
-            "--dir", str(self.dir / "front"), "--containerd-config", str(config), "--containerd-root",
+            "--dir", str(self.dir / "front"), "--containerd-binary", str(binary), "--containerd-config", str(config),
+            "--containerd-root",
             str(self.dir / "containerd"), "--restart", start, "--data-dir", str(self.dir / "data"),
             "--sandbox-image", self.lab.images["pause"], "--timeout", "120", "--port-range", "31000-31999",
             "--sysctl-file", str(self.dir / "sysctl.conf")])
@@ -64,6 +67,8 @@ class Box:
         for line in proc.stderr:
             seen.append(line)
             if line.startswith("this machine's key: "):
+                # the release its --version names, and the config version that release reads without migrating
+                assert f"found containerd {versions.CONTAINERD} (config version 4)\n" in seen, seen
                 return proc, line.split(": ", 1)[1].strip()
         raise AssertionError("init printed no fingerprint:\n" + "".join(seen))
 

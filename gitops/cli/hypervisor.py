@@ -44,6 +44,9 @@ def ca_hash_cmd(repo: Path, state_dir: Path | None) -> None:
               help="Where the front's key, certificates and config live (the key never leaves it).")
 @click.option("--containerd-config", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("/etc/containerd/config.toml"), show_default=True, help="containerd's config file.")
+@click.option("--containerd-binary", default="containerd", show_default=True,
+              help="The containerd that reads that config (a name on PATH, or a path; its runc shim beside it is "
+                   "used): its --version decides the config version (4 from 2.4, 3 for 2.0-2.3, 2 for 1.6 and 1.7).")
 @click.option("--containerd-root", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep all of containerd's paths under this directory (root, state, socket) instead of Debian's "
                    "(/var/lib/containerd, /run/containerd).")
@@ -63,7 +66,7 @@ def ca_hash_cmd(repo: Path, state_dir: Path | None) -> None:
 @click.option("--no-front", is_flag=True, help="Write the front's config and exit instead of running it "
                                                "(haproxy -db -f DIR/front.cfg, e.g. under systemd).")
 def init_cmd(address: str, ca_hash: str, cri_port: int, directory: Path, containerd_config: Path,
-             containerd_root: Path | None, restart: str, data_dir: str, sandbox_image: str, timeout: float,
+             containerd_binary: str, containerd_root: Path | None, restart: str, data_dir: str, sandbox_image: str, timeout: float,
              port_range: tuple[int, int], sysctl_file: Path, no_front: bool) -> None:
     """On the new machine: reserve the pods' ports, configure containerd as gitops needs it, make the front's key here, wait for the
     fleet (`gitops hypervisor add`) to sign it, then run the TLS-only CRI front (haproxy, in the foreground)."""
@@ -71,7 +74,8 @@ def init_cmd(address: str, ca_hash: str, cri_port: int, directory: Path, contain
 
     paths = configs.ContainerdPaths.under(containerd_root) if containerd_root else configs.ContainerdPaths.system()
     spec = MachineSpec(address=address, ca_hash=ca_hash, directory=directory.absolute(), cri_port=cri_port,
-                       containerd_config=containerd_config, paths=paths, restart=restart,
+                       containerd_config=containerd_config, containerd_binary=containerd_binary, paths=paths,
+                       restart=restart,
                        sandbox_image=sandbox_image, data_dir=data_dir, port_range=port_range,
                        sysctl_file=sysctl_file)
     done = init(spec, lambda line: click.echo(line, err=True), timeout=timeout)

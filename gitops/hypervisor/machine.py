@@ -6,7 +6,8 @@ directory holds no `hypervisor.json`), the CRI port must be free and outside the
 pods' port range (and the CRI port) is reserved from the kernel's ephemeral ports
 (`net.ipv4.ip_local_reserved_ports`, now and in a sysctl.d file for boots), so that no outgoing connection
 of the machine holds a port gitops gives a pod; containerd's config is written
-as gitops needs it (`gitops.hypervisor.configs`) and containerd restarted when it changed; a key is
+as gitops needs it (`gitops.hypervisor.configs`), in the config version the release its `--version` names
+reads, and containerd restarted when it changed; a key is
 made here (kept in the directory, mode 0600, reused if an earlier run stopped before enrolling, so its
 fingerprint stays the same); the machine serves its request (`gitops.hypervisor.enroll`) until the
 fleet delivers a certificate that checks out; then the front's files are written and `hypervisor.json`
@@ -49,6 +50,8 @@ class MachineSpec:
     cri_port: int = configs.DEFAULT_CRI_PORT
     #: containerd's config file to write, and where that containerd keeps everything
     containerd_config: Path = Path("/etc/containerd/config.toml")
+    #: the containerd that reads it (a name on PATH, or a path): its `--version` decides the config version
+    containerd_binary: str = "containerd"
     paths: configs.ContainerdPaths = configs.ContainerdPaths.system()
     #: run when the config changed ("" = do not restart: containerd is started by someone else)
     restart: str = SYSTEMD_RESTART
@@ -149,9 +152,30 @@ def reserve_ports(spec: MachineSpec, say: Callable[[str], None]) -> None:
             say(f"wrote {spec.sysctl_file} (the reservation after a reboot)")
 
 
-def configure_containerd(spec: MachineSpec, say: Callable[[str], None]) -> None:
-    """containerd's config as gitops needs it; containerd restarted if it changed; its CRI answering."""
-    text = configs.containerd_config(spec.paths, spec.address, spec.sandbox_image)
+def containerd_release(spec: MachineSpec) -> configs.ContainerdRelease:
+    """The release of the machine's containerd (`--version`); EnrollError when it is none gitops configures."""
+    try:
+        return configs.release_of(spec.containerd_binary)
+    except configs.ContainerdError as err:
+        raise EnrollError(f"--containerd-binary {spec.containerd_binary}: {err}") from None
+
+
+def _shim_of(binary: str) -> str:
+    """The runc shim beside a containerd given by its path (it would find another one on PATH first)."""
+    if "/" not in binary:
+        return ""
+    shim = Path(binary).parent / "containerd-shim-runc-v2"
+    return str(shim) if shim.is_file() else ""
+
+
+def configure_containerd(spec: MachineSpec, release: configs.ContainerdRelease, say: Callable[[str], None]) -> None:
+    """containerd's config as gitops needs it, in the version `release` reads; containerd restarted if it
+    changed; its CRI answering."""
+    say(f"found containerd {release.version} (config version {release.config_version})"
+        + ("" if release.supported else ": out of support upstream, configured all the same; gitops builds and "
+                                        "tests containerd 2.x"))
+    text = configs.containerd_config(spec.paths, spec.address, spec.sandbox_image, release=release,
+                                     shim=_shim_of(spec.containerd_binary))
     path = spec.containerd_config
     before = path.read_text() if path.exists() else None
     if before != text:
@@ -200,8 +224,9 @@ def machine_key(spec: MachineSpec):  # type: ignore[no-untyped-def]
 def init(spec: MachineSpec, say: Callable[[str], None], timeout: float = 3600) -> Enrolled:
     """Make this machine a hypervisor of the fleet whose CA hashes to `spec.ca_hash` (see the module)."""
     check(spec)
+    release = containerd_release(spec)
     reserve_ports(spec, say)
-    configure_containerd(spec, say)
+    configure_containerd(spec, release, say)
     key = machine_key(spec)
     fingerprint = key_hash(key.public_key())
     request = Request(csr_for(key, spec.address), spec.address, spec.cri_port, spec.data_dir, *spec.port_range,

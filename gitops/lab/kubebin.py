@@ -2,8 +2,9 @@
 
 Every supported release (`gitops.model.versions.RELEASES`) is built: kube-apiserver,
 kube-controller-manager, kube-scheduler, kubectl, kubelet and kube-proxy per Kubernetes version, etcd
-and etcdctl per etcd version. The cache lives outside the work tree, ``$GITOPS_KUBE_CACHE/<version>/``
-and ``$GITOPS_KUBE_CACHE/etcd-<version>/`` (default ``~/.cache/gitops/kubernetes``).
+and etcdctl per etcd version, and containerd 2.x. The cache lives outside the work tree,
+``$GITOPS_KUBE_CACHE/<version>/``, ``etcd-<version>/`` and ``containerd-<version>/`` (default
+``~/.cache/gitops/kubernetes``).
 """
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ def etcd_program(name: str, etcd_version: str) -> Path:
     if v not in ETCD_BUILT:
         raise LabError(f"etcd {v} is not built here: gitops builds {', '.join(ETCD_BUILT)}")
     return _cached(cache_root() / f"etcd-{v}", name, f"real etcd {v}")
+
+
+def containerd_program(name: str) -> Path:
+    """The cached `containerd`, `ctr` or `containerd-shim-runc-v2` of containerd `versions.CONTAINERD`."""
+    v = f"v{versions.CONTAINERD}"
+    return _cached(cache_root() / f"containerd-{v}", name, f"containerd {v}")
 
 
 def kubectl(version: str = DEFAULT_VERSION) -> Path:

@@ -59,7 +59,7 @@ from gitops.model.resources import (
     RemoteCRIEndpoint,
 )
 from gitops.hypervisor.enroll import deliver, fetch_request
-from gitops.hypervisor.configs import DEFAULT_CRI_PORT, ContainerdPaths, containerd_config
+from gitops.hypervisor.configs import DEFAULT_CRI_PORT, ContainerdError, ContainerdPaths, containerd_config, release_of
 from gitops.hypervisor.fleet import CERT_DAYS, LiteralDumper, ca_hash as fleet_hash, fleet_ca
 from gitops.pki import CertKey, cert_to_pem, issue_cert, sign_public_key
 from gitops.state.store import LocalDirStore
@@ -76,6 +76,22 @@ PORTS_PER_HYPERVISOR = 1000
 READY_TIMEOUT = 30.0
 _SOCKET_MAX = 100  # sun_path is 108 bytes; keep room for the ".ttrpc" suffix
 _REQUIRED = ("containerd", "ctr", "runc", "containerd-shim-runc-v2")
+
+
+def _containerd(program: str = "containerd") -> str:
+    """The lab's `containerd`, `ctr` or `containerd-shim-runc-v2`."""
+    return program
+
+
+def _containerd_config(hv_dir: Path, ip: str, sandbox_image: str) -> str:
+    """The config of a lab containerd in `hv_dir`, in the version its release reads."""
+    try:
+        release = release_of(_containerd())
+    except ContainerdError as err:
+        raise LabError(str(err)) from None
+    # as `gitops hypervisor init --containerd-binary` writes it: a containerd named by its path runs the shim beside it
+    return containerd_config(ContainerdPaths.under(hv_dir), ip, sandbox_image, release=release,
+                             shim=_containerd("containerd-shim-runc-v2") if "/" in _containerd() else "")
 
 
 def default_dir() -> Path:
@@ -302,7 +318,7 @@ def _run(argv: list[str], what: str, timeout: float = 120) -> str:
 
 
 def _ctr_import(socket_path: str, tarball: Path, hv: str) -> None:
-    _run(["ctr", "-a", socket_path, "-n", "k8s.io", "images", "import", str(tarball)],
+    _run([_containerd("ctr"), "-a", socket_path, "-n", "k8s.io", "images", "import", str(tarball)],
          f"importing {tarball.name} into {hv}")
 
 
@@ -326,7 +342,7 @@ def _import_everywhere(hvs: list[LabHypervisor], tarball: Path, public: Path | N
 
 def _ctr_tag(socket_path: str, src: str, dst: str, hv: str) -> None:
     """Tag `src` as `dst` in the k8s.io namespace; containerd's CRI plugin sees it at once."""
-    _run(["ctr", "-a", socket_path, "-n", "k8s.io", "images", "tag", "--force", src, dst],
+    _run([_containerd("ctr"), "-a", socket_path, "-n", "k8s.io", "images", "tag", "--force", src, dst],
          f"tagging {src} as {dst} in {hv}")
 
 
@@ -435,7 +451,7 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
         network.create_machine(machine)
         network.reserve_ports(machine, f"{hv.port_range.low}-{hv.port_range.high},{cri_port}")
         config = hv_dir / "containerd.toml"
-        config.write_text(containerd_config(ContainerdPaths.under(hv_dir), ip, image_refs["pause"]))
+        config.write_text(_containerd_config(hv_dir, ip, image_refs["pause"]))
         ctrd = _spawn_containerd(hv)
         started.append(ctrd)
         _save(lab_dir, hvs, started, image_refs, aliases, kinds, subnet)
@@ -501,7 +517,8 @@ def _spawn_init(hv: LabHypervisor, ca_hash: str, cri_port: int, sandbox_image: s
     already configured and running: the lab is its init system). Once enrolled it becomes the front (haproxy)."""
     hv_dir = Path(hv.dir)
     argv = [sys.executable, "-m", "gitops", "hypervisor", "init", "--address", hv.ip, "--ca-hash", ca_hash,
-            "--cri-port", str(cri_port), "--dir", str(hv_dir / "front"), "--containerd-config",
+            "--cri-port", str(cri_port), "--dir", str(hv_dir / "front"), "--containerd-binary", _containerd(),
+            "--containerd-config",
             str(hv_dir / "containerd.toml"), "--containerd-root", str(hv_dir), "--restart", "",
             "--data-dir", hv.node_data_dir, "--sandbox-image", sandbox_image, "--timeout", str(READY_TIMEOUT * 4),
             "--port-range", f"{hv.port_range.low}-{hv.port_range.high}",
@@ -531,7 +548,7 @@ def _enroll(hv: LabHypervisor, front: procs.Proc, ca: CertKey, cri_port: int) ->
 def _spawn_containerd(hv: LabHypervisor) -> procs.Proc:
     """Hypervisor `hv`'s containerd, on its machine, from its config (`hv.dir/containerd.toml`)."""
     hv_dir = Path(hv.dir)
-    return procs.spawn("containerd", hv.name, hv.run(["containerd", "--config", str(hv_dir / "containerd.toml")]),
+    return procs.spawn("containerd", hv.name, hv.run([_containerd(), "--config", str(hv_dir / "containerd.toml")]),
                        hv_dir / "logs" / "containerd.log", hv_dir)
 
 
@@ -558,8 +575,8 @@ def add_runtime(lab_dir: Path, name: str, ip: str, netns: str | None = None) -> 
     for sub in ("cni/bin", "cni/conf", "logs"):
         (hv_dir / sub).mkdir(parents=True, exist_ok=True)
     config = hv_dir / "containerd.toml"
-    config.write_text(containerd_config(ContainerdPaths.under(hv_dir), ip, lab.images["pause"]))
-    argv = ["containerd", "--config", str(config)]
+    config.write_text(_containerd_config(hv_dir, ip, lab.images["pause"]))
+    argv = [_containerd(), "--config", str(config)]
     ctrd = procs.spawn("containerd", name, enter(netns, argv) if netns else argv, hv_dir / "logs" / "containerd.log",
                        hv_dir)
     _save_info(lab, started=[*lab.processes, ctrd])

@@ -29,6 +29,9 @@ RELEASES: dict[int, Release] = {
     37: Release("1.37.2", "3.7.3"),
 }
 #: oldest and newest supported minor versions of Kubernetes 1.x
+#: the container runtime gitops builds from its module (github.com/containerd/containerd/v2, newest patch the
+#: proxy serves; containerd 1.6 is out of support since 2025-08, 1.7 since 2026-09)
+CONTAINERD = "2.4.2"
 MIN_MINOR = min(RELEASES)
 MAX_MINOR = max(RELEASES)
 #: the version a Cluster of the example repo and a lab without other wishes run
@@ -112,6 +115,6 @@ def built() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return kube, etcd
 
 
-if __name__ == "__main__":  # for scripts/build-kubernetes.sh: "kubernetes v1.35.4 ..." and "etcd v3.6.16 ..."
+if __name__ == "__main__":  # for scripts/build-kubernetes.sh: "kubernetes v1.35.4 ...", "etcd v3.6.16 ...", "containerd v2.4.2"
     kube_built, etcd_built = built()
-    sys.stdout.write(f"kubernetes {' '.join(kube_built)}\netcd {' '.join(etcd_built)}\n")
+    sys.stdout.write(f"kubernetes {' '.join(kube_built)}\netcd {' '.join(etcd_built)}\ncontainerd v{CONTAINERD}\n")
