@@ -108,9 +108,18 @@ def release_of(binary: str = "containerd") -> ContainerdRelease:
     return parse_release(done.stdout)
 
 
+def shim_beside(binary: str) -> str:
+    """The runc shim beside a containerd named by its path ("" for a name on PATH, or none there): containerd
+    looks the shim up on PATH first, where a machine's packaged one may be."""
+    if "/" not in binary:
+        return ""
+    shim = Path(binary).parent / "containerd-shim-runc-v2"
+    return str(shim) if shim.is_file() else ""
+
+
 def containerd_config(paths: ContainerdPaths, stream_ip: str, sandbox_image: str = DEFAULT_SANDBOX_IMAGE, *,
                       release: ContainerdRelease, shim: str = "") -> str:
-    """containerd's config as gitops needs it, in the version `release` reads (3 for 2.x, 2 for 1.6 and 1.7).
+    """containerd's config as gitops needs it, in the version `release` reads (`ContainerdRelease.config_version`).
 
     The CRI plugin runs pods with host networking only (no CNI is needed), serves exec/attach
     streams on the machine's address, and needs restrict_oom_score_adj to start pods when

@@ -160,14 +160,6 @@ def containerd_release(spec: MachineSpec) -> configs.ContainerdRelease:
         raise EnrollError(f"--containerd-binary {spec.containerd_binary}: {err}") from None
 
 
-def _shim_of(binary: str) -> str:
-    """The runc shim beside a containerd given by its path (it would find another one on PATH first)."""
-    if "/" not in binary:
-        return ""
-    shim = Path(binary).parent / "containerd-shim-runc-v2"
-    return str(shim) if shim.is_file() else ""
-
-
 def configure_containerd(spec: MachineSpec, release: configs.ContainerdRelease, say: Callable[[str], None]) -> None:
     """containerd's config as gitops needs it, in the version `release` reads; containerd restarted if it
     changed; its CRI answering."""
@@ -175,7 +167,7 @@ def configure_containerd(spec: MachineSpec, release: configs.ContainerdRelease, 
         + ("" if release.supported else ": out of support upstream, configured all the same; gitops builds and "
                                         "tests containerd 2.x"))
     text = configs.containerd_config(spec.paths, spec.address, spec.sandbox_image, release=release,
-                                     shim=_shim_of(spec.containerd_binary))
+                                     shim=configs.shim_beside(spec.containerd_binary))
     path = spec.containerd_config
     before = path.read_text() if path.exists() else None
     if before != text:

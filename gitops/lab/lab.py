@@ -59,7 +59,8 @@ from gitops.model.resources import (
     RemoteCRIEndpoint,
 )
 from gitops.hypervisor.enroll import deliver, fetch_request
-from gitops.hypervisor.configs import DEFAULT_CRI_PORT, ContainerdError, ContainerdPaths, containerd_config, release_of
+from gitops.hypervisor.configs import (DEFAULT_CRI_PORT, ContainerdError, ContainerdPaths, containerd_config,
+                                      release_of, shim_beside)
 from gitops.hypervisor.fleet import CERT_DAYS, LiteralDumper, ca_hash as fleet_hash, fleet_ca
 from gitops.pki import CertKey, cert_to_pem, issue_cert, sign_public_key
 from gitops.state.store import LocalDirStore
@@ -89,9 +90,9 @@ def _containerd_config(hv_dir: Path, ip: str, sandbox_image: str) -> str:
         release = release_of(_containerd())
     except ContainerdError as err:
         raise LabError(str(err)) from None
-    # as `gitops hypervisor init --containerd-binary` writes it: a containerd named by its path runs the shim beside it
+    # as `gitops hypervisor init --containerd-binary` writes it
     return containerd_config(ContainerdPaths.under(hv_dir), ip, sandbox_image, release=release,
-                             shim=_containerd("containerd-shim-runc-v2") if "/" in _containerd() else "")
+                             shim=shim_beside(_containerd()))
 
 
 def default_dir() -> Path:
