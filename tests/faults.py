@@ -64,7 +64,8 @@ class FaultWorld(World):
                 for raw in path.read_text(errors="replace").splitlines():
                     found = re.search(r'"ts":"([^"]+)".*?"msg":"([^"]+)"', raw)
                     if found and found[1] >= since and "ReadIndex" not in found[2] and re.search(
-                            r"candidate|MsgPreVote|MsgVote|leader|election|term|took too long|slow", found[2]):
+                            r"candidate|MsgPreVote|MsgVote|leader|election|term|took too long|slow|stream|peer|dropped",
+                            found[2]):
                         lines.append(f"{found[1][11:23]} {node} {found[2][:140]}")
         return sorted(lines, key=lambda line: line[:12])
 
@@ -182,7 +183,10 @@ class Under:
         return {"requests": counts.requests, "failed_requests": counts.failures, "outages": counts.outages,
                 "writes_acknowledged": len(writes.acknowledged), "writes_failed": writes.failures,
                 "writes_lost": len(missing), "lost": missing[:10],
-                "errors": list(counts.errors[:10]) + list(writes.errors[:10])}
+                "errors": list(counts.errors[:10]) + list(writes.errors[:10]),
+                "failure_stamps": [e.split()[0] for e in counts.errors + writes.errors],
+                "failures_unstamped": counts.failures + writes.failures - len(counts.errors) - len(writes.errors),
+                "request_timeout_s": max(self.probe.timeout, self.writer.timeout)}
 
 
 def wait_members_healthy(world: FaultWorld, timeout: float = 120) -> None:
@@ -242,6 +246,9 @@ def partition_member(world: FaultWorld, leader: bool) -> dict[str, object]:
         figures.update(under.stop())
     at = watch.new_leader_at(cut, int(before[old_leader], 16))
     figures["leaderless_s"] = round(at - cut, 2) if leader and at is not None else None
+    figures["elected_before_heal"] = at is not None and at < healed
+    wall = time.time() - time.monotonic()
+    figures["election_wall"] = (wall + cut, wall + (at if at is not None else healed))
     if leader:  # what the survivors said and logged meanwhile (each sample: the leader each names)
         figures["leader_samples"] = watch.timeline(cut, (at or cut + 10) + 0.5)
         until = (cut_utc + dt.timedelta(seconds=3 + (at or cut + 10) - cut)).strftime("%Y-%m-%dT%H:%M:%S.%f")
@@ -251,6 +258,29 @@ def partition_member(world: FaultWorld, leader: bool) -> dict[str, object]:
     converge(world)
     figures["members_replaced"] = sorted(set(before.items()) ^ set(member_ids(world).items()))
     return figures
+
+
+def failures_outside_election(figures: dict[str, object]) -> list[str]:
+    """The probe's and the writer's failures that the election does not explain: each is stamped when it was
+    recorded, which is at most a request and its retry (each `request_timeout_s`) after it was sent, so one
+    sent while the survivors had no leader (from the cut to the first sample naming a new one) is stamped
+    before that leader's time plus twice the timeout and a second of slack. Stamps are `HH:MM:SS[.mmm]`
+    local time; an unstamped failure (past the probe's error list) is never explained."""
+    start, end = figures["election_wall"]  # type: ignore[misc]
+    end += 2 * float(figures["request_timeout_s"]) + 1.0  # type: ignore[arg-type]
+    day = 86400
+
+    def of_day(t: float) -> float:
+        local = time.localtime(t)
+        return local.tm_hour * 3600 + local.tm_min * 60 + local.tm_sec + t % 1
+
+    first, span = of_day(float(start)) - 1.0, float(end) - float(start) + 1.0  # the writer's stamps are whole seconds
+    outside = []
+    for stamp in figures["failure_stamps"]:  # type: ignore[union-attr]
+        h, m, sec = stamp.split(":")
+        if (int(h) * 3600 + int(m) * 60 + float(sec) - first) % day > span:
+            outside.append(stamp)
+    return outside + ["(unstamped)"] * int(figures["failures_unstamped"])  # type: ignore[arg-type]
 
 
 def converge(world: FaultWorld, rounds: int = 3) -> list[str]:
