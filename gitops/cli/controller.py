@@ -187,12 +187,19 @@ def watch(interval: str, metrics_address: str, watch_local: bool, exit_watch: st
         controller.release()
 
 
+#: how often a working copy's refs are polled when the kernel gives no inotify watch for them
+REFS_POLL_MS = 500
+
+
 def _watch_local(path: Path, trigger: threading.Event, stop: threading.Event) -> None:
     """Fire `trigger` when the working copy's git refs change (a commit), debounced. The refs the
     controller writes there itself (its status branch, its apply lease under refs/gitops/, the commits'
     outcome notes under refs/notes/) are not commits to reconcile: reacting to them would reconcile
-    again after every status commit."""
+    again after every status commit. When the kernel refuses an inotify instance or watch (its per-user
+    limits, fs.inotify.max_user_instances and max_user_watches, spent by other programs), the refs are
+    polled every REFS_POLL_MS instead, and that is logged: a commit is still seen within a second."""
     from watchfiles import watch as watch_files
+    from watchfiles._rust_notify import WatchfilesRustInternalError
 
     own = (f"/refs/heads/{branch_of_checkout(path)}", "/refs/gitops", "/refs/notes")
 
@@ -202,9 +209,22 @@ def _watch_local(path: Path, trigger: threading.Event, stop: threading.Event) ->
             return False  # a ref's directory appearing, or git noting a fetch: not a commit
         return ("/refs/" in ref or ref.endswith("HEAD")) and not any(mark in ref for mark in own)
 
-    for _changes in watch_files(path / ".git", stop_event=stop, debounce=1000, recursive=True,
-                                watch_filter=is_commit):
-        log.info("local commit detected; reconciling now", extra={"path": str(path)})
+    git = path / ".git"
+    try:
+        for _changes in watch_files(git, stop_event=stop, debounce=1000, recursive=True, watch_filter=is_commit):
+            log.info("local commit detected; reconciling now", extra={"path": str(path)})
+            trigger.set()
+        return
+    except (WatchfilesRustInternalError, OSError) as err:
+        log.warning("cannot watch the working copy with inotify; polling its refs instead (the per-user "
+                    "limits fs.inotify.max_user_instances and max_user_watches are spent)",
+                    extra={"path": str(path), "error": str(err), "poll_ms": REFS_POLL_MS})
+    # the refs alone (a commit moves a loose ref; HEAD and packed-refs for the rest): polling all of .git
+    # would walk every loose object twice a second
+    refs = [p for p in (git / "refs", git / "HEAD", git / "packed-refs") if p.exists()]
+    for _changes in watch_files(*refs, stop_event=stop, debounce=1000, recursive=True, watch_filter=is_commit,
+                                force_polling=True, poll_delay_ms=REFS_POLL_MS):
+        log.info("local commit detected; reconciling now", extra={"path": str(path), "polled": True})
         trigger.set()
 
 
