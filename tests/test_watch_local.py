@@ -49,23 +49,23 @@ def test_a_watch_without_inotify_instances_polls_the_refs_and_sees_a_commit() ->
         shutil.rmtree(home)
 
 
-def _run_watch(tmp_path: Path) -> None:
-    work = tmp_path / "work"
+def _run_watch(home: Path) -> None:
+    work = home / "work"
     work.mkdir()
-    git = ["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@example.org"]
-    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
+    git = ["git", "-C", str(work)]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    subprocess.run([*git, "config", "user.name", "t"], check=True)  # for the helper's commit too
+    subprocess.run([*git, "config", "user.email", "t@example.org"], check=True)
     (work / "README.md").write_text("first\n")
     subprocess.run([*git, "add", "README.md"], check=True)
     subprocess.run([*git, "commit", "-qm", "first"], check=True)
-    subprocess.run(["git", "-C", str(work), "config", "user.name", "t"], check=True)
-    subprocess.run(["git", "-C", str(work), "config", "user.email", "t@example.org"], check=True)
     subprocess.run(["chown", "-R", "65534:65534", str(work)], check=True)
     caps = "+dac_override,+dac_read_search"
     done = subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", f"--inh-caps={caps}",
          f"--ambient-caps={caps}", sys.executable, "-c", HELPER, str(work)],
         capture_output=True, text=True, timeout=60,
-        env={**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[1])})
+        env={**os.environ, "HOME": str(home), "PYTHONPATH": str(Path(__file__).parents[1])})
     out = done.stdout
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "held " in out and int(out.split("held ")[1].split()[0]) > 0, out

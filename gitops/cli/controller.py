@@ -197,7 +197,7 @@ def _watch_local(path: Path, trigger: threading.Event, stop: threading.Event) ->
     outcome notes under refs/notes/) are not commits to reconcile: reacting to them would reconcile
     again after every status commit. When the kernel refuses an inotify instance or watch (its per-user
     limits, fs.inotify.max_user_instances and max_user_watches, spent by other programs), the refs are
-    polled every REFS_POLL_MS instead, and that is logged: a commit is still seen within a second."""
+    polled every REFS_POLL_MS instead, and that is logged: a commit is still seen within about 1.5 s."""
     from watchfiles import watch as watch_files
     from watchfiles._rust_notify import WatchfilesRustInternalError
 
@@ -209,23 +209,23 @@ def _watch_local(path: Path, trigger: threading.Event, stop: threading.Event) ->
             return False  # a ref's directory appearing, or git noting a fetch: not a commit
         return ("/refs/" in ref or ref.endswith("HEAD")) and not any(mark in ref for mark in own)
 
+    def fire_on_commits(*paths: Path, **polling: object) -> None:
+        for _changes in watch_files(*paths, stop_event=stop, debounce=1000, recursive=True, watch_filter=is_commit,
+                                    **polling):
+            log.info("local commit detected; reconciling now", extra={"path": str(path), "polled": bool(polling)})
+            trigger.set()
+
     git = path / ".git"
     try:
-        for _changes in watch_files(git, stop_event=stop, debounce=1000, recursive=True, watch_filter=is_commit):
-            log.info("local commit detected; reconciling now", extra={"path": str(path)})
-            trigger.set()
-        return
+        return fire_on_commits(git)
     except (WatchfilesRustInternalError, OSError) as err:
         log.warning("cannot watch the working copy with inotify; polling its refs instead (the per-user "
                     "limits fs.inotify.max_user_instances and max_user_watches are spent)",
                     extra={"path": str(path), "error": str(err), "poll_ms": REFS_POLL_MS})
     # the refs alone (a commit moves a loose ref; HEAD and packed-refs for the rest): polling all of .git
     # would walk every loose object twice a second
-    refs = [p for p in (git / "refs", git / "HEAD", git / "packed-refs") if p.exists()]
-    for _changes in watch_files(*refs, stop_event=stop, debounce=1000, recursive=True, watch_filter=is_commit,
-                                force_polling=True, poll_delay_ms=REFS_POLL_MS):
-        log.info("local commit detected; reconciling now", extra={"path": str(path), "polled": True})
-        trigger.set()
+    fire_on_commits(*(p for p in (git / "refs", git / "HEAD", git / "packed-refs") if p.exists()),
+                    force_polling=True, poll_delay_ms=REFS_POLL_MS)
 
 
 def clusters_table(clusters: dict[str, dict], backups: dict[str, dict]) -> Table:
