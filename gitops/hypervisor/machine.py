@@ -5,7 +5,8 @@ In order, and nothing is changed until every check passed: the CA hash and the a
 directory holds no `hypervisor.json`), the CRI port must be free and outside the pods' port range. Then the
 pods' port range (and the CRI port) is reserved from the kernel's ephemeral ports
 (`net.ipv4.ip_local_reserved_ports`, now and in a sysctl.d file for boots), so that no outgoing connection
-of the machine holds a port gitops gives a pod; containerd's config is written
+of the machine holds a port gitops gives a pod; a warning is printed when root's inotify instances leave
+room for few control planes (`inotify_note`); containerd's config is written
 as gitops needs it (`gitops.hypervisor.configs`), in the config version the release its `--version` names
 reads, and containerd restarted when it changed; a key is
 made here (kept in the directory, mode 0600, reused if an earlier run stopped before enrolling, so its
@@ -37,6 +38,12 @@ KEY = "server.key"
 SYSTEMD_RESTART = "systemctl restart containerd"
 RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")  # this process's network namespace's
 SYSCTL_FILE = Path("/etc/sysctl.d/60-gitops-hypervisor.conf")
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")  # per user, shared by all of root's processes
+#: inotify instances one control plane's pods hold on a hypervisor: kube-apiserver 6 (its certificate and CA
+#: file watchers), kube-controller-manager up to 3 (docs/development/lab.md, counted on 1.35-1.37)
+INOTIFY_PER_CONTROL_PLANE = 9
+#: below this, `init` warns (it does not change a kernel setting for all of the machine's users)
+INOTIFY_ADVISED = 1024
 DEFAULT_PORT_RANGE = (30000, 30999)
 
 
@@ -152,6 +159,27 @@ def reserve_ports(spec: MachineSpec, say: Callable[[str], None]) -> None:
             say(f"wrote {spec.sysctl_file} (the reservation after a reboot)")
 
 
+def inotify_note(instances: int) -> str | None:
+    """A warning when root's inotify instances (`fs.inotify.max_user_instances`) leave room for few control
+    planes: a kube-apiserver that finds none left stops noticing renewed certificates until it retries."""
+    if instances >= INOTIFY_ADVISED:
+        return None
+    room = max(0, (instances - 8) // INOTIFY_PER_CONTROL_PLANE)  # 8: containerd, its shims and the front
+    return (f"warning: fs.inotify.max_user_instances is {instances}, shared by every process of root here: room "
+            f"for about {room} control planes ({INOTIFY_PER_CONTROL_PLANE} each); raise it before placing more "
+            f"(sysctl -w fs.inotify.max_user_instances={INOTIFY_ADVISED}, and in /etc/sysctl.d for boots)")
+
+
+def warn_inotify(say: Callable[[str], None], source: Path = INOTIFY_INSTANCES) -> None:
+    """Say `inotify_note`'s warning, if any (an unreadable limit says nothing)."""
+    try:
+        note = inotify_note(int(source.read_text()))
+    except (OSError, ValueError):
+        return
+    if note:
+        say(note)
+
+
 def containerd_release(spec: MachineSpec) -> configs.ContainerdRelease:
     """The release of the machine's containerd (`--version`); EnrollError when it is none gitops configures."""
     try:
@@ -218,6 +246,7 @@ def init(spec: MachineSpec, say: Callable[[str], None], timeout: float = 3600) -
     check(spec)
     release = containerd_release(spec)
     reserve_ports(spec, say)
+    warn_inotify(say)
     configure_containerd(spec, release, say)
     key = machine_key(spec)
     fingerprint = key_hash(key.public_key())
