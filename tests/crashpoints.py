@@ -86,6 +86,13 @@ class Workspace:
     #: the directory of the worker joined to the cluster (`_join_worker`), None before
     worker: Path | None = None
 
+    @property
+    def set_aside(self) -> Path:
+        """The example's other clusters, taken out of the repo (`workspace`)."""
+        path = self.dir / "set-aside"
+        path.mkdir(exist_ok=True)
+        return path
+
     def gitops(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         proc = subprocess.run([GITOPS, *args], capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
@@ -199,13 +206,14 @@ def workspace(prefix: str, subnet: str, cluster: str = "team-a") -> Iterator[Wor
     `cluster` only (3 controlplane nodes + 1 ingress, real binaries) applied, and its API ready through the ingress.
     Afterwards, whatever happens (Ctrl-C included), a joined worker leaves (its kubelet and kube-proxy stop), then
     the lab goes down (its processes, pods, mounts, cgroups) and the dir is deleted."""
-    with running_lab(prefix, hypervisors=3, public=1, subnet=subnet) as (base, lab):
+    with running_lab(prefix, hypervisors=3, public=1, subnet=subnet,
+                     kubernetes_versions=kubebin.KUBERNETES_BUILT[::-1]) as (base, lab):  # every release: the upgrade scenario
         try:
             ws = Workspace(base, base / "repo", base / "state", lab)
             write_example_repo(lab, ws.repo, ingress_nodes=1)
             for other in sorted((ws.repo / "clusters").iterdir()):
-                if other.name != cluster:
-                    shutil.rmtree(other)
+                if other.name != cluster:  # kept outside the repo for a scenario that makes clusters of it
+                    shutil.move(other, ws.set_aside / other.name)
             shutil.rmtree(ws.repo / "sip")
             ws.edit_docs("gitops.yaml", lambda docs: docs[0]["spec"].update(
                 paths=[p for p in docs[0]["spec"]["paths"] if p != "sip"]))
@@ -377,10 +385,15 @@ def is_gated(action: dict) -> bool:
     return any(gate in detail for detail in action.get("details", ()) for gate in GATES)
 
 
+#: a cluster a scenario makes anew each cycle is named `NAME-cycleN`; its points match across cycles
+CYCLE = re.compile(r"-cycle\d+")
+
+
 def action_text(action: dict) -> str:
-    """`kind subject` of a plan JSON action, e.g. `recreate-container team-a/team-a-cp-1/etcd`."""
+    """`kind subject` of a plan JSON action, e.g. `recreate-container team-a/team-a-cp-1/etcd` (a cycle's
+    number left out: `upgrade-cycle*/upgrade-cycle*-cp-1/etcd`)."""
     subject = "/".join(p for p in (action.get("cluster"), action.get("node"), action.get("component")) if p)
-    return f"{action['kind']} {subject}"
+    return f"{action['kind']} {CYCLE.sub('-cycle*', subject)}"
 
 
 @dataclasses.dataclass
@@ -652,6 +665,8 @@ class Scenario:
     prepare: Callable[[Workspace, int], str]
     start: Callable[[Workspace], None] = lambda ws: None
     cluster: str = "team-a"
+    #: the cluster of the round just prepared, for a scenario that makes a new one each cycle
+    cluster_of: Callable[[Workspace], str] | None = None
     #: what must hold after each point besides the common checks (problems found)
     check: Callable[[Workspace], list[str]] = lambda ws: []
 
@@ -714,6 +729,48 @@ def _ca_rotation(ws: Workspace, round_: int) -> str:
         if found:
             return f"phase {found.group(1)}"
     return "phase ?"
+
+
+UPGRADE_SOURCE = "team-b"  # the example's cluster each upgrade cycle is made of (set aside by `workspace`)
+
+
+def upgrade_cluster(ws: Workspace) -> str:
+    """The upgrade scenario's cluster of the current cycle (`upgrade-cycleN`, the highest N in the repo)."""
+    made = [p.name for p in (ws.repo / "clusters").iterdir() if re.fullmatch(r"upgrade-cycle\d+", p.name)]
+    return max(made, key=lambda n: int(n.rsplit("cycle", 1)[1]), default="")
+
+
+def _upgrade_start(ws: Workspace) -> None:
+    """A backup target for the upgrade clusters (an etcd minor change asks for a snapshot first)."""
+    ws.edit_docs("gitops.yaml", lambda docs: docs[0]["spec"].setdefault("backup", {}).update(targets=[
+        {"name": "local", "repository": str(ws.dir / "backups"), "password": "lab backup password"}]))
+
+
+def _minor_upgrade(ws: Workspace, round_: int) -> str:
+    """One minor forward: a cluster on the oldest release goes to the next, then to the newest (where etcd's
+    minor changes too). Minors only go forward, so each cycle makes a new cluster on the oldest release from
+    the example's team-b (`upgrade-cycleN`, applied and converged first, the one before removed in the same
+    apply) and upgrades that one twice."""
+    built = kubebin.KUBERNETES_BUILT
+    name = upgrade_cluster(ws)
+    running = load_model(ws.repo).clusters[name].kubernetes_version if name else ""
+    if not name or "v" + running.removeprefix("v") == built[-1]:
+        if name:
+            shutil.rmtree(ws.repo / "clusters" / name)
+        name = f"upgrade-cycle{int(name.rsplit('cycle', 1)[1]) + 1 if name else 1}"
+        target = ws.repo / "clusters" / name
+        target.mkdir()
+        for source in sorted((ws.set_aside / UPGRADE_SOURCE).iterdir()):
+            (target / source.name).write_text(source.read_text().replace(UPGRADE_SOURCE, name))
+        ws.cluster_spec(name, lambda spec: spec.update(kubernetesVersion=built[0][1:],
+                                                       backup={"target": "local", "keep": 2}))
+        ws.apply()
+        ws.wait_ready(name, timeout=180)
+        converge(ws)
+        running = built[0]
+    at = built.index("v" + running.removeprefix("v"))
+    ws.cluster_spec(name, lambda spec: spec.update(kubernetesVersion=built[at + 1][1:]))
+    return f"{built[at]}->{built[at + 1]}"
 
 
 WORKER = "lab-worker-1"
@@ -844,6 +901,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("ca-rotation", _ca_rotation),
     Scenario("scale-3-1-3", _scale),
     Scenario("worker-certificate-signing", worker_requests, start=_join_worker, check=worker_certificates_issued),
+    Scenario("minor-upgrade", _minor_upgrade, start=_upgrade_start, cluster_of=upgrade_cluster),
 )}
 
 
@@ -922,7 +980,8 @@ def explore(ws: Workspace, scenario: Scenario, log: Callable[[str], None] = prin
         point = _aimed(ws, queue[variant].pop(0), actions)
         log(f"{scenario.name} round {round_ + 1} ({variant or 'plan'} of {len(actions)} actions): "
             f"kill {point.label}")
-        outcome = run_crash_point(ws, scenario.cluster, scenario.name, variant, point,
+        cluster = scenario.cluster_of(ws) if scenario.cluster_of else scenario.cluster
+        outcome = run_crash_point(ws, cluster, scenario.name, variant, point,
                                   f"crash-{scenario.name}-{round_ + 1}", log)
         outcome.problems += scenario.check(ws)
         if outcome.timings:  # what each action took, from every run of this plan (a stride skips some)

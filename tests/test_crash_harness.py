@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from crashpoints import KillPoint, kill_points, point_key
+from crashpoints import KillPoint, action_text, kill_points, point_key
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,6 +25,16 @@ def test_a_point_is_the_same_point_in_another_run_whatever_its_measured_delay() 
     assert KillPoint(after=12).key == point_key("after 12") == "after 12"
     waited = KillPoint(inside=5, what="its new etcd runs")
     assert waited.key == point_key("in 5 (its new etcd runs)") != KillPoint(inside=5).key
+
+
+def test_an_action_of_a_cluster_made_anew_each_cycle_is_the_same_action_in_every_cycle() -> None:
+    first = {"kind": "recreate-container", "cluster": "upgrade-cycle1", "node": "upgrade-cycle1-cp-2",
+             "component": "etcd"}
+    later = {**first, "cluster": "upgrade-cycle12", "node": "upgrade-cycle12-cp-2"}
+    assert action_text(first) == action_text(later) == "recreate-container upgrade-cycle*/upgrade-cycle*-cp-2/etcd"
+    assert action_text({**first, "node": "upgrade-cycle1-cp-3"}) != action_text(first)
+    assert action_text({"kind": "write-files", "cluster": "team-a", "node": "team-a-cp-1"}) == \
+        "write-files team-a/team-a-cp-1"
 
 
 def test_kill_points_are_after_each_action_then_inside_each_gated_one() -> None:

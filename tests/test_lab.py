@@ -57,6 +57,34 @@ def test_images_are_deterministic(tmp_path: Path) -> None:
     assert any("libssl" in lib for lib in libs) and any("ld-linux" in lib for lib in libs)
 
 
+def test_the_labs_two_archives_build_each_layer_once(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`lab up`'s archives (every image; the public hypervisors' without the control-plane ones) take their
+    layers from one cache: a layer both hold (the base's, the public images') is built once, and is the
+    same bytes in both."""
+    import tarfile
+
+    from gitops.lab.lab import write_archives
+
+    built: list[str] = []
+    real = labimages._layer
+    monkeypatch.setattr(labimages, "_layer", lambda recipe: built.append(recipe.ref) or real(recipe))
+    every_recipe = recipes.lab_recipes(kubebin.KUBERNETES_BUILT[-1:], ())
+    every, public = write_archives(every_recipe, recipes.upstream_aliases(every_recipe), tmp_path)
+    assert len(built) == len(set(built)), sorted(built)
+    private = recipes.controlplane_roles(every_recipe)
+    shared = [r for role, r in every_recipe.items() if role not in private]
+    assert shared and set(every_recipe.values()) - set(shared)
+
+    def layers_of(archive: Path) -> dict[str, bytes]:
+        with tarfile.open(archive) as outer:
+            return {tag: outer.extractfile(name).read() for m in json.load(outer.extractfile("manifest.json"))
+                    for tag in m["RepoTags"] for name in m["Layers"][:1]}
+    in_every, in_public = layers_of(every), layers_of(public)
+    assert {r.ref for r in shared} <= set(in_public) and not {r.ref for r in every_recipe.values()
+                                                                if r not in shared} & set(in_public)
+    assert all(in_public[r.ref] == in_every[r.ref] for r in shared)
+
+
 def test_yaml_documents_round_trip(lab, tmp_path) -> None:  # type: ignore[no-untyped-def]
     text = hypervisors_yaml(lab)
     docs = list(yaml.safe_load_all(text))

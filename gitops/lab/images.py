@@ -254,8 +254,8 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class _Layers:
-    """Layer tarballs by recipe, each built once."""
+class Layers:
+    """Layer tarballs by recipe, each built once (shared by the archives of one lab)."""
 
     def __init__(self) -> None:
         self._built: dict[ImageRecipe, tuple[str, bytes]] = {}
@@ -287,13 +287,13 @@ def _config(recipe: ImageRecipe, diff_ids: list[str]) -> bytes:
 
 
 def build_archive(images: Sequence[tuple[ImageRecipe, Sequence[str]]], target: Path,
-                  layers: _Layers | None = None) -> Path:
+                  layers: Layers | None = None) -> Path:
     """Write several images into one docker-archive tarball at `target`.
 
     Each entry is (recipe, extra tags): the image is tagged with its lab ref and
     every extra tag (aliases such as upstream names). Shared layers are stored once.
     """
-    layers = layers or _Layers()
+    layers = layers or Layers()
     blobs: dict[str, bytes] = {}
     manifest = []
     for recipe, extra_tags in images:

@@ -404,6 +404,24 @@ def up(lab_dir: Path | None = None, *, hypervisors: int = 1, public: int = 0, re
         raise
 
 
+def write_archives(recipes: dict[str, images.ImageRecipe], aliases: dict[str, str],
+                   directory: Path) -> tuple[Path, Path]:
+    """The lab's two image archives: every image (IMAGES_ARCHIVE, for the private hypervisors) and the
+    public hypervisors' (ingress, SIP services), without the control-plane images, most of the bytes.
+    Each is one import per hypervisor, each layer stored once, the aliases as extra repo tags; both take
+    their layers from one cache, so a layer they share (the base's) is built once."""
+    by_ref: dict[str, list[str]] = {}
+    for alias, ref in aliases.items():
+        by_ref.setdefault(ref, []).append(alias)
+    layers = images.Layers()
+    every = images.build_archive([(r, by_ref.get(r.ref, [])) for r in recipes.values()],
+                                 directory / IMAGES_ARCHIVE, layers)
+    private = lab_images.controlplane_roles(recipes)
+    public = images.build_archive([(r, by_ref.get(r.ref, [])) for role, r in recipes.items() if role not in private],
+                                  directory / PUBLIC_ARCHIVE, layers)
+    return every, public
+
+
 def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port: int,
         first_port: int, versions: tuple[str, ...], etcd_versions: tuple[str, ...], data_tmpfs_mib: int) -> LabInfo:
     net = LabNetwork.for_subnet(subnet)
@@ -417,16 +435,7 @@ def _up(lab_dir: Path, n: int, public: int, remote: bool, subnet: str, cri_port:
     kinds = {v: versions_mod.etcd_for(v) for v in versions}  # each version and the etcd it runs by default
     aliases = lab_images.upstream_aliases(recipes)
     image_refs = {role: r.ref for role, r in recipes.items()}
-    by_ref: dict[str, list[str]] = {}
-    for alias, ref in aliases.items():
-        by_ref.setdefault(ref, []).append(alias)
-    # One archive, each layer stored once, the aliases as extra repo tags: one import per hypervisor. Public
-    # hypervisors (ingress, SIP services) get theirs without the control-plane images: most of the bytes
-    archive = images.build_archive([(r, by_ref.get(r.ref, [])) for r in recipes.values()],
-                                   lab_dir / "images" / IMAGES_ARCHIVE)
-    private = lab_images.controlplane_roles(recipes)
-    public_archive = images.build_archive([(r, by_ref.get(r.ref, [])) for role, r in recipes.items()
-                                           if role not in private], lab_dir / "images" / PUBLIC_ARCHIVE)
+    archive, public_archive = write_archives(recipes, aliases, lab_dir / "images")
     machines = [net.hypervisor(i, f"lab-hv-{i}") for i in range(1, n + 1)]
     client = ca = None
     if remote:
