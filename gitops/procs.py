@@ -166,7 +166,7 @@ def cmdline(pid: int) -> list[str]:
 
 
 def shim_socket(argv: list[str]) -> Path | None:
-    """Where a containerd-shim-runc-v2 (from its argv) listens: containerd (1.6 and 2.x) puts shim
+    """Where a containerd-shim-runc-v2 (from its argv) listens: containerd 1.6 puts shim
     sockets in /run/containerd/s/, named sha256(<containerd address>/<namespace>/<id>).
     A killed shim leaves its socket behind."""
     if not argv or not os.path.basename(argv[0]).startswith("containerd-shim"):

@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # Installs everything gitops and its tests need on a fresh Debian machine:
-# the real components (runc, haproxy, keepalived, etcd tools, sshd, age, restic and rclone; buildah and
-# mmdebstrap for the controller image; chromium for the UI's browser tests) from Debian packages, the Python
-# package with its test extras in ./.venv, and Kubernetes, etcd and containerd 2.x built from their Go modules
-# (scripts/build-kubernetes.sh: Debian's containerd is 1.6, out of support, and nothing here runs it).
+# the real components (containerd, runc, haproxy, keepalived, etcd, sshd, age, restic and rclone; buildah and
+# mmdebstrap for the controller image; chromium for the UI's browser tests) from Debian packages, and the Python package with its test extras in ./.venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(runc haproxy keepalived wget etcd-client openssh-server openssh-client openssl git age iproute2
+APT_PACKAGES=(containerd runc haproxy keepalived wget etcd-client openssh-server openssh-client openssl git age iproute2
     containernetworking-plugins iptables conntrack procps busybox-static  # worker nodes (kubelet CNI, kube-proxy, lab workload image)
     buildah mmdebstrap util-linux  # the controller image (scripts/build-image.sh: a Debian base, buildah, unshare)
     restic rclone  # etcd backups: restic repositories, and `rclone serve restic` as a REST target in tests
@@ -54,6 +52,6 @@ fi
 # sets PYTHONDONTWRITEBYTECODE (a source changed since is still recompiled: Python checks its mtime)
 .venv/bin/python -m compileall -q gitops >/dev/null
 
-# The real Kubernetes (every supported release), etcd and containerd binaries, built once with `go build` from their
+# The real Kubernetes (every supported release) and etcd binaries, built once with `go build` from their
 # Go modules into ~/.cache/gitops/kubernetes (about 22 minutes the first time on 2 cores, then free).
 bash scripts/build-kubernetes.sh

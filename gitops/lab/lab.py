@@ -44,7 +44,7 @@ from gitops.logs import event
 from gitops.cri.client import CRIClient
 from gitops.cri.errors import CRIError
 from gitops import procs
-from gitops.lab import hostcheck, images, kubebin, network, recipes as lab_images
+from gitops.lab import hostcheck, images, network, recipes as lab_images
 from gitops.lab.netns import RECORD, release
 from gitops.lab.network import LabNetwork, Machine, enter
 from gitops.lab.errors import LabError
@@ -76,14 +76,12 @@ DEFAULT_FIRST_PORT = 30000
 PORTS_PER_HYPERVISOR = 1000
 READY_TIMEOUT = 30.0
 _SOCKET_MAX = 100  # sun_path is 108 bytes; keep room for the ".ttrpc" suffix
-#: what the lab needs on PATH (containerd itself is the build's: `_containerd`)
-_REQUIRED = ("runc",)
+_REQUIRED = ("containerd", "ctr", "runc", "containerd-shim-runc-v2")
 
 
 def _containerd(program: str = "containerd") -> str:
-    """The lab's `containerd`, `ctr` or `containerd-shim-runc-v2`: containerd 2.x built from its module
-    (`scripts/build-kubernetes.sh`; LabError naming that step when it is not built), never the machine's."""
-    return str(kubebin.containerd_program(program))
+    """The lab's `containerd`, `ctr` or `containerd-shim-runc-v2`."""
+    return program
 
 
 def _containerd_config(hv_dir: Path, ip: str, sandbox_image: str) -> str:
@@ -355,8 +353,6 @@ def _check_host(remote: bool) -> None:
     for binary in _REQUIRED + (("haproxy",) if remote else ()):
         if shutil.which(binary) is None:
             raise LabError(f"{binary} not found (run scripts/install-deps.sh)")
-    for program in ("containerd", "ctr", "containerd-shim-runc-v2"):
-        _containerd(program)
 
 
 # ---------------------------------------------------------------------------- up / down
