@@ -11,13 +11,13 @@ APT_PACKAGES=(containerd runc haproxy keepalived wget etcd-client openssh-server
     restic rclone  # etcd backups: restic repositories, and `rclone serve restic` as a REST target in tests
     curl chromium chromium-driver)  # the demo asks its controller; the web UI's browser tests (Selenium drives Debian's Chromium, no download)
 
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     echo "installing Debian packages: ${missing[*]}"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
@@ -28,17 +28,16 @@ if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
 fi
 
 # The lab runs every process of every machine as root, and root's inotify instances are shared by all of
-# them (6 per kube-apiserver, 2-3 per controller-manager, 2 per containerd 2.x): the kernel's default of 128
-# ran out under the whole suite (docs/development/lab.md). Raise it as kind asks of its hosts; never lower it.
+# them (6 per kube-apiserver, 2-3 per controller-manager, 1 per containerd 1.6, 2 per 2.x): the whole suite
+# peaked at 126 of the kernel's default 128 (docs/development/lab.md). Raise it as kind asks of its hosts;
+# never lower it.
 INOTIFY_INSTANCES=1024
 have=$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null || echo 0)
 if [ "$have" -lt "$INOTIFY_INSTANCES" ]; then
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     if $SUDO sysctl -q -w fs.inotify.max_user_instances="$INOTIFY_INSTANCES" 2>/dev/null; then
         echo "raised fs.inotify.max_user_instances from $have to $INOTIFY_INSTANCES (the lab's processes all run as root)"
     else
-        echo "warning: fs.inotify.max_user_instances is $have and cannot be raised here; the whole suite needs about 140" >&2
+        echo "warning: fs.inotify.max_user_instances is $have and cannot be raised here; the whole suite uses up to 126 (more on containerd 2.x)" >&2
     fi
 fi
 
